@@ -1,0 +1,288 @@
+//! The command line: parsing, wiring a run together, and the exit code.
+//!
+//! Exit codes: 0 when every selected object is in place and verified; 1 when
+//! the run finished but some objects failed or were refused; 3 when the run
+//! could not proceed at all (bucket missing, credentials refused, endpoint
+//! unreachable, destination unusable); 2 for usage errors.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::location::ObjectLocation;
+use crate::metrics::Metrics;
+use crate::progress::{Progress, ProgressMode};
+use crate::selection::{Selection, Shard};
+use crate::store::ObjectStore;
+use crate::store::s3::{S3Options, S3Store};
+use crate::transfer::tally::{Failure, Summary};
+use crate::transfer::{Engine, RetryPolicy, TransferConfig, TransferError, VerifyMode, pull, push};
+
+/// Parallel, verified, resumable copies between object storage and local disks.
+#[derive(Debug, Parser)]
+#[command(name = "ferry-stager", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "FERRY_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Progress bar: auto draws one when stderr is a terminal.
+    #[arg(long, global = true, value_enum, default_value = "auto")]
+    progress: ProgressMode,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Copy every object under s3://BUCKET/PREFIX into DIR (keys become relative paths).
+    Pull {
+        /// Source, e.g. s3://datasets/imagenet/train
+        source: ObjectLocation,
+        /// Destination directory (created if missing).
+        destination: PathBuf,
+        #[command(flatten)]
+        options: TransferArgs,
+    },
+    /// Copy every file below DIR to s3://BUCKET/PREFIX (relative paths become keys).
+    Push {
+        /// Source directory.
+        source: PathBuf,
+        /// Destination, e.g. s3://checkpoints/run-42
+        destination: ObjectLocation,
+        #[command(flatten)]
+        options: TransferArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct TransferArgs {
+    /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing).
+    #[arg(long, env = "FERRY_ENDPOINT_URL")]
+    endpoint_url: Option<String>,
+    /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
+    #[arg(long, env = "AWS_REGION")]
+    region: Option<String>,
+    /// Requests in flight, shared by all objects.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    concurrency: u32,
+    /// Range size for downloads and part size for uploads (e.g. 8MiB).
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    part_size: u64,
+    /// Files above this size are uploaded as multipart uploads [default: the part size].
+    #[arg(long, value_parser = parse_size)]
+    multipart_threshold: Option<u64>,
+    /// Only copy keys matching this glob (relative to the prefix; `*` crosses `/`). Repeatable.
+    #[arg(long)]
+    include: Vec<String>,
+    /// Skip keys matching this glob. Repeatable; wins over --include.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Copy only partition INDEX of COUNT (e.g. 0/3), for sharding one transfer over workers.
+    #[arg(long, value_name = "INDEX/COUNT")]
+    shard: Option<Shard>,
+    /// How to verify pulled files before they are renamed into place.
+    #[arg(long, value_enum, default_value = "checksum")]
+    verify: VerifyMode,
+    /// Upper bound for transfer buffers (e.g. 256MiB).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    memory_limit: u64,
+    /// Bytes buffered per download request between disk writes.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    write_buffer: u64,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Write a JSON summary (objects, bytes, seconds, throughput, failures) here.
+    #[arg(long)]
+    summary_file: Option<PathBuf>,
+    /// Attempts per request, including the first.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100))]
+    max_attempts: u32,
+    /// Time allowed to connect to the store.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// Time allowed for one request until its response headers arrive.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+    /// Abort (and retry) a response body that delivers no data for this long.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    stall_timeout: Duration,
+}
+
+/// Parses sizes like `8MiB`, `64k`, `1G` or plain bytes (binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let value: u64 = digits.parse().map_err(|_| format!("'{text}' is not a size like 8MiB or 1048576"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown unit in '{text}'; use KiB, MiB, GiB or TiB")),
+    };
+    value.checked_mul(multiplier).filter(|&v| v > 0).ok_or_else(|| format!("'{text}' is out of range"))
+}
+
+impl TransferArgs {
+    fn config(&self) -> Result<TransferConfig, TransferError> {
+        let selection = Selection::new(&self.include, &self.exclude, self.shard)
+            .map_err(|e| TransferError::Config(e.to_string()))?;
+        if self.part_size < 5 << 20 {
+            return Err(TransferError::Config(format!(
+                "--part-size {} is below 5 MiB, the smallest part S3 accepts",
+                self.part_size
+            )));
+        }
+        Ok(TransferConfig {
+            concurrency: self.concurrency as usize,
+            part_size: self.part_size,
+            multipart_threshold: self.multipart_threshold.unwrap_or(self.part_size),
+            write_buffer: self.write_buffer,
+            memory_limit: self.memory_limit,
+            verify: self.verify,
+            retry: RetryPolicy { max_attempts: self.max_attempts, ..RetryPolicy::default() },
+            stall_timeout: self.stall_timeout,
+            selection,
+        })
+    }
+
+    async fn store(&self, location: &ObjectLocation) -> Arc<dyn ObjectStore> {
+        let options = S3Options {
+            endpoint_url: self.endpoint_url.clone(),
+            // S3-compatible servers rarely care about the region; defaulting
+            // it here spares a lookup in instance metadata that cannot succeed.
+            region: self.region.clone().or_else(|| self.endpoint_url.as_ref().map(|_| "us-east-1".to_owned())),
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+        };
+        Arc::new(S3Store::connect(&location.bucket, &options).await)
+    }
+}
+
+/// Exit code when the run could not proceed at all.
+const EXIT_RUN_FAILED: u8 = 3;
+
+/// Runs the parsed command and returns the process exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    let (operation, options) = match &cli.command {
+        Command::Pull { options, .. } => ("pull", options),
+        Command::Push { options, .. } => ("push", options),
+    };
+    let (source_text, destination_text) = match &cli.command {
+        Command::Pull { source, destination, .. } => (source.to_string(), destination.display().to_string()),
+        Command::Push { source, destination, .. } => (source.display().to_string(), destination.to_string()),
+    };
+    let result = execute(&cli, options).await;
+    let summary = match result {
+        Ok(summary) => summary,
+        Err(error) => {
+            let message = error_chain(&error);
+            eprintln!("ferry-stager: {operation} failed: {message}");
+            let failed = Summary {
+                operation: operation.to_owned(),
+                source: source_text,
+                destination: destination_text,
+                complete: false,
+                objects: crate::transfer::tally::ObjectCounts { selected: 0, transferred: 0, skipped: 0, failed: 0 },
+                bytes: crate::transfer::tally::ByteCounts { selected: 0, transferred: 0, skipped: 0 },
+                verified: crate::transfer::tally::VerifiedCounts { checksum: 0, size_only: 0 },
+                retries: 0,
+                seconds: 0.0,
+                throughput_bytes_per_second: 0.0,
+                failures: vec![Failure { key: String::new(), error: message }],
+            };
+            write_summary(options.summary_file.as_ref(), &failed);
+            return ExitCode::from(EXIT_RUN_FAILED);
+        }
+    };
+    write_summary(options.summary_file.as_ref(), &summary);
+    eprintln!("ferry-stager: {}", summary.one_line());
+    if summary.complete { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferError> {
+    let config = options.config()?;
+    let metrics = Arc::new(Metrics::new());
+    if let Some(addr) = options.metrics_addr {
+        let bound = crate::metrics::serve(addr, Arc::clone(&metrics))
+            .await
+            .map_err(|e| TransferError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
+        tracing::info!(%bound, "serving metrics on /metrics");
+    }
+    let location = match &cli.command {
+        Command::Pull { source, .. } => source,
+        Command::Push { destination, .. } => destination,
+    };
+    let store = options.store(location).await;
+    let engine = Engine::new(store, config, metrics)?;
+    let progress = Progress::start(cli.progress, Arc::clone(&engine.tally));
+    let result = match &cli.command {
+        Command::Pull { source, destination, .. } => pull::pull(engine, &source.prefix, destination).await,
+        Command::Push { source, destination, .. } => push::push(engine, source, &destination.prefix).await,
+    };
+    if let Some(progress) = progress {
+        progress.finish();
+    }
+    result
+}
+
+fn write_summary(path: Option<&PathBuf>, summary: &Summary) {
+    let Some(path) = path else { return };
+    let json = serde_json::to_vec_pretty(summary).expect("summary serializes");
+    if let Err(error) = std::fs::write(path, json) {
+        eprintln!("ferry-stager: cannot write summary to '{}': {error}", path.display());
+    }
+}
+
+/// The error and its sources, joined into one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("8XB").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,278 @@
+//! The stager's Prometheus metrics: every name is defined here, once.
+//!
+//! Names follow the Prometheus conventions (`ferry_stager_` prefix, base
+//! units, `_total` counters, `_seconds` histograms). Labels are bounded
+//! enumerations (direction, result, operation, reason); there are no
+//! per-object or per-key labels, so cardinality does not grow with the
+//! dataset. The exposition is served at `--metrics-addr` on `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::store::RetryReason;
+
+/// Which way bytes moved.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Direction {
+    /// Object storage to local disk.
+    Download,
+    /// Local disk to object storage.
+    Upload,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Download => "download",
+            Direction::Upload => "upload",
+        }
+    }
+}
+
+/// How an object ended, label `result` of `ferry_stager_objects_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ObjectResult {
+    /// Copied and verified.
+    Transferred,
+    /// Already in place and verified by an earlier run.
+    Skipped,
+    /// Failed after retries.
+    Failed,
+    /// Refused before any byte moved (unsafe key, unreadable file).
+    Refused,
+}
+
+impl ObjectResult {
+    fn as_str(self) -> &'static str {
+        match self {
+            ObjectResult::Transferred => "transferred",
+            ObjectResult::Skipped => "skipped",
+            ObjectResult::Failed => "failed",
+            ObjectResult::Refused => "refused",
+        }
+    }
+}
+
+/// The store operation a request performed, label `operation`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Operation {
+    /// A page of a listing.
+    List,
+    /// Reading an object's metadata.
+    Head,
+    /// A GET of a whole object or a range.
+    Get,
+    /// A single-request upload.
+    Put,
+    /// Starting a multipart upload.
+    CreateMultipart,
+    /// Uploading one part.
+    UploadPart,
+    /// Completing a multipart upload.
+    CompleteMultipart,
+    /// Aborting a multipart upload.
+    AbortMultipart,
+}
+
+impl Operation {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::List => "list",
+            Operation::Head => "head",
+            Operation::Get => "get",
+            Operation::Put => "put",
+            Operation::CreateMultipart => "create_multipart",
+            Operation::UploadPart => "upload_part",
+            Operation::CompleteMultipart => "complete_multipart",
+            Operation::AbortMultipart => "abort_multipart",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms .. ~65 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The stager's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    bytes: Family<DirectionLabels, Counter>,
+    objects: Family<ResultLabels, Counter>,
+    request_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    retries: Family<ReasonLabels, Counter>,
+    in_flight: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ferry_stager");
+        let bytes = Family::<DirectionLabels, Counter>::default();
+        let objects = Family::<ResultLabels, Counter>::default();
+        let request_duration =
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(duration_histogram);
+        let retries = Family::<ReasonLabels, Counter>::default();
+        let in_flight = Gauge::default();
+        registry.register_with_unit(
+            "transferred",
+            "Bytes written to their destination (disk for downloads, the store for uploads)",
+            Unit::Bytes,
+            bytes.clone(),
+        );
+        registry.register("objects", "Objects finished, by result", objects.clone());
+        registry.register_with_unit(
+            "request_duration",
+            "Duration of store requests, including the body, by operation",
+            Unit::Seconds,
+            request_duration.clone(),
+        );
+        registry.register("retries", "Store requests retried, by reason", retries.clone());
+        registry.register("requests_in_flight", "Store requests currently in flight", in_flight.clone());
+        // Pre-create label sets so every series exists from the first scrape.
+        for result in [ObjectResult::Transferred, ObjectResult::Skipped, ObjectResult::Failed, ObjectResult::Refused] {
+            let _ = objects.get_or_create(&ResultLabels { result: result.as_str() });
+        }
+        for reason in RetryReason::ALL {
+            let _ = retries.get_or_create(&ReasonLabels { reason: reason.as_str() });
+        }
+        Self { registry, bytes, objects, request_duration, retries, in_flight }
+    }
+
+    /// Counts bytes that reached their destination.
+    pub fn add_bytes(&self, direction: Direction, bytes: u64) {
+        self.bytes.get_or_create(&DirectionLabels { direction: direction.as_str() }).inc_by(bytes);
+    }
+
+    /// Counts a finished object.
+    pub fn object(&self, result: ObjectResult) {
+        self.objects.get_or_create(&ResultLabels { result: result.as_str() }).inc();
+    }
+
+    /// Records one request attempt's duration.
+    pub fn observe_request(&self, operation: Operation, elapsed: Duration) {
+        self.request_duration
+            .get_or_create(&OperationLabels { operation: operation.as_str() })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a retry.
+    pub fn retry(&self, reason: RetryReason) {
+        self.retries.get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+    }
+
+    /// Marks a request as in flight until the guard is dropped.
+    pub fn request_started(self: &Arc<Self>) -> InFlightGuard {
+        self.in_flight.inc();
+        InFlightGuard { metrics: Arc::clone(self) }
+    }
+
+    /// The exposition in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Decrements the in-flight gauge on drop.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Serves `/metrics` on `addr` until the process exits.
+///
+/// # Errors
+/// Fails when the address cannot be bound.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = Arc::clone(&metrics);
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::warn!(%error, "metrics server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_base_units_and_the_stager_prefix() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.add_bytes(Direction::Download, 42);
+        metrics.object(ObjectResult::Transferred);
+        metrics.observe_request(Operation::Get, Duration::from_millis(3));
+        metrics.retry(RetryReason::Throttled);
+        let guard = metrics.request_started();
+        let text = metrics.encode();
+        drop(guard);
+        for needle in [
+            "ferry_stager_transferred_bytes_total{direction=\"download\"} 42",
+            "ferry_stager_objects_total{result=\"transferred\"} 1",
+            "ferry_stager_objects_total{result=\"failed\"} 0",
+            "ferry_stager_request_duration_seconds_count{operation=\"get\"} 1",
+            "ferry_stager_retries_total{reason=\"throttled\"} 1",
+            "ferry_stager_requests_in_flight 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}

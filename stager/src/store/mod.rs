@@ -1,0 +1,268 @@
+//! The stager's own view of object storage.
+//!
+//! The transfer engine speaks only to [`ObjectStore`]: list a prefix page by
+//! page, read a whole object or a byte range, write an object in one request
+//! or as a multipart upload. Errors are semantic ([`StoreError`]) so that the
+//! retry policy, the exit message and the metrics never look at a
+//! backend-specific type. Backends (S3 today) live in submodules and keep
+//! their SDK types to themselves.
+//!
+//! This module is not a general-purpose object-store abstraction: it offers
+//! exactly the operations a bulk copy needs.
+
+pub mod s3;
+
+use std::fmt;
+use std::ops::Range;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+/// What an object store tells us about one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The full key, including the listed prefix.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The entity tag, without surrounding quotes.
+    pub etag: Option<String>,
+    /// Last modification time, when the store reports it.
+    pub last_modified: Option<SystemTime>,
+}
+
+/// A whole-object checksum the store keeps and can be verified against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredChecksum {
+    /// CRC32C (Castagnoli) of the whole object.
+    Crc32c(u32),
+    /// CRC32 (IEEE) of the whole object.
+    Crc32(u32),
+    /// MD5 of the whole object, known from the ETag of a single-part upload.
+    Md5([u8; 16]),
+}
+
+impl StoredChecksum {
+    /// The short name used in logs and summaries.
+    pub fn algorithm(&self) -> &'static str {
+        match self {
+            StoredChecksum::Crc32c(_) => "crc32c",
+            StoredChecksum::Crc32(_) => "crc32",
+            StoredChecksum::Md5(_) => "md5",
+        }
+    }
+}
+
+impl fmt::Display for StoredChecksum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoredChecksum::Crc32c(v) | StoredChecksum::Crc32(v) => {
+                write!(f, "{}:{v:08x}", self.algorithm())
+            }
+            StoredChecksum::Md5(d) => write!(f, "md5:{}", hex::encode(d)),
+        }
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Default)]
+pub struct ListPage {
+    /// Objects in this page, in key order.
+    pub objects: Vec<ObjectMeta>,
+    /// Token for the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// Headers of a GET response, plus its body as a stream of chunks.
+pub struct GetResponse {
+    /// Number of body bytes the store announced.
+    pub content_length: u64,
+    /// The object's ETag, without quotes.
+    pub etag: Option<String>,
+    /// The whole-object checksum, when the store sent one with this response.
+    pub checksum: Option<StoredChecksum>,
+    /// The body. Errors in the stream are already mapped to [`StoreError`].
+    pub body: BoxStream<'static, Result<Bytes, StoreError>>,
+}
+
+impl fmt::Debug for GetResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetResponse")
+            .field("content_length", &self.content_length)
+            .field("etag", &self.etag)
+            .field("checksum", &self.checksum)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A part that has been uploaded as part of a multipart upload.
+#[derive(Clone, Debug)]
+pub struct UploadedPart {
+    /// 1-based part number.
+    pub number: u32,
+    /// The part's ETag as returned by the store.
+    pub etag: String,
+    /// CRC32C of the part.
+    pub crc32c: u32,
+}
+
+/// Why a request to the store failed, in terms the engine acts on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The bucket does not exist.
+    #[error("bucket '{bucket}' does not exist")]
+    NoSuchBucket {
+        /// The bucket that was named.
+        bucket: String,
+    },
+    /// The object does not exist (any more).
+    #[error("object not found")]
+    NotFound,
+    /// The credentials were refused or lack permission.
+    #[error("access denied ({code}): {message}; check the credentials and the bucket policy")]
+    AccessDenied {
+        /// The store's error code, e.g. `InvalidAccessKeyId`.
+        code: String,
+        /// The store's message.
+        message: String,
+    },
+    /// No credentials could be found at all.
+    #[error("no credentials: {0}")]
+    NoCredentials(String),
+    /// The object changed between listing and reading (ETag no longer matches).
+    #[error("object changed while it was being copied")]
+    Changed,
+    /// A failure that is worth retrying.
+    #[error("{reason}: {detail}")]
+    Transient {
+        /// The retry category, used for metrics and backoff.
+        reason: RetryReason,
+        /// What happened.
+        detail: String,
+    },
+    /// The store rejected the request for a reason retrying will not fix.
+    #[error("{code}: {message}")]
+    Rejected {
+        /// The store's error code or HTTP status.
+        code: String,
+        /// The store's message.
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// The retry category of this error, or `None` when retrying cannot help.
+    pub fn retry_reason(&self) -> Option<RetryReason> {
+        match self {
+            StoreError::Transient { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// A transient error of the given category.
+    pub fn transient(reason: RetryReason, detail: impl fmt::Display) -> Self {
+        StoreError::Transient { reason, detail: detail.to_string() }
+    }
+}
+
+/// Categories of retryable failure; label values of `ferry_stager_retries_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RetryReason {
+    /// The store asked us to slow down (503 SlowDown, 429).
+    Throttled,
+    /// A 5xx response.
+    ServerError,
+    /// A request or a body stalled past its timeout.
+    Timeout,
+    /// Connecting failed or the connection was reset.
+    Connection,
+    /// The body ended before the announced length.
+    TruncatedBody,
+    /// The downloaded bytes did not match the store's checksum.
+    ChecksumMismatch,
+}
+
+impl RetryReason {
+    /// All reasons, for pre-registering metric series.
+    pub const ALL: [RetryReason; 6] = [
+        RetryReason::Throttled,
+        RetryReason::ServerError,
+        RetryReason::Timeout,
+        RetryReason::Connection,
+        RetryReason::TruncatedBody,
+        RetryReason::ChecksumMismatch,
+    ];
+
+    /// The metric label value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RetryReason::Throttled => "throttled",
+            RetryReason::ServerError => "server_error",
+            RetryReason::Timeout => "timeout",
+            RetryReason::Connection => "connection",
+            RetryReason::TruncatedBody => "truncated_body",
+            RetryReason::ChecksumMismatch => "checksum_mismatch",
+        }
+    }
+}
+
+impl fmt::Display for RetryReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The operations a bulk copy needs from an object store.
+///
+/// Implementations do not retry: the engine owns retries so they are counted,
+/// bounded and shared across backends.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + fmt::Debug {
+    /// The bucket, as `scheme://bucket`, for messages.
+    fn describe(&self) -> String;
+
+    /// Lists one page of objects whose keys start with `prefix`.
+    async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError>;
+
+    /// Reads an object's size, ETag and whole-object checksum.
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError>;
+
+    /// Reads an object, or the byte `range` of it. With `if_match`, the read
+    /// fails with [`StoreError::Changed`] when the ETag differs.
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError>;
+
+    /// Writes a whole object in one request; the store verifies `crc32c`.
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError>;
+
+    /// Starts a multipart upload with CRC32C checksums; returns its id.
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError>;
+
+    /// Uploads one part; the store verifies `crc32c`.
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        body: Bytes,
+        crc32c: u32,
+    ) -> Result<UploadedPart, StoreError>;
+
+    /// Completes a multipart upload; `crc32c` is the whole object's CRC32C.
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<UploadedPart>,
+        crc32c: u32,
+    ) -> Result<(), StoreError>;
+
+    /// Abandons a multipart upload so its parts stop costing storage.
+    async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError>;
+}

@@ -1,0 +1,434 @@
+//! S3 and S3-compatible stores (MinIO, Ceph, R2, GCS's XML API) through
+//! `aws-sdk-s3`.
+//!
+//! The SDK's own retries are switched off: the engine retries with its own
+//! policy so every retry is counted by reason. Request checksums are computed
+//! by the engine (it already holds the bytes), so the SDK's checksum
+//! calculation and payload signing are switched off too: the store verifies
+//! the CRC32C header instead of a SHA-256 of the payload, which would cost a
+//! second pass over every byte.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::{
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, retry::RetryConfig,
+    timeout::TimeoutConfig,
+};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart};
+use aws_smithy_types::error::display::DisplayErrorContext;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use futures::StreamExt as _;
+
+use super::{GetResponse, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart};
+
+/// How to reach an S3-compatible store.
+#[derive(Clone, Debug, Default)]
+pub struct S3Options {
+    /// A custom endpoint (MinIO, a private endpoint); enables path-style addressing.
+    pub endpoint_url: Option<String>,
+    /// The region; defaults to the AWS configuration chain, then `us-east-1`.
+    pub region: Option<String>,
+    /// Time allowed to establish a connection.
+    pub connect_timeout: Duration,
+    /// Time allowed for one request until its response headers arrive.
+    pub request_timeout: Duration,
+}
+
+/// An S3 bucket.
+#[derive(Clone, Debug)]
+pub struct S3Store {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+}
+
+impl S3Store {
+    /// Builds a client from the standard AWS configuration chain (environment,
+    /// profile, web identity / IRSA, container and instance metadata).
+    pub async fn connect(bucket: &str, options: &S3Options) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(region) = &options.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint) = &options.endpoint_url {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let shared = loader.load().await;
+        let mut config = aws_sdk_s3::config::Builder::from(&shared)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(options.connect_timeout)
+                    .operation_attempt_timeout(options.request_timeout)
+                    .build(),
+            )
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        if shared.region().is_none() {
+            config = config.region(Region::from_static("us-east-1"));
+        }
+        if options.endpoint_url.is_some() || shared.endpoint_url().is_some() {
+            // Custom endpoints are almost always S3-compatible servers that
+            // do not serve virtual-hosted bucket names.
+            config = config.force_path_style(true);
+        }
+        Self { client: aws_sdk_s3::Client::from_conf(config.build()), bucket: bucket.to_owned() }
+    }
+
+    fn map_error<E>(&self, err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        classify(err, &self.bucket)
+    }
+}
+
+/// Maps an SDK error to the engine's categories.
+fn classify<E>(err: SdkError<E, aws_smithy_runtime_api::http::Response>, bucket: &str) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let detail = DisplayErrorContext(&err).to_string();
+    match &err {
+        SdkError::TimeoutError(_) => StoreError::transient(RetryReason::Timeout, detail),
+        SdkError::DispatchFailure(failure) => {
+            if failure.is_timeout() {
+                StoreError::transient(RetryReason::Timeout, detail)
+            } else if failure.is_user() || detail.contains("credentials") {
+                // Identity resolution fails before any byte is sent.
+                StoreError::NoCredentials(detail)
+            } else {
+                StoreError::transient(RetryReason::Connection, detail)
+            }
+        }
+        SdkError::ResponseError(_) => StoreError::transient(RetryReason::Connection, detail),
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let code = service.err().code().unwrap_or_default().to_owned();
+            let message = service.err().message().unwrap_or_default().to_owned();
+            classify_status(status, &code, &message, bucket)
+        }
+        SdkError::ConstructionFailure(_) => {
+            if detail.contains("credentials") {
+                StoreError::NoCredentials(detail)
+            } else {
+                StoreError::Rejected { code: "InvalidRequest".into(), message: detail }
+            }
+        }
+        _ => StoreError::Rejected { code: "Unknown".into(), message: detail },
+    }
+}
+
+/// Classifies an error response by its status and S3 error code.
+fn classify_status(status: u16, code: &str, message: &str, bucket: &str) -> StoreError {
+    let summary = || if message.is_empty() { format!("HTTP {status}") } else { message.to_owned() };
+    match (status, code) {
+        (_, "SlowDown" | "Throttling" | "ThrottlingException" | "RequestLimitExceeded" | "TooManyRequests")
+        | (429, _)
+        | (503, _) => StoreError::transient(RetryReason::Throttled, format!("{code} {}", summary())),
+        (_, "RequestTimeout") => StoreError::transient(RetryReason::Timeout, summary()),
+        (500..=599, _) => StoreError::transient(RetryReason::ServerError, format!("HTTP {status} {code} {}", summary())),
+        (_, "NoSuchBucket") => StoreError::NoSuchBucket { bucket: bucket.to_owned() },
+        (_, "NoSuchKey") | (404, _) => StoreError::NotFound,
+        (412, _) | (_, "PreconditionFailed") => StoreError::Changed,
+        (
+            _,
+            "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken"
+            | "InvalidClientTokenId",
+        )
+        | (401 | 403, _) => StoreError::AccessDenied {
+            code: if code.is_empty() { format!("HTTP {status}") } else { code.to_owned() },
+            message: summary(),
+        },
+        _ => StoreError::Rejected {
+            code: if code.is_empty() { format!("HTTP {status}") } else { code.to_owned() },
+            message: summary(),
+        },
+    }
+}
+
+fn strip_quotes(etag: &str) -> String {
+    etag.trim_matches('"').to_owned()
+}
+
+fn encode_crc(crc: u32) -> String {
+    BASE64.encode(crc.to_be_bytes())
+}
+
+fn decode_crc(value: &str) -> Option<u32> {
+    let bytes = BASE64.decode(value).ok()?;
+    Some(u32::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// Picks the whole-object checksum the response offers, best first: a
+/// full-object CRC, else the MD5 carried by a single-part ETag. Composite
+/// (per-part) checksums end in `-N` and are not whole-object checksums.
+fn stored_checksum(
+    crc32c: Option<&str>,
+    crc32: Option<&str>,
+    checksum_type: Option<&ChecksumType>,
+    etag: Option<&str>,
+) -> Option<StoredChecksum> {
+    let full_object = !matches!(checksum_type, Some(ChecksumType::Composite));
+    let whole = |v: Option<&str>| v.filter(|v| full_object && !v.contains('-')).and_then(decode_crc);
+    if let Some(crc) = whole(crc32c) {
+        return Some(StoredChecksum::Crc32c(crc));
+    }
+    if let Some(crc) = whole(crc32) {
+        return Some(StoredChecksum::Crc32(crc));
+    }
+    md5_from_etag(etag?)
+}
+
+/// The MD5 of a single-part object's content, when its ETag is one.
+pub(crate) fn md5_from_etag(etag: &str) -> Option<StoredChecksum> {
+    let etag = etag.trim_matches('"');
+    if etag.len() != 32 {
+        return None;
+    }
+    let bytes = hex::decode(etag).ok()?;
+    Some(StoredChecksum::Md5(bytes.try_into().ok()?))
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    fn describe(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
+        let output = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        let objects = output
+            .contents()
+            .iter()
+            .filter_map(|object| {
+                Some(ObjectMeta {
+                    key: object.key()?.to_owned(),
+                    size: u64::try_from(object.size().unwrap_or(0)).unwrap_or(0),
+                    etag: object.e_tag().map(strip_quotes),
+                    last_modified: object.last_modified().and_then(|t| std::time::SystemTime::try_from(*t).ok()),
+                })
+            })
+            .collect();
+        let next = if output.is_truncated().unwrap_or(false) {
+            output.next_continuation_token().map(str::to_owned)
+        } else {
+            None
+        };
+        Ok(ListPage { objects, next })
+    }
+
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError> {
+        let output = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        let meta = ObjectMeta {
+            key: key.to_owned(),
+            size: u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0),
+            etag: output.e_tag().map(strip_quotes),
+            last_modified: output.last_modified().and_then(|t| std::time::SystemTime::try_from(*t).ok()),
+        };
+        let checksum =
+            stored_checksum(output.checksum_crc32_c(), output.checksum_crc32(), output.checksum_type(), output.e_tag());
+        Ok((meta, checksum))
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError> {
+        let ranged = range.is_some();
+        let output = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .set_range(range.map(|r| format!("bytes={}-{}", r.start, r.end.saturating_sub(1))))
+            .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        // A checksum header on a ranged response describes the whole object,
+        // not the range: only trust it for full reads.
+        let checksum = if ranged {
+            None
+        } else {
+            stored_checksum(output.checksum_crc32_c(), output.checksum_crc32(), output.checksum_type(), output.e_tag())
+        };
+        let content_length = u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0);
+        let etag = output.e_tag().map(strip_quotes);
+        let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
+            let next = body.next().await?;
+            let mapped = next.map_err(|e| {
+                StoreError::transient(RetryReason::TruncatedBody, DisplayErrorContext(&e).to_string())
+            });
+            Some((mapped, body))
+        })
+        .boxed();
+        Ok(GetResponse { content_length, etag, checksum, body })
+    }
+
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
+        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_length(length)
+            .checksum_crc32_c(encode_crc(crc32c))
+            .body(ByteStream::from(body))
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        Ok(())
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        let output = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+            .checksum_type(ChecksumType::FullObject)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        output.upload_id().map(str::to_owned).ok_or_else(|| StoreError::Rejected {
+            code: "MissingUploadId".into(),
+            message: "the store started a multipart upload without returning its id".into(),
+        })
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        body: Bytes,
+        crc32c: u32,
+    ) -> Result<UploadedPart, StoreError> {
+        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
+        let output = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(i32::try_from(number).unwrap_or(i32::MAX))
+            .content_length(length)
+            .checksum_crc32_c(encode_crc(crc32c))
+            .body(ByteStream::from(body))
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        let etag = output.e_tag().map(strip_quotes).ok_or_else(|| StoreError::Rejected {
+            code: "MissingETag".into(),
+            message: format!("the store accepted part {number} without returning its ETag"),
+        })?;
+        Ok(UploadedPart { number, etag, crc32c })
+    }
+
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<UploadedPart>,
+        crc32c: u32,
+    ) -> Result<(), StoreError> {
+        let parts = parts
+            .into_iter()
+            .map(|part| {
+                CompletedPart::builder()
+                    .part_number(i32::try_from(part.number).unwrap_or(i32::MAX))
+                    .e_tag(format!("\"{}\"", part.etag))
+                    .checksum_crc32_c(encode_crc(part.crc32c))
+                    .build()
+            })
+            .collect();
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .checksum_type(ChecksumType::FullObject)
+            .checksum_crc32_c(encode_crc(crc32c))
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        Ok(())
+    }
+
+    async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
+        self.client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttling_and_server_errors_are_retryable() {
+        let slow = classify_status(503, "SlowDown", "Please reduce your request rate.", "b");
+        assert_eq!(slow.retry_reason(), Some(RetryReason::Throttled));
+        let internal = classify_status(500, "InternalError", "", "b");
+        assert_eq!(internal.retry_reason(), Some(RetryReason::ServerError));
+    }
+
+    #[test]
+    fn credential_and_bucket_errors_are_permanent_and_specific() {
+        assert!(matches!(
+            classify_status(403, "InvalidAccessKeyId", "The Access Key Id you provided does not exist", "b"),
+            StoreError::AccessDenied { .. }
+        ));
+        assert!(matches!(classify_status(404, "NoSuchBucket", "", "data"), StoreError::NoSuchBucket { bucket } if bucket == "data"));
+        assert!(matches!(classify_status(412, "PreconditionFailed", "", "b"), StoreError::Changed));
+    }
+
+    #[test]
+    fn composite_checksums_are_not_taken_for_whole_object_ones() {
+        let crc = encode_crc(0xdead_beef);
+        assert_eq!(stored_checksum(Some(&crc), None, None, None), Some(StoredChecksum::Crc32c(0xdead_beef)));
+        assert_eq!(stored_checksum(Some("3q2+7w==-4"), None, Some(&ChecksumType::Composite), None), None);
+        let md5 = "\"9e107d9d372bb6826bd81d3542a419d6\"";
+        assert!(matches!(stored_checksum(None, None, None, Some(md5)), Some(StoredChecksum::Md5(_))));
+        assert_eq!(stored_checksum(None, None, None, Some("\"9e107d9d372bb6826bd81d3542a419d6-3\"")), None);
+    }
+}

@@ -1,0 +1,344 @@
+//! The transfer engine: one scheduler shared by every object of a run.
+//!
+//! * [`Budget`] is the global limit on requests in flight and on buffer
+//!   memory. Every request of every object — a small object's single GET, a
+//!   range of a large one, an upload part — takes a request slot for each
+//!   attempt and gives it back while it backs off, so a 10 GiB object and ten
+//!   thousand 64 KiB objects share the same pipe fairly (the semaphore is
+//!   FIFO).
+//! * [`Engine::retrying`] runs one request with bounded, jittered
+//!   exponential backoff and records its duration and retries.
+//! * [`pull`] and [`push`] are the two directions; [`tally`] counts what
+//!   happened and produces the run summary.
+
+pub mod pull;
+pub mod push;
+pub mod ranges;
+pub mod tally;
+pub mod verify;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::{InFlightGuard, Metrics, Operation};
+use crate::selection::Selection;
+use crate::store::{ObjectStore, StoreError};
+use tally::Tally;
+
+/// Memory the engine keeps aside for everything that is not a data buffer:
+/// the runtime, listing pages, connection state.
+pub const MEMORY_RESERVE: u64 = 32 << 20;
+/// What one request costs beyond its data buffer (HTTP and TLS buffers).
+pub const REQUEST_OVERHEAD: u64 = 256 << 10;
+/// Memory is accounted in these units so the semaphore's u32 permits cover
+/// terabytes.
+const MEMORY_UNIT: u64 = 4 << 10;
+
+/// How much checking a pull does before a file is renamed into place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyMode {
+    /// Trust the transport (bodies are still length-checked by HTTP).
+    None,
+    /// Check every file's size against the store's.
+    Size,
+    /// Check size, and the store's checksum (CRC32C/CRC32, or the MD5 ETag of
+    /// a single-part object) whenever it offers one.
+    Checksum,
+}
+
+/// Bounds for retrying one request.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Attempts including the first.
+    pub max_attempts: u32,
+    /// Backoff before the second attempt (doubled each time, then jittered).
+    pub base_delay: Duration,
+    /// Upper bound of one backoff.
+    pub max_delay: Duration,
+    /// No retry starts after this much time since the first attempt.
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 6,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            max_elapsed: Duration::from_secs(120),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// "Full jitter" backoff before attempt `attempt + 1`: uniform in
+    /// `0..=min(max_delay, base * 2^(attempt-1))`, so clients that failed
+    /// together do not retry together.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self.base_delay.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let cap = exp.min(self.max_delay);
+        cap.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// Everything that shapes a run, parsed once from the command line.
+#[derive(Clone, Debug)]
+pub struct TransferConfig {
+    /// Requests in flight across all objects.
+    pub concurrency: usize,
+    /// Range size for downloads and part size for uploads.
+    pub part_size: u64,
+    /// Files larger than this are uploaded as multipart uploads.
+    pub multipart_threshold: u64,
+    /// Bytes buffered per request before they are written to disk.
+    pub write_buffer: u64,
+    /// Upper bound for the data buffers of the whole run.
+    pub memory_limit: u64,
+    /// Verification before rename.
+    pub verify: VerifyMode,
+    /// Retry bounds.
+    pub retry: RetryPolicy,
+    /// Abort a body that delivers no byte for this long.
+    pub stall_timeout: Duration,
+    /// Which objects to copy.
+    pub selection: Selection,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            part_size: 8 << 20,
+            multipart_threshold: 8 << 20,
+            write_buffer: 1 << 20,
+            memory_limit: 256 << 20,
+            verify: VerifyMode::Checksum,
+            retry: RetryPolicy::default(),
+            stall_timeout: Duration::from_secs(30),
+            selection: Selection::all(),
+        }
+    }
+}
+
+/// A run-level failure: nothing more can be done.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// The configuration cannot work (e.g. memory limit below one part).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Listing the source failed.
+    #[error("cannot list {uri}: {source}")]
+    List {
+        /// What was being listed.
+        uri: String,
+        /// Why it failed.
+        #[source]
+        source: StoreError,
+    },
+    /// The store refused the whole run (bucket missing, credentials wrong,
+    /// endpoint unreachable).
+    #[error("cannot reach {uri}: {source}")]
+    Store {
+        /// The bucket.
+        uri: String,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// The destination cannot be prepared.
+    #[error(transparent)]
+    Staging(#[from] crate::local::staging::StagingError),
+    /// The local source of a push is unusable.
+    #[error("cannot read '{path}': {source}")]
+    Source {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest cannot be written.
+    #[error("cannot write the manifest: {0}")]
+    Manifest(#[source] std::io::Error),
+}
+
+/// Errors that may be worth another attempt.
+pub trait Retryable {
+    /// The retry category, or `None` when retrying cannot help.
+    fn retry_reason(&self) -> Option<crate::store::RetryReason>;
+}
+
+impl Retryable for StoreError {
+    fn retry_reason(&self) -> Option<crate::store::RetryReason> {
+        StoreError::retry_reason(self)
+    }
+}
+
+/// Whether a store error dooms every object of the run, not just one.
+pub fn dooms_the_run(error: &StoreError) -> bool {
+    match error {
+        StoreError::NoSuchBucket { .. } | StoreError::NoCredentials(_) => true,
+        StoreError::AccessDenied { code, .. } => {
+            matches!(code.as_str(), "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken")
+        }
+        StoreError::Transient { reason, .. } => *reason == crate::store::RetryReason::Connection,
+        _ => false,
+    }
+}
+
+/// The global request and memory budget.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    requests: Arc<Semaphore>,
+    memory: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+/// A request slot; frees itself and the in-flight gauge on drop.
+#[derive(Debug)]
+pub struct RequestSlot {
+    _permit: OwnedSemaphorePermit,
+    _in_flight: InFlightGuard,
+}
+
+impl Budget {
+    /// A budget of `concurrency` requests and `memory_limit` bytes.
+    ///
+    /// # Errors
+    /// Fails when the memory limit cannot hold one buffer of `largest_buffer`.
+    pub fn new(
+        concurrency: usize,
+        memory_limit: u64,
+        largest_buffer: u64,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, TransferError> {
+        let needed = MEMORY_RESERVE + largest_buffer + REQUEST_OVERHEAD;
+        if memory_limit < needed {
+            return Err(TransferError::Config(format!(
+                "--memory-limit {} is below the {} MiB one buffer of {} MiB needs; raise it or lower --part-size",
+                memory_limit,
+                needed.div_ceil(1 << 20),
+                largest_buffer.div_ceil(1 << 20)
+            )));
+        }
+        let units = ((memory_limit - MEMORY_RESERVE) / MEMORY_UNIT).min(u64::from(u32::MAX >> 4)) as usize;
+        Ok(Self {
+            requests: Arc::new(Semaphore::new(concurrency.max(1))),
+            memory: Arc::new(Semaphore::new(units)),
+            metrics,
+        })
+    }
+
+    /// Waits for a request slot.
+    pub async fn request(&self) -> RequestSlot {
+        let permit = Arc::clone(&self.requests).acquire_owned().await.expect("request budget is never closed");
+        RequestSlot { _permit: permit, _in_flight: self.metrics.request_started() }
+    }
+
+    /// Waits until `bytes` of buffer memory are available.
+    pub async fn memory(&self, bytes: u64) -> OwnedSemaphorePermit {
+        let units = u32::try_from(bytes.div_ceil(MEMORY_UNIT)).unwrap_or(u32::MAX);
+        Arc::clone(&self.memory).acquire_many_owned(units).await.expect("memory budget is never closed")
+    }
+}
+
+/// The shared state of one run.
+#[derive(Debug)]
+pub struct Engine {
+    /// Where objects live.
+    pub store: Arc<dyn ObjectStore>,
+    /// The run's configuration.
+    pub config: TransferConfig,
+    /// Request and memory budget.
+    pub budget: Budget,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Counters for progress and the summary.
+    pub tally: Arc<Tally>,
+}
+
+impl Engine {
+    /// Builds an engine, checking that the configuration can work.
+    ///
+    /// # Errors
+    /// Fails when the memory limit is too small for one part.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        config: TransferConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, TransferError> {
+        let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
+        let budget = Budget::new(config.concurrency, config.memory_limit, largest, Arc::clone(&metrics))?;
+        Ok(Arc::new(Self { store, config, budget, metrics, tally: Arc::new(Tally::default()) }))
+    }
+
+    /// Objects allowed in flight at once: enough to keep every request slot
+    /// busy while some objects are being verified or renamed.
+    pub fn objects_in_flight(&self) -> usize {
+        self.config.concurrency.max(1) * 2
+    }
+
+    /// Runs `attempt` until it succeeds, fails permanently, or the retry
+    /// policy is exhausted. Each attempt holds a request slot; backoff does not.
+    ///
+    /// # Errors
+    /// The last attempt's error.
+    pub async fn retrying<T, E, F, Fut>(&self, operation: Operation, mut attempt: F) -> Result<T, E>
+    where
+        E: Retryable + std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let policy = &self.config.retry;
+        let first = Instant::now();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let slot = self.budget.request().await;
+            let started = Instant::now();
+            let result = attempt().await;
+            self.metrics.observe_request(operation, started.elapsed());
+            drop(slot);
+            let error = match result {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let Some(reason) = error.retry_reason() else { return Err(error) };
+            let delay = policy.backoff(attempts);
+            if attempts >= policy.max_attempts || first.elapsed() + delay > policy.max_elapsed {
+                return Err(error);
+            }
+            self.metrics.retry(reason);
+            self.tally.retried();
+            tracing::debug!(operation = operation.as_str(), %reason, attempts, ?delay, %error, "retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_jittered_and_capped() {
+        let policy = RetryPolicy::default();
+        for attempt in 1..20 {
+            let delay = policy.backoff(attempt);
+            assert!(delay <= policy.max_delay);
+            assert!(delay <= policy.base_delay * 2u32.pow(attempt.min(16) - 1));
+        }
+    }
+
+    #[test]
+    fn a_memory_limit_below_one_part_is_refused_with_advice() {
+        let err = Budget::new(8, 40 << 20, 16 << 20, Arc::new(Metrics::new())).unwrap_err();
+        assert!(err.to_string().contains("--part-size"), "{err}");
+        assert!(Budget::new(8, 256 << 20, 8 << 20, Arc::new(Metrics::new())).is_ok());
+    }
+}

@@ -1,0 +1,522 @@
+//! Pull: every object under a prefix, into a local directory.
+//!
+//! The listing runs in its own task and feeds pages through a small bounded
+//! channel, so the first GETs start after the first page and a slow consumer
+//! holds the lister back instead of buffering the whole listing. Each
+//! selected object becomes a task (bounded by [`Engine::objects_in_flight`]);
+//! an object up to one part is one GET, a larger one is a sliding window of
+//! ranged GETs. Every byte is written once, at its offset, into a
+//! preallocated temporary file; the file is verified and then renamed to its
+//! final name, and recorded in the manifest.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt as _;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use super::ranges::plan_ranges;
+use super::tally::{Summary, Verified};
+use super::verify::{Digester, RangeDigest, Wanted, actual_checksum, md5_file};
+use super::{Engine, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run};
+use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
+use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
+use crate::local::staging::{FileStamp, StagingArea, write_at};
+use crate::metrics::{Direction, ObjectResult, Operation};
+use crate::store::s3::md5_from_etag;
+use crate::store::{ObjectMeta, RetryReason, StoreError, StoredChecksum};
+
+/// A checksum mismatch re-downloads the whole object this many times in all.
+const MISMATCH_ATTEMPTS: u32 = 3;
+
+/// Why one object could not be staged.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The local disk failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes do not hash to the store's checksum.
+    #[error("checksum mismatch: the store has {expected}, the downloaded bytes have {actual}")]
+    Mismatch {
+        /// The store's checksum.
+        expected: StoredChecksum,
+        /// What the bytes hash to.
+        actual: StoredChecksum,
+    },
+    /// The file on disk is not the object's size.
+    #[error("size mismatch: the store has {expected} bytes, {actual} were written")]
+    Size {
+        /// The store's size.
+        expected: u64,
+        /// The written size.
+        actual: u64,
+    },
+}
+
+impl ObjectError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io_error(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| ObjectError::Io { what, source }
+    }
+}
+
+impl super::Retryable for ObjectError {
+    fn retry_reason(&self) -> Option<RetryReason> {
+        match self {
+            ObjectError::Store(e) => e.retry_reason(),
+            _ => None,
+        }
+    }
+}
+
+/// An object selected for this run, with its destination path.
+#[derive(Debug, Clone)]
+struct Planned {
+    object: ObjectMeta,
+    rel: RelPath,
+}
+
+/// Name of this run's manifest file: one per shard, so sharded workers that
+/// share a directory never write the same file.
+pub fn manifest_name(engine: &Engine) -> String {
+    match engine.config.selection.shard() {
+        Some(shard) => format!("manifest-shard-{}-of-{}.jsonl", shard.index, shard.count),
+        None => "manifest.jsonl".to_owned(),
+    }
+}
+
+/// Copies every selected object under `prefix` into `destination`.
+///
+/// Per-object failures are counted in the summary; the run continues.
+///
+/// # Errors
+/// Run-level failures: the listing fails, the bucket is missing, the
+/// credentials are refused, the destination cannot be prepared.
+pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Result<Summary, TransferError> {
+    let started = Instant::now();
+    let source_uri = format!("{}/{prefix}", engine.store.describe());
+    let staging = {
+        let destination = destination.to_path_buf();
+        Arc::new(
+            tokio::task::spawn_blocking(move || StagingArea::open(&destination)).await.expect("staging setup panicked")?,
+        )
+    };
+    let manifest = Manifest::load(destination);
+    let writer =
+        Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
+    tracing::info!(source = %source_uri, destination = %destination.display(), known = manifest.len(), "pull started");
+
+    let (pages_tx, mut pages) = mpsc::channel(2);
+    let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
+    let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
+    let mut tasks: JoinSet<Result<(), StoreError>> = JoinSet::new();
+
+    let outcome: Result<(), TransferError> = async {
+        while let Some(page) = pages.recv().await {
+            let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
+            for object in page {
+                let Some(planned) = plan_object(&engine, prefix, object) else { continue };
+                if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
+                    writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
+                    engine.tally.skipped(planned.object.size);
+                    engine.metrics.object(ObjectResult::Skipped);
+                    continue;
+                }
+                let permit = loop {
+                    tokio::select! {
+                        permit = Arc::clone(&objects_in_flight).acquire_owned() => break permit.expect("never closed"),
+                        Some(joined) = tasks.join_next() => check_fatal(joined, &engine)?,
+                    }
+                };
+                let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
+                tasks.spawn(async move {
+                    let result = pull_object(&engine, &staging, &writer, planned).await;
+                    drop(permit);
+                    result
+                });
+            }
+        }
+        engine.tally.listing_finished();
+        while let Some(joined) = tasks.join_next().await {
+            check_fatal(joined, &engine)?;
+        }
+        Ok(())
+    }
+    .await;
+    lister.abort();
+    tasks.abort_all();
+    outcome?;
+
+    Arc::into_inner(writer).expect("all tasks joined").finish().map_err(TransferError::Manifest)?;
+    Arc::into_inner(staging).expect("all tasks joined").close();
+    Ok(engine.tally.summary("pull", source_uri, destination.display().to_string(), started.elapsed()))
+}
+
+/// Turns a run-dooming store error from a task into a run failure.
+fn check_fatal(
+    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
+    engine: &Engine,
+) -> Result<(), TransferError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Lists `prefix` page by page into `pages` until done, failed or dropped.
+async fn list_all(
+    engine: Arc<Engine>,
+    prefix: String,
+    pages: mpsc::Sender<Result<Vec<ObjectMeta>, StoreError>>,
+) {
+    let mut token: Option<String> = None;
+    loop {
+        let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;
+        match page {
+            Err(e) => {
+                let _ = pages.send(Err(e)).await;
+                return;
+            }
+            Ok(page) => {
+                if pages.send(Ok(page.objects)).await.is_err() {
+                    return;
+                }
+                match page.next {
+                    Some(next) => token = Some(next),
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// Applies the selection and the key-to-path mapping; records refusals.
+fn plan_object(engine: &Engine, prefix: &str, object: ObjectMeta) -> Option<Planned> {
+    let relative = relative_key(&object.key, prefix);
+    if !engine.config.selection.selects(relative) {
+        return None;
+    }
+    match key_to_path(relative) {
+        Ok(KeyPath::File(rel)) => {
+            engine.tally.selected(object.size);
+            Some(Planned { object, rel })
+        }
+        Ok(KeyPath::DirectoryMarker) => None,
+        Err(reason) => {
+            tracing::warn!(key = %object.key.escape_debug(), %reason, "refusing unsafe key");
+            engine.tally.selected(object.size);
+            engine.tally.failed(object.key.escape_debug().to_string(), format!("refused: {reason}"));
+            engine.metrics.object(ObjectResult::Refused);
+            None
+        }
+    }
+}
+
+/// Stages one object, retrying the whole object on a checksum mismatch.
+/// Returns `Err` only for errors that doom the whole run.
+async fn pull_object(
+    engine: &Arc<Engine>,
+    staging: &Arc<StagingArea>,
+    writer: &ManifestWriter,
+    planned: Planned,
+) -> Result<(), StoreError> {
+    let mut attempt = 1;
+    let result = loop {
+        match download(engine, staging, &planned).await {
+            Err(ObjectError::Mismatch { expected, actual }) if attempt < MISMATCH_ATTEMPTS => {
+                tracing::warn!(key = %planned.object.key, %expected, %actual, attempt, "checksum mismatch; downloading again");
+                engine.metrics.retry(RetryReason::ChecksumMismatch);
+                engine.tally.retried();
+                attempt += 1;
+            }
+            other => break other,
+        }
+    };
+    let key = planned.object.key.clone();
+    let result = result.and_then(|(verified, checksum, stamp)| {
+        let entry = ManifestEntry {
+            path: planned.rel.as_str().to_owned(),
+            key: key.clone(),
+            size: stamp.size,
+            etag: planned.object.etag.clone().unwrap_or_default(),
+            checksum: checksum.map(|c| c.to_string()),
+            mtime_ns: stamp.mtime_ns,
+        };
+        // Without an ETag there is nothing to match a later listing against.
+        if planned.object.etag.is_some() {
+            writer.record(entry, true).map_err(ObjectError::io_error("recording the manifest"))?;
+        }
+        Ok(verified)
+    });
+    match result {
+        Ok(verified) => {
+            engine.tally.transferred(verified);
+            engine.metrics.object(ObjectResult::Transferred);
+            tracing::debug!(%key, size = planned.object.size, "staged");
+        }
+        Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
+        Err(error) => {
+            tracing::warn!(%key, %error, "object failed");
+            engine.tally.failed(key, &error);
+            engine.metrics.object(ObjectResult::Failed);
+        }
+    }
+    Ok(())
+}
+
+/// Downloads, verifies and commits one object.
+async fn download(
+    engine: &Arc<Engine>,
+    staging: &Arc<StagingArea>,
+    planned: &Planned,
+) -> Result<(Verified, Option<StoredChecksum>, FileStamp), ObjectError> {
+    let object = &planned.object;
+    let size = object.size;
+    let verify = engine.config.verify;
+    let ranges = plan_ranges(size, engine.config.part_size);
+    let key: Arc<str> = Arc::from(object.key.as_str());
+    let if_match: Option<Arc<str>> = object.etag.as_deref().map(Arc::from);
+
+    // A multi-range object's checksum comes from a HEAD (ranged responses do
+    // not carry it); a single GET carries its own; an empty object has only
+    // its ETag.
+    let mut expected = None;
+    if verify == VerifyMode::Checksum {
+        if ranges.len() > 1 {
+            let (meta, checksum) = engine.retrying(Operation::Head, || engine.store.head(&key)).await?;
+            if meta.size != size || (object.etag.is_some() && meta.etag != object.etag) {
+                return Err(StoreError::Changed.into());
+            }
+            expected = checksum;
+        } else if ranges.is_empty() {
+            expected = object.etag.as_deref().and_then(md5_from_etag);
+        }
+    }
+
+    let temp = {
+        let staging = Arc::clone(staging);
+        tokio::task::spawn_blocking(move || staging.temp_file(size))
+            .await
+            .expect("temp file creation panicked")
+            .map_err(ObjectError::io_error("creating a temporary file"))?
+    };
+    let file = temp.handle();
+    let wanted = Wanted { crc32: matches!(expected, Some(StoredChecksum::Crc32(_))), md5: false };
+    let digests = match ranges.as_slice() {
+        [] => Vec::new(),
+        [whole] => {
+            let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, file, wanted).await?;
+            if verify == VerifyMode::Checksum {
+                expected = fetched.checksum;
+            }
+            vec![fetched.digest]
+        }
+        _ => fetch_ranges(engine, &key, ranges, if_match, file, wanted).await?,
+    };
+
+    let temp_path = temp.path().to_path_buf();
+    let verified = tokio::task::spawn_blocking(move || -> Result<Verified, ObjectError> {
+        if verify == VerifyMode::None {
+            return Ok(Verified::Unverified);
+        }
+        let written = std::fs::metadata(&temp_path).map_err(ObjectError::io_error("checking the size"))?.len();
+        if written != size {
+            return Err(ObjectError::Size { expected: size, actual: written });
+        }
+        let Some(expected) = expected else { return Ok(Verified::Size) };
+        let actual = actual_checksum(expected, &digests, || md5_file(&temp_path))
+            .map_err(ObjectError::io_error("reading back for MD5"))?;
+        if actual != expected {
+            return Err(ObjectError::Mismatch { expected, actual });
+        }
+        Ok(Verified::Checksum)
+    })
+    .await
+    .expect("verification panicked")?;
+
+    let stamp = {
+        let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
+        tokio::task::spawn_blocking(move || staging.commit(temp, &rel, mtime))
+            .await
+            .expect("commit panicked")
+            .map_err(ObjectError::io_error("moving the file into place"))?
+    };
+    Ok((verified, expected, stamp))
+}
+
+/// What one range delivered.
+struct Fetched {
+    digest: RangeDigest,
+    /// The whole-object checksum from the response (full reads only).
+    checksum: Option<StoredChecksum>,
+}
+
+/// Fetches the ranges of one object through a sliding window, so a huge
+/// object keeps at most `concurrency` range tasks alive. The first failure
+/// cancels the rest.
+async fn fetch_ranges(
+    engine: &Arc<Engine>,
+    key: &Arc<str>,
+    ranges: Vec<Range<u64>>,
+    if_match: Option<Arc<str>>,
+    file: Arc<File>,
+    wanted: Wanted,
+) -> Result<Vec<RangeDigest>, ObjectError> {
+    let window = engine.config.concurrency.clamp(1, ranges.len());
+    let mut pending = ranges.into_iter();
+    let mut tasks = JoinSet::new();
+    let spawn = |tasks: &mut JoinSet<_>, range: Range<u64>| {
+        let (engine, key, if_match, file) = (Arc::clone(engine), Arc::clone(key), if_match.clone(), Arc::clone(&file));
+        tasks.spawn(async move { fetch_range(&engine, &key, range, false, if_match, file, wanted).await });
+    };
+    for range in pending.by_ref().take(window) {
+        spawn(&mut tasks, range);
+    }
+    let mut digests = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let fetched = match joined {
+            Ok(result) => result?,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        digests.push(fetched.digest);
+        if let Some(range) = pending.next() {
+            spawn(&mut tasks, range);
+        }
+    }
+    Ok(digests)
+}
+
+/// Fetches one range (or, with `whole`, the whole object without a Range
+/// header) into `file`, with retries.
+async fn fetch_range(
+    engine: &Arc<Engine>,
+    key: &Arc<str>,
+    range: Range<u64>,
+    whole: bool,
+    if_match: Option<Arc<str>>,
+    file: Arc<File>,
+    wanted: Wanted,
+) -> Result<Fetched, ObjectError> {
+    engine
+        .retrying(Operation::Get, || {
+            fetch_attempt(Arc::clone(engine), Arc::clone(key), range.clone(), whole, if_match.clone(), Arc::clone(&file), wanted)
+        })
+        .await
+}
+
+/// One attempt: GET, stream into a bounded buffer, write at offsets.
+async fn fetch_attempt(
+    engine: Arc<Engine>,
+    key: Arc<str>,
+    range: Range<u64>,
+    whole: bool,
+    if_match: Option<Arc<str>>,
+    file: Arc<File>,
+    wanted: Wanted,
+) -> Result<Fetched, ObjectError> {
+    let len = range.end - range.start;
+    let capacity = engine.config.write_buffer.min(len).max(1) as usize;
+    let _memory = engine.budget.memory(capacity as u64 + REQUEST_OVERHEAD).await;
+    let response = engine.store.get(&key, (!whole).then(|| range.clone()), if_match.as_deref()).await?;
+    if response.content_length != len {
+        return Err(StoreError::transient(
+            RetryReason::TruncatedBody,
+            format!("expected {len} bytes, the store announced {}", response.content_length),
+        )
+        .into());
+    }
+    let checksum = if whole && engine.config.verify == VerifyMode::Checksum { response.checksum } else { None };
+    let wanted = if whole {
+        Wanted {
+            crc32: matches!(checksum, Some(StoredChecksum::Crc32(_))),
+            md5: matches!(checksum, Some(StoredChecksum::Md5(_))),
+        }
+    } else {
+        wanted
+    };
+
+    let mut digester = Digester::new(wanted);
+    let mut body = response.body;
+    let mut buffer: Vec<u8> = Vec::with_capacity(capacity);
+    let mut flushed = 0u64;
+    let mut received = 0u64;
+    let stall = engine.config.stall_timeout;
+    let streamed: Result<(), ObjectError> = async {
+        loop {
+            let chunk = match tokio::time::timeout(stall, body.next()).await {
+                Err(_) => {
+                    return Err(StoreError::transient(RetryReason::Timeout, format!("no data for {stall:?}")).into());
+                }
+                Ok(None) => break,
+                Ok(Some(chunk)) => chunk?,
+            };
+            received += chunk.len() as u64;
+            if received > len {
+                return Err(StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced").into());
+            }
+            digester.update(&chunk);
+            let mut rest = &chunk[..];
+            while !rest.is_empty() {
+                let take = rest.len().min(capacity - buffer.len());
+                buffer.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if buffer.len() == capacity {
+                    buffer = flush(&engine, &file, buffer, range.start + flushed).await?;
+                    flushed += capacity as u64;
+                }
+            }
+        }
+        if !buffer.is_empty() {
+            let n = buffer.len() as u64;
+            flush(&engine, &file, std::mem::take(&mut buffer), range.start + flushed).await?;
+            flushed += n;
+        }
+        if received != len {
+            return Err(StoreError::transient(
+                RetryReason::TruncatedBody,
+                format!("body ended after {received} of {len} bytes"),
+            )
+            .into());
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(error) = streamed {
+        engine.tally.unbytes(flushed);
+        return Err(error);
+    }
+    Ok(Fetched { digest: digester.finish(range.start, len), checksum })
+}
+
+/// Writes `buffer` at `offset` on a blocking thread and hands the emptied
+/// buffer back for reuse.
+async fn flush(engine: &Engine, file: &Arc<File>, mut buffer: Vec<u8>, offset: u64) -> Result<Vec<u8>, ObjectError> {
+    let file = Arc::clone(file);
+    let n = buffer.len() as u64;
+    let buffer = tokio::task::spawn_blocking(move || {
+        write_at(&file, &buffer, offset)?;
+        buffer.clear();
+        Ok::<_, std::io::Error>(buffer)
+    })
+    .await
+    .expect("write panicked")
+    .map_err(ObjectError::io_error("writing to disk"))?;
+    engine.tally.bytes(n);
+    engine.metrics.add_bytes(Direction::Download, n);
+    Ok(buffer)
+}

@@ -1,0 +1,270 @@
+//! Push: every file below a local directory, into a bucket prefix.
+//!
+//! The directory is walked on a blocking thread that streams files into a
+//! bounded channel, so uploads start at once. A file up to the multipart
+//! threshold is read into memory and sent as one PUT; a larger one becomes a
+//! multipart upload whose parts are read, checksummed and sent concurrently
+//! through a sliding window. Every request carries a CRC32C the store
+//! verifies, and a multipart upload is completed with the whole file's
+//! CRC32C (combined from the parts), so the object ends up with a
+//! full-object checksum that later pulls verify. A multipart upload that
+//! fails is aborted.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use super::pull::ObjectError;
+use super::ranges::{plan_ranges, upload_part_size};
+use super::tally::{Summary, Verified};
+use super::{Engine, REQUEST_OVERHEAD, TransferError, dooms_the_run};
+use crate::local::walk::{LocalFile, walk};
+use crate::metrics::{Direction, ObjectResult, Operation};
+use crate::store::{StoreError, UploadedPart};
+
+/// Copies every selected file below `source` to `prefix` in the store.
+///
+/// # Errors
+/// Run-level failures: the source is not a readable directory, the bucket is
+/// missing, the credentials are refused, the endpoint is unreachable.
+pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Summary, TransferError> {
+    let started = Instant::now();
+    let destination_uri = format!("{}/{prefix}", engine.store.describe());
+    let meta = std::fs::metadata(source).map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
+    if !meta.is_dir() {
+        return Err(TransferError::Source {
+            path: source.to_path_buf(),
+            source: std::io::Error::other("not a directory"),
+        });
+    }
+    preflight(&engine, prefix).await?;
+    tracing::info!(source = %source.display(), destination = %destination_uri, "push started");
+
+    let (files_tx, mut files) = mpsc::channel(1024);
+    let root = source.to_path_buf();
+    let walker = tokio::task::spawn_blocking(move || walk(&root, |item| files_tx.blocking_send(item).is_ok()));
+    let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
+    let mut tasks: JoinSet<Result<(), StoreError>> = JoinSet::new();
+
+    let outcome: Result<(), TransferError> = async {
+        while let Some(item) = files.recv().await {
+            let file = match item {
+                Ok(file) => file,
+                Err(refused) => {
+                    tracing::warn!(path = %refused.name, reason = %refused.reason, "refusing file");
+                    engine.tally.selected(0);
+                    engine.tally.failed(refused.name, format!("refused: {}", refused.reason));
+                    engine.metrics.object(ObjectResult::Refused);
+                    continue;
+                }
+            };
+            if !engine.config.selection.selects(file.rel.as_str()) {
+                continue;
+            }
+            engine.tally.selected(file.size);
+            let permit = loop {
+                tokio::select! {
+                    permit = Arc::clone(&objects_in_flight).acquire_owned() => break permit.expect("never closed"),
+                    Some(joined) = tasks.join_next() => check_fatal(joined, &engine)?,
+                }
+            };
+            let engine = Arc::clone(&engine);
+            let key = format!("{prefix}{}", file.rel);
+            tasks.spawn(async move {
+                let result = push_file(&engine, file, key).await;
+                drop(permit);
+                result
+            });
+        }
+        engine.tally.listing_finished();
+        while let Some(joined) = tasks.join_next().await {
+            check_fatal(joined, &engine)?;
+        }
+        Ok(())
+    }
+    .await;
+    tasks.abort_all();
+    outcome?;
+    walker
+        .await
+        .expect("walk panicked")
+        .map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
+    Ok(engine.tally.summary("push", source.display().to_string(), destination_uri, started.elapsed()))
+}
+
+/// One cheap request before anything is read, so a missing bucket, wrong
+/// credentials or an unreachable endpoint end the run at once with one clear
+/// message. Credentials that may write but not list are allowed through.
+async fn preflight(engine: &Engine, prefix: &str) -> Result<(), TransferError> {
+    match engine.retrying(Operation::List, || engine.store.list_page(prefix, None)).await {
+        Ok(_) => Ok(()),
+        Err(source) if dooms_the_run(&source) => Err(TransferError::Store { uri: engine.store.describe(), source }),
+        Err(error) => {
+            tracing::debug!(%error, "cannot list the destination; continuing with uploads");
+            Ok(())
+        }
+    }
+}
+
+fn check_fatal(
+    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
+    engine: &Engine,
+) -> Result<(), TransferError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Uploads one file. Returns `Err` only for errors that doom the whole run.
+async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result<(), StoreError> {
+    let result = upload(engine, &file, &key).await;
+    match result {
+        Ok(()) => {
+            engine.tally.transferred(Verified::Checksum);
+            engine.metrics.object(ObjectResult::Transferred);
+            tracing::debug!(%key, size = file.size, "uploaded");
+        }
+        Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
+        Err(error) => {
+            tracing::warn!(path = %file.rel, %error, "file failed");
+            engine.tally.failed(file.rel.to_string(), &error);
+            engine.metrics.object(ObjectResult::Failed);
+        }
+    }
+    Ok(())
+}
+
+/// Size and mtime, to notice a file that changes while it is uploaded.
+fn stamp(path: &Path) -> std::io::Result<(u64, Option<SystemTime>)> {
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.len(), meta.modified().ok()))
+}
+
+async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(), ObjectError> {
+    let path = file.path.clone();
+    let (handle, before) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        let handle = File::open(&path)?;
+        Ok((Arc::new(handle), stamp(&path)?))
+    })
+    .await
+    .expect("open panicked")
+    .map_err(ObjectError::io_error("opening the file"))?;
+    let size = before.0;
+
+    if size <= engine.config.multipart_threshold {
+        let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
+        let (body, crc) = read_part(Arc::clone(&handle), 0, size).await?;
+        engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await?;
+        engine.tally.bytes(size);
+        engine.metrics.add_bytes(Direction::Upload, size);
+    } else {
+        upload_multipart(engine, &handle, key, size).await?;
+    }
+
+    let path = file.path.clone();
+    let after = tokio::task::spawn_blocking(move || stamp(&path))
+        .await
+        .expect("stat panicked")
+        .map_err(ObjectError::io_error("checking the file after upload"))?;
+    if after != before {
+        return Err(ObjectError::Io {
+            what: "uploading",
+            source: std::io::Error::other("the file changed while it was being uploaded; run the push again"),
+        });
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes at `offset` and their CRC32C on a blocking thread.
+async fn read_part(handle: Arc<File>, offset: u64, len: u64) -> Result<(Bytes, u32), ObjectError> {
+    tokio::task::spawn_blocking(move || -> std::io::Result<(Bytes, u32)> {
+        let mut buf = vec![0u8; len as usize];
+        handle.read_exact_at(&mut buf, offset)?;
+        let crc = crc32c::crc32c(&buf);
+        Ok((Bytes::from(buf), crc))
+    })
+    .await
+    .expect("read panicked")
+    .map_err(ObjectError::io_error("reading the file"))
+}
+
+async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, size: u64) -> Result<(), ObjectError> {
+    let part_size = upload_part_size(size, engine.config.part_size);
+    let ranges = plan_ranges(size, part_size);
+    let upload_id: Arc<str> =
+        Arc::from(engine.retrying(Operation::CreateMultipart, || engine.store.create_multipart(key)).await?);
+    let key_arc: Arc<str> = Arc::from(key);
+    // Bytes of parts already sent, taken back from the progress if the upload fails.
+    let uploaded_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+
+    let uploaded: Result<Vec<UploadedPart>, ObjectError> = async {
+        let window = engine.config.concurrency.clamp(1, ranges.len());
+        let mut pending = ranges.into_iter().enumerate();
+        let mut tasks = JoinSet::new();
+        let spawn = |tasks: &mut JoinSet<_>, (index, range): (usize, std::ops::Range<u64>)| {
+            let (engine, handle, key, upload_id, progress) = (
+                Arc::clone(engine),
+                Arc::clone(handle),
+                Arc::clone(&key_arc),
+                Arc::clone(&upload_id),
+                Arc::clone(&uploaded_bytes),
+            );
+            tasks.spawn(async move {
+                let len = range.end - range.start;
+                let _memory = engine.budget.memory(len + REQUEST_OVERHEAD).await;
+                let (body, crc) = read_part(handle, range.start, len).await?;
+                let number = index as u32 + 1;
+                let part = engine
+                    .retrying(Operation::UploadPart, || {
+                        engine.store.upload_part(&key, &upload_id, number, body.clone(), crc)
+                    })
+                    .await?;
+                engine.tally.bytes(len);
+                progress.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                engine.metrics.add_bytes(Direction::Upload, len);
+                Ok::<_, ObjectError>((part, len))
+            });
+        };
+        for item in pending.by_ref().take(window) {
+            spawn(&mut tasks, item);
+        }
+        let mut parts = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (part, len) = match joined {
+                Ok(result) => result?,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+            parts.push((part, len));
+            if let Some(item) = pending.next() {
+                spawn(&mut tasks, item);
+            }
+        }
+        parts.sort_by_key(|(part, _)| part.number);
+        let whole = parts.iter().fold(0, |acc, (part, len)| crc32c::crc32c_combine(acc, part.crc32c, *len as usize));
+        let parts: Vec<UploadedPart> = parts.into_iter().map(|(part, _)| part).collect();
+        engine
+            .retrying(Operation::CompleteMultipart, || engine.store.complete_multipart(key, &upload_id, parts.clone(), whole))
+            .await?;
+        Ok(parts)
+    }
+    .await;
+
+    if let Err(error) = uploaded {
+        engine.tally.unbytes(uploaded_bytes.load(std::sync::atomic::Ordering::Relaxed));
+        let aborted = engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
+        if let Err(abort_error) = aborted {
+            tracing::warn!(%key, upload_id = %upload_id, %abort_error, "could not abort the failed multipart upload; a bucket lifecycle rule will reclaim it");
+        }
+        return Err(error);
+    }
+    Ok(())
+}
