@@ -108,6 +108,9 @@ struct TransferArgs {
     /// Write a JSON summary (objects, bytes, seconds, throughput, failures) here.
     #[arg(long)]
     summary_file: Option<PathBuf>,
+    /// Cap on bytes per second for the whole run (e.g. 200MiB); unlimited by default.
+    #[arg(long, value_parser = parse_size)]
+    max_bandwidth: Option<u64>,
     /// Attempts per request, including the first.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
@@ -143,12 +146,6 @@ impl TransferArgs {
     fn config(&self) -> Result<TransferConfig, TransferError> {
         let selection = Selection::new(&self.include, &self.exclude, self.shard)
             .map_err(|e| TransferError::Config(e.to_string()))?;
-        if self.part_size < 5 << 20 {
-            return Err(TransferError::Config(format!(
-                "--part-size {} is below 5 MiB, the smallest part S3 accepts",
-                self.part_size
-            )));
-        }
         Ok(TransferConfig {
             concurrency: self.concurrency as usize,
             part_size: self.part_size,
@@ -158,6 +155,7 @@ impl TransferArgs {
             verify: self.verify,
             retry: RetryPolicy { max_attempts: self.max_attempts, ..RetryPolicy::default() },
             stall_timeout: self.stall_timeout,
+            max_bandwidth: self.max_bandwidth,
             selection,
         })
     }
@@ -184,6 +182,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Pull { options, .. } => ("pull", options),
         Command::Push { options, .. } => ("push", options),
     };
+    if let Command::Push { options, .. } = &cli.command
+        && options.part_size < 5 << 20
+    {
+        eprintln!("ferry-stager: push failed: --part-size must be at least 5MiB, the smallest part S3 accepts");
+        return ExitCode::from(2);
+    }
     let (source_text, destination_text) = match &cli.command {
         Command::Pull { source, destination, .. } => (source.to_string(), destination.display().to_string()),
         Command::Push { source, destination, .. } => (source.display().to_string(), destination.to_string()),
@@ -192,7 +196,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let summary = match result {
         Ok(summary) => summary,
         Err(error) => {
-            let message = error_chain(&error);
+            let message = crate::error_chain(&error);
             eprintln!("ferry-stager: {operation} failed: {message}");
             let failed = Summary {
                 operation: operation.to_owned(),
@@ -205,6 +209,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 retries: 0,
                 seconds: 0.0,
                 throughput_bytes_per_second: 0.0,
+                peak_rss_bytes: crate::transfer::tally::peak_rss_bytes(),
                 failures: vec![Failure { key: String::new(), error: message }],
             };
             write_summary(options.summary_file.as_ref(), &failed);
@@ -248,21 +253,6 @@ fn write_summary(path: Option<&PathBuf>, summary: &Summary) {
     if let Err(error) = std::fs::write(path, json) {
         eprintln!("ferry-stager: cannot write summary to '{}': {error}", path.display());
     }
-}
-
-/// The error and its sources, joined into one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
 }
 
 #[cfg(test)]

@@ -21,3 +21,20 @@ pub mod store;
 pub mod transfer;
 
 pub use location::ObjectLocation;
+
+/// An error and its sources as one line ("a: b: c"), skipping a source whose
+/// text its parent already repeats. Used for exit messages and summaries,
+/// where `Debug` dumps would bury the cause.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}

@@ -1,1 +1,282 @@
-//! placeholder
+//! Real servers for Ferry's tests.
+//!
+//! [`S3Server::minio`] starts the pinned MinIO (installed into the cache by
+//! `hack/tools.sh`) on a free loopback port with a throw-away data
+//! directory, waits until it reports healthy, and stops it when dropped, so
+//! every test gets its own server and leaks no process. [`S3Server::moto`]
+//! does the same with moto's S3 server, which accepts object keys MinIO
+//! refuses (`..` segments), for the path-traversal tests.
+//!
+//! Binaries are found through `FERRY_MINIO_BIN` / `FERRY_MOTO_BIN`, else by
+//! asking `hack/tools.sh path`, which installs them on first use.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+
+/// How long a server may take to become healthy.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The repository root (this crate lives in `testkit/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit has a parent").to_path_buf()
+}
+
+/// Path of a pinned external tool: `$FERRY_<TOOL>_BIN`, else installed by `hack/tools.sh`.
+pub fn tool_path(tool: &str) -> PathBuf {
+    let var = format!("FERRY_{}_BIN", tool.to_ascii_uppercase());
+    if let Ok(path) = std::env::var(&var) {
+        return PathBuf::from(path);
+    }
+    let output = Command::new(repo_root().join("hack/tools.sh"))
+        .args(["path", tool])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run hack/tools.sh");
+    assert!(output.status.success(), "hack/tools.sh path {tool} failed");
+    PathBuf::from(String::from_utf8(output.stdout).expect("utf-8 path").trim())
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port()
+}
+
+/// Which S3-compatible server runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// MinIO, the reference S3-compatible server.
+    Minio,
+    /// moto's S3 server (accepts hostile keys).
+    Moto,
+}
+
+/// A running S3-compatible server, stopped on drop.
+#[derive(Debug)]
+pub struct S3Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    /// Access key accepted by the server.
+    pub access_key: String,
+    /// Secret key accepted by the server.
+    pub secret_key: String,
+    /// Which server this is.
+    pub flavor: Flavor,
+    dir: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts MinIO with a fresh data directory.
+    pub fn minio() -> Self {
+        let binary = tool_path("minio");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let console = free_port();
+        let (access_key, secret_key) = ("ferry-test".to_owned(), "ferry-test-secret".to_owned());
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let child = Command::new(binary)
+            .arg("server")
+            .arg(dir.path().join("data"))
+            .args(["--address", &format!("127.0.0.1:{port}")])
+            .args(["--console-address", &format!("127.0.0.1:{console}")])
+            .arg("--quiet")
+            .env("MINIO_ROOT_USER", &access_key)
+            .env("MINIO_ROOT_PASSWORD", &secret_key)
+            .env("MINIO_BROWSER", "off")
+            .env("MINIO_UPDATE", "off")
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start minio");
+        let mut server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            access_key,
+            secret_key,
+            flavor: Flavor::Minio,
+            dir,
+        };
+        server.wait_healthy(port, "/minio/health/live");
+        server
+    }
+
+    /// Starts moto's S3 server.
+    pub fn moto() -> Self {
+        let binary = tool_path("moto");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let child = Command::new(binary)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start moto_server");
+        let mut server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            access_key: "testing".into(),
+            secret_key: "testing".into(),
+            flavor: Flavor::Moto,
+            dir,
+        };
+        server.wait_healthy(port, "/moto-api/");
+        server
+    }
+
+    fn wait_healthy(&mut self, port: u16, path: &str) {
+        let deadline = Instant::now() + START_DEADLINE;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{:?} exited with {status} during start-up:\n{}", self.flavor, self.log_tail());
+            }
+            if http_get_status(port, path) == Some(200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{:?} not healthy within {START_DEADLINE:?}:\n{}", self.flavor, self.log_tail());
+    }
+
+    /// The last lines of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// An SDK client for setting up and checking test data (not the code under test).
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(&self.endpoint)
+            .force_path_style(true)
+            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testkit"))
+            .build();
+        aws_sdk_s3::Client::from_conf(config)
+    }
+
+    /// Creates a bucket.
+    pub async fn create_bucket(&self, name: &str) {
+        self.client().create_bucket().bucket(name).send().await.expect("create bucket");
+    }
+
+    /// Uploads one object with a single PUT.
+    pub async fn put(&self, bucket: &str, key: &str, body: Vec<u8>) {
+        self.client()
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+    }
+
+    /// Reads one object.
+    pub async fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        let output = self.client().get_object().bucket(bucket).key(key).send().await.expect("get object");
+        output.body.collect().await.expect("read body").into_bytes().to_vec()
+    }
+
+    /// Every key and size under `prefix`.
+    pub async fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let mut pages = self.client().list_objects_v2().bucket(bucket).prefix(prefix).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            for object in page.expect("list").contents() {
+                out.push((object.key().unwrap_or_default().to_owned(), object.size().unwrap_or(0) as u64));
+            }
+        }
+        out
+    }
+
+    /// Environment for a process that should talk to this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", self.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_key.clone()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("FERRY_ENDPOINT_URL", self.endpoint.clone()),
+            // Keep the SDK away from any profile or metadata service on the machine.
+            ("AWS_CONFIG_FILE", "/dev/null".into()),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.
+fn http_get_status(port: u16, path: &str) -> Option<u16> {
+    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 16];
+    let n = stream.read(&mut head).ok()?;
+    let text = std::str::from_utf8(&head[..n]).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*): reproducible test data
+/// without a dependency and fast enough for hundreds of MiB.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        out.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Every regular file below `root` (excluding Ferry's `.ferry` state), as
+/// relative path → content. For comparing trees byte for byte. Symlinks are
+/// neither followed nor listed.
+pub fn read_tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn visit(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).expect("read dir") {
+            let entry = entry.expect("dir entry");
+            let path = entry.path();
+            let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
+            if rel == ".ferry" {
+                continue;
+            }
+            let kind = entry.file_type().expect("file type");
+            if kind.is_symlink() {
+                continue;
+            } else if kind.is_dir() {
+                visit(root, &path, out);
+            } else {
+                out.insert(rel, std::fs::read(&path).expect("read file"));
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    visit(root, root, &mut out);
+    out
+}

@@ -20,7 +20,6 @@ use aws_sdk_s3::config::{
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart};
-use aws_smithy_types::error::display::DisplayErrorContext;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -94,7 +93,7 @@ fn classify<E>(err: SdkError<E, aws_smithy_runtime_api::http::Response>, bucket:
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let detail = DisplayErrorContext(&err).to_string();
+    let detail = crate::error_chain(&err);
     match &err {
         SdkError::TimeoutError(_) => StoreError::transient(RetryReason::Timeout, detail),
         SdkError::DispatchFailure(failure) => {
@@ -283,7 +282,7 @@ impl ObjectStore for S3Store {
         let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
             let next = body.next().await?;
             let mapped = next.map_err(|e| {
-                StoreError::transient(RetryReason::TruncatedBody, DisplayErrorContext(&e).to_string())
+                StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e))
             });
             Some((mapped, body))
         })

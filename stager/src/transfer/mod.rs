@@ -11,6 +11,8 @@
 //! * [`pull`] and [`push`] are the two directions; [`tally`] counts what
 //!   happened and produces the run summary.
 
+pub mod bandwidth;
+pub mod buffers;
 pub mod pull;
 pub mod push;
 pub mod ranges;
@@ -105,6 +107,8 @@ pub struct TransferConfig {
     pub retry: RetryPolicy,
     /// Abort a body that delivers no byte for this long.
     pub stall_timeout: Duration,
+    /// Cap on bytes per second for the whole run.
+    pub max_bandwidth: Option<u64>,
     /// Which objects to copy.
     pub selection: Selection,
 }
@@ -120,6 +124,7 @@ impl Default for TransferConfig {
             verify: VerifyMode::Checksum,
             retry: RetryPolicy::default(),
             stall_timeout: Duration::from_secs(30),
+            max_bandwidth: None,
             selection: Selection::all(),
         }
     }
@@ -260,6 +265,10 @@ pub struct Engine {
     pub metrics: Arc<Metrics>,
     /// Counters for progress and the summary.
     pub tally: Arc<Tally>,
+    /// The `--max-bandwidth` pacer, if any.
+    pub bandwidth: Option<bandwidth::BandwidthLimit>,
+    /// Recycled data buffers.
+    pub buffers: buffers::BufferPool,
 }
 
 impl Engine {
@@ -274,13 +283,24 @@ impl Engine {
     ) -> Result<Arc<Self>, TransferError> {
         let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
         let budget = Budget::new(config.concurrency, config.memory_limit, largest, Arc::clone(&metrics))?;
-        Ok(Arc::new(Self { store, config, budget, metrics, tally: Arc::new(Tally::default()) }))
+        let bandwidth = config.max_bandwidth.map(bandwidth::BandwidthLimit::new);
+        Ok(Arc::new(Self { store, config, budget, metrics, tally: Arc::new(Tally::default()),
+            bandwidth,
+            buffers: buffers::BufferPool::default(),
+        }))
     }
 
     /// Objects allowed in flight at once: enough to keep every request slot
     /// busy while some objects are being verified or renamed.
     pub fn objects_in_flight(&self) -> usize {
         self.config.concurrency.max(1) * 2
+    }
+
+    /// Waits until `bytes` may move under `--max-bandwidth` (at once without it).
+    pub async fn pace(&self, bytes: u64) {
+        if let Some(limit) = &self.bandwidth {
+            limit.take(bytes).await;
+        }
     }
 
     /// Runs `attempt` until it succeeds, fails permanently, or the retry

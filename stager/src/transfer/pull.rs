@@ -158,10 +158,14 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
     .await;
     lister.abort();
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    // Every task is gone, so these are the last references.
+    let writer = Arc::into_inner(writer).expect("all tasks joined");
+    let staging = Arc::into_inner(staging).expect("all tasks joined");
+    let finished = writer.finish().map_err(TransferError::Manifest);
+    staging.close();
     outcome?;
-
-    Arc::into_inner(writer).expect("all tasks joined").finish().map_err(TransferError::Manifest)?;
-    Arc::into_inner(staging).expect("all tasks joined").close();
+    finished?;
     Ok(engine.tally.summary("pull", source_uri, destination.display().to_string(), started.elapsed()))
 }
 
@@ -452,7 +456,7 @@ async fn fetch_attempt(
 
     let mut digester = Digester::new(wanted);
     let mut body = response.body;
-    let mut buffer: Vec<u8> = Vec::with_capacity(capacity);
+    let mut buffer = engine.buffers.take_empty(capacity);
     let mut flushed = 0u64;
     let mut received = 0u64;
     let stall = engine.config.stall_timeout;
@@ -483,9 +487,10 @@ async fn fetch_attempt(
         }
         if !buffer.is_empty() {
             let n = buffer.len() as u64;
-            flush(&engine, &file, std::mem::take(&mut buffer), range.start + flushed).await?;
+            buffer = flush(&engine, &file, buffer, range.start + flushed).await?;
             flushed += n;
         }
+        engine.buffers.give(std::mem::take(&mut buffer));
         if received != len {
             return Err(StoreError::transient(
                 RetryReason::TruncatedBody,
@@ -508,6 +513,7 @@ async fn fetch_attempt(
 async fn flush(engine: &Engine, file: &Arc<File>, mut buffer: Vec<u8>, offset: u64) -> Result<Vec<u8>, ObjectError> {
     let file = Arc::clone(file);
     let n = buffer.len() as u64;
+    engine.pace(n).await;
     let buffer = tokio::task::spawn_blocking(move || {
         write_at(&file, &buffer, offset)?;
         buffer.clear();

@@ -162,8 +162,11 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
 
     if size <= engine.config.multipart_threshold {
         let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
-        let (body, crc) = read_part(Arc::clone(&handle), 0, size).await?;
-        engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await?;
+        let (body, crc) = read_part(engine, Arc::clone(&handle), 0, size).await?;
+        engine.pace(size).await;
+        let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
+        engine.buffers.give_bytes(body);
+        put?;
         engine.tally.bytes(size);
         engine.metrics.add_bytes(Direction::Upload, size);
     } else {
@@ -185,9 +188,9 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
 }
 
 /// Reads `len` bytes at `offset` and their CRC32C on a blocking thread.
-async fn read_part(handle: Arc<File>, offset: u64, len: u64) -> Result<(Bytes, u32), ObjectError> {
+async fn read_part(engine: &Engine, handle: Arc<File>, offset: u64, len: u64) -> Result<(Bytes, u32), ObjectError> {
+    let mut buf = engine.buffers.take(len as usize);
     tokio::task::spawn_blocking(move || -> std::io::Result<(Bytes, u32)> {
-        let mut buf = vec![0u8; len as usize];
         handle.read_exact_at(&mut buf, offset)?;
         let crc = crc32c::crc32c(&buf);
         Ok((Bytes::from(buf), crc))
@@ -221,13 +224,16 @@ async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, s
             tasks.spawn(async move {
                 let len = range.end - range.start;
                 let _memory = engine.budget.memory(len + REQUEST_OVERHEAD).await;
-                let (body, crc) = read_part(handle, range.start, len).await?;
+                let (body, crc) = read_part(&engine, handle, range.start, len).await?;
+                engine.pace(len).await;
                 let number = index as u32 + 1;
                 let part = engine
                     .retrying(Operation::UploadPart, || {
                         engine.store.upload_part(&key, &upload_id, number, body.clone(), crc)
                     })
-                    .await?;
+                    .await;
+                engine.buffers.give_bytes(body);
+                let part = part?;
                 engine.tally.bytes(len);
                 progress.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                 engine.metrics.add_bytes(Direction::Upload, len);

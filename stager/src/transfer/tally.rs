@@ -162,9 +162,19 @@ impl Tally {
             retries: self.retries.load(Relaxed),
             seconds,
             throughput_bytes_per_second: if seconds > 0.0 { transferred as f64 / seconds } else { 0.0 },
+            peak_rss_bytes: peak_rss_bytes(),
             failures,
         }
     }
+}
+
+/// The process's peak resident set size (Linux `VmHWM`), for the summary:
+/// the memory limit is a promise, and this is the evidence.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The JSON summary written by `--summary-file`.
@@ -190,6 +200,9 @@ pub struct Summary {
     pub seconds: f64,
     /// Bytes transferred per second of the run.
     pub throughput_bytes_per_second: f64,
+    /// Peak resident memory of the process, where the platform reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     /// Objects that failed, with reasons (at most 1000 listed).
     pub failures: Vec<Failure>,
 }

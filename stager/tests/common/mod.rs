@@ -1,0 +1,103 @@
+//! Helpers shared by the stager's integration tests: run the real binary
+//! against a real server and read its summary.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_testkit::S3Server;
+
+/// The stager binary built for these tests.
+pub const STAGER: &str = env!("CARGO_BIN_EXE_ferry-stager");
+
+/// The outcome of one stager run.
+#[derive(Debug)]
+pub struct Run {
+    pub status: ExitStatus,
+    pub stderr: String,
+    pub summary: serde_json::Value,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+
+    pub fn transferred(&self) -> u64 {
+        self.summary["objects"]["transferred"].as_u64().expect("summary has objects.transferred")
+    }
+
+    pub fn skipped(&self) -> u64 {
+        self.summary["objects"]["skipped"].as_u64().expect("summary has objects.skipped")
+    }
+
+    pub fn assert_ok(&self) {
+        assert_eq!(self.code(), 0, "stager failed:\n{}\nsummary: {:#}", self.stderr, self.summary);
+    }
+}
+
+/// A stager command talking to `server`.
+pub fn command(server: &S3Server, args: &[&str]) -> Command {
+    let mut cmd = Command::new(STAGER);
+    cmd.args(args).arg("--progress").arg("never").envs(server.env()).env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs the stager to completion.
+pub fn stager(server: &S3Server, args: &[&str]) -> Run {
+    run(command(server, args))
+}
+
+/// Runs a prepared stager command to completion, with a summary file.
+pub fn run(mut cmd: Command) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let summary_path = dir.path().join("summary.json");
+    cmd.arg("--summary-file").arg(&summary_path);
+    let started = Instant::now();
+    let output = cmd.stdout(Stdio::null()).output().expect("run ferry-stager");
+    let elapsed = started.elapsed();
+    let summary = std::fs::read(&summary_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    Run { status: output.status, stderr: String::from_utf8_lossy(&output.stderr).into_owned(), summary, elapsed }
+}
+
+/// Writes `files` (relative path → content) below `root`.
+pub fn write_tree(root: &Path, files: &BTreeMap<String, Vec<u8>>) {
+    for (rel, data) in files {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+}
+
+/// Uploads `files` under `prefix` with the SDK (independent of the stager).
+pub async fn put_tree(server: &S3Server, bucket: &str, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+    for (rel, data) in files {
+        server.put(bucket, &format!("{prefix}{rel}"), data.clone()).await;
+    }
+}
+
+/// `count` small files with varied sizes, named `dir/NNNN.bin`.
+pub fn small_files(dir: &str, count: usize, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    (0..count)
+        .map(|i| (format!("{dir}/{i:04}.bin"), ferry_testkit::pattern(seed + i as u64, 512 + (i * 37) % 4096)))
+        .collect()
+}
+
+/// Files left in the run's temporary area (should be none after a run).
+pub fn leftover_temp_files(root: &Path) -> Vec<String> {
+    let tmp = root.join(".ferry/tmp");
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&tmp) {
+        for entry in entries.flatten() {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
+}

@@ -1,0 +1,355 @@
+//! The stager against a real MinIO (and, where MinIO refuses the data, moto's
+//! S3 server). Every test starts its own server and uses its own bucket.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
+use ferry_testkit::{S3Server, pattern, read_tree};
+
+const MIB: usize = 1 << 20;
+const PART: usize = 5 * MIB;
+
+/// The dataset the round-trip test moves: nested directories, empty files,
+/// sizes around the part boundary, one large object, 2,000 small ones and
+/// names with spaces and non-ASCII characters.
+fn round_trip_dataset() -> BTreeMap<String, Vec<u8>> {
+    let mut files = small_files("small", 2000, 1);
+    files.insert("nested/deeper/still/leaf.bin".into(), pattern(2, 100 << 10));
+    files.insert("empty.bin".into(), Vec::new());
+    files.insert("nested/empty".into(), Vec::new());
+    files.insert("parts/minus-one.bin".into(), pattern(3, PART - 1));
+    files.insert("parts/exact.bin".into(), pattern(4, PART));
+    files.insert("parts/plus-one.bin".into(), pattern(5, PART + 1));
+    files.insert("large/blob.bin".into(), pattern(6, 200 * MIB + 3));
+    files.insert("names/with space.txt".into(), b"space".to_vec());
+    files.insert("names/ünïcödé-日本.txt".into(), b"unicode".to_vec());
+    files.insert("names/emoji 🚀 rocket.txt".into(), b"emoji".to_vec());
+    files
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn push_then_pull_is_byte_identical() {
+    let server = S3Server::minio();
+    server.create_bucket("round-trip").await;
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let files = round_trip_dataset();
+    write_tree(src.path(), &files);
+
+    let push = stager(&server, &["push", src.path().to_str().unwrap(), "s3://round-trip/ds", "--part-size", "5MiB"]);
+    push.assert_ok();
+    assert_eq!(push.transferred(), files.len() as u64);
+
+    // Check the store independently of the stager: every key, every size.
+    let listed: BTreeMap<String, u64> = server.list("round-trip", "ds/").await.into_iter().collect();
+    let expected: BTreeMap<String, u64> = files.iter().map(|(k, v)| (format!("ds/{k}"), v.len() as u64)).collect();
+    assert_eq!(listed, expected);
+    assert_eq!(server.get("round-trip", "ds/names/ünïcödé-日本.txt").await, b"unicode");
+    assert!(server.get("round-trip", "ds/parts/plus-one.bin").await == files["parts/plus-one.bin"]);
+
+    let target = dst.path().join("data");
+    let pull = stager(
+        &server,
+        &["pull", "s3://round-trip/ds", target.to_str().unwrap(), "--part-size", "5MiB", "--memory-limit", "96MiB"],
+    );
+    pull.assert_ok();
+    assert_eq!(pull.transferred(), files.len() as u64);
+    // Every object pushed by the stager carries a full-object CRC32C, and every one is verified against it.
+    assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(files.len() as u64), "{:#}", pull.summary);
+    let peak = pull.summary["peak_rss_bytes"].as_u64().expect("peak RSS reported");
+    assert!(peak < 96 * MIB as u64, "peak RSS {peak} above the 96 MiB memory limit");
+
+    let pulled = read_tree(&target);
+    assert_eq!(pulled.len(), files.len());
+    for (rel, data) in &files {
+        assert!(pulled.get(rel) == Some(data), "{rel} differs after the round trip");
+    }
+    assert!(leftover_temp_files(&target).is_empty(), "{:?}", leftover_temp_files(&target));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn objects_uploaded_by_other_clients_are_verified_by_their_etag() {
+    let server = S3Server::minio();
+    server.create_bucket("foreign").await;
+    let files: BTreeMap<String, Vec<u8>> = [
+        ("one-get.bin".to_owned(), pattern(10, 300 << 10)),
+        ("ranged.bin".to_owned(), pattern(11, 12 * MIB + 5)),
+        ("zero.bin".to_owned(), Vec::new()),
+    ]
+    .into();
+    put_tree(&server, "foreign", "", &files).await;
+    let dst = tempfile::tempdir().unwrap();
+    let pull = stager(&server, &["pull", "s3://foreign", dst.path().to_str().unwrap(), "--part-size", "5MiB"]);
+    pull.assert_ok();
+    // Single-PUT objects have an MD5 ETag: in-flight MD5 for one GET, read-back for ranged ones.
+    assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{:#}", pull.summary);
+    assert_eq!(read_tree(dst.path()), files);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn include_and_exclude_select_by_relative_key() {
+    let server = S3Server::minio();
+    server.create_bucket("filters").await;
+    let files: BTreeMap<String, Vec<u8>> = ["a.bin", "b.txt", "dir/c.bin", "dir/tmp/d.bin", "logs/e.log"]
+        .iter()
+        .map(|k| ((*k).to_owned(), k.as_bytes().to_vec()))
+        .collect();
+    put_tree(&server, "filters", "p/", &files).await;
+    let dst = tempfile::tempdir().unwrap();
+    let pull = stager(
+        &server,
+        &["pull", "s3://filters/p/", dst.path().to_str().unwrap(), "--include", "*.bin", "--exclude", "dir/tmp/*"],
+    );
+    pull.assert_ok();
+    let got: BTreeSet<String> = read_tree(dst.path()).into_keys().collect();
+    assert_eq!(got, BTreeSet::from(["a.bin".to_owned(), "dir/c.bin".to_owned()]));
+    assert_eq!(pull.summary["objects"]["selected"].as_u64(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_shards_partition_the_dataset_exactly() {
+    let server = S3Server::minio();
+    server.create_bucket("shards").await;
+    let files = small_files("s", 300, 20);
+    put_tree(&server, "shards", "", &files).await;
+
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for index in 0..3 {
+        let dst = tempfile::tempdir().unwrap();
+        let shard = format!("{index}/3");
+        stager(&server, &["pull", "s3://shards", dst.path().to_str().unwrap(), "--shard", &shard]).assert_ok();
+        let part = read_tree(dst.path());
+        assert!(!part.is_empty(), "shard {shard} got nothing");
+        for (rel, data) in part {
+            assert_eq!(&data, &files[&rel]);
+            *seen.entry(rel).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), files.len(), "the union of the shards is the dataset");
+    assert!(seen.values().all(|&n| n == 1), "no object is in two shards");
+
+    // Three workers staging into one shared directory at once.
+    let shared = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|index| {
+            let shard = format!("{index}/3");
+            let mut cmd = command(&server, &["pull", "s3://shards", shared.path().to_str().unwrap(), "--shard", &shard]);
+            cmd.stderr(std::process::Stdio::null()).spawn().unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(read_tree(shared.path()), files);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
+    let server = S3Server::minio();
+    server.create_bucket("reuse").await;
+    let mut files = small_files("f", 50, 30);
+    files.insert("big.bin".into(), pattern(31, 11 * MIB));
+    put_tree(&server, "reuse", "", &files).await;
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+
+    let first = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    first.assert_ok();
+    assert_eq!(first.transferred(), 51);
+
+    let second = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    second.assert_ok();
+    assert_eq!((second.transferred(), second.skipped()), (0, 51), "{:#}", second.summary);
+    assert_eq!(second.summary["bytes"]["transferred"].as_u64(), Some(0));
+
+    // One object changes in the store, one file is deleted, one is truncated locally.
+    let changed = pattern(32, 777);
+    server.put("reuse", "f/0001.bin", changed.clone()).await;
+    std::fs::remove_file(dst.path().join("f/0002.bin")).unwrap();
+    std::fs::write(dst.path().join("f/0003.bin"), b"tampered").unwrap();
+    files.insert("f/0001.bin".into(), changed);
+
+    let third = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    third.assert_ok();
+    assert_eq!((third.transferred(), third.skipped()), (3, 48), "{:#}", third.summary);
+    assert_eq!(read_tree(dst.path()), files);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing() {
+    let server = S3Server::minio();
+    server.create_bucket("resume").await;
+    let mut files = small_files("small", 400, 40);
+    files.insert("big/a.bin".into(), pattern(41, 40 * MIB));
+    files.insert("big/b.bin".into(), pattern(42, 40 * MIB + 1));
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &files);
+    stager(&server, &["push", src.path().to_str().unwrap(), "s3://resume/", "--part-size", "5MiB"]).assert_ok();
+
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+    let port = ferry_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut child = command(
+        &server,
+        &["pull", "s3://resume", dir, "--part-size", "5MiB", "--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr],
+    )
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+
+    // Wait until the run is well under way: metrics show bytes, files exist.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut exposition = String::new();
+    loop {
+        assert!(Instant::now() < deadline, "the pull made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
+        exposition = scrape(port).unwrap_or(exposition);
+        let staged = read_tree(dst.path()).len();
+        if staged >= 20 && transferred_bytes(&exposition) > (12 * MIB) as u64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for series in [
+        "ferry_stager_transferred_bytes_total{direction=\"download\"}",
+        "ferry_stager_objects_total{result=\"transferred\"}",
+        "ferry_stager_request_duration_seconds_bucket{",
+        "ferry_stager_retries_total{reason=\"throttled\"}",
+        "ferry_stager_requests_in_flight",
+    ] {
+        assert!(exposition.contains(series), "missing {series} in\n{exposition}");
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // Whatever is under a final name is complete and correct.
+    let partial = read_tree(dst.path());
+    assert!(partial.len() < files.len(), "the pull was not interrupted");
+    for (rel, data) in &partial {
+        assert!(files.get(rel) == Some(data), "{rel} is under its final name but not complete and correct");
+    }
+
+    let resumed = stager(&server, &["pull", "s3://resume", dir, "--part-size", "5MiB"]);
+    resumed.assert_ok();
+    assert_eq!(resumed.skipped() as usize, partial.len(), "{:#}", resumed.summary);
+    assert_eq!(resumed.transferred() as usize, files.len() - partial.len());
+    assert_eq!(read_tree(dst.path()), files);
+    assert!(leftover_temp_files(dst.path()).is_empty(), "{:?}", leftover_temp_files(dst.path()));
+}
+
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+fn transferred_bytes(exposition: &str) -> u64 {
+    exposition
+        .lines()
+        .find(|l| l.starts_with("ferry_stager_transferred_bytes_total{direction=\"download\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_that_would_escape_the_destination_are_refused() {
+    // MinIO refuses such keys itself; moto stores them, as real S3 does.
+    let server = S3Server::moto();
+    server.create_bucket("hostile").await;
+    let hostile = ["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
+    for key in hostile.iter().chain(&["ok.txt"]) {
+        server.put("hostile", key, key.as_bytes().to_vec()).await;
+    }
+    let stored: BTreeSet<String> = server.list("hostile", "").await.into_iter().map(|(k, _)| k).collect();
+    for key in hostile {
+        assert!(stored.contains(key), "the server did not keep {key:?}: {stored:?}");
+    }
+
+    let parent = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let dest = parent.path().join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    // A symlink planted inside the destination must not be followed out of it.
+    std::os::unix::fs::symlink(outside.path(), dest.join("link")).unwrap();
+
+    let run = stager(&server, &["pull", "s3://hostile", dest.to_str().unwrap()]);
+    assert_eq!(run.code(), 1, "refused keys make the run incomplete:\n{}", run.stderr);
+    assert!(run.stderr.contains("refused") || run.stderr.contains("symlink"), "{}", run.stderr);
+    assert_eq!(std::fs::read(dest.join("ok.txt")).unwrap(), b"ok.txt");
+
+    let failures: BTreeSet<String> = run.summary["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(failures, hostile.iter().map(|k| (*k).to_owned()).collect(), "{:#}", run.summary);
+
+    let beside: Vec<_> = std::fs::read_dir(parent.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(beside, vec![std::ffi::OsString::from("dest")], "nothing may be written beside the destination");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing may be written through the symlink");
+    let within: BTreeSet<String> = read_tree(&dest).into_keys().collect();
+    assert_eq!(within, BTreeSet::from(["ok.txt".to_owned()]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_credentials_end_quickly_with_a_clear_message() {
+    let server = S3Server::minio();
+    server.create_bucket("creds").await;
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), b"x").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["pull", "s3://creds", dst.path().to_str().unwrap()],
+        vec!["push", src.path().to_str().unwrap(), "s3://creds"],
+    ] {
+        let mut cmd = command(&server, &args);
+        cmd.env("AWS_SECRET_ACCESS_KEY", "not-the-secret");
+        let run = common::run(cmd);
+        assert_eq!(run.code(), 3, "{}", run.stderr);
+        assert!(run.stderr.contains("access denied"), "{}", run.stderr);
+        assert!(run.stderr.contains("SignatureDoesNotMatch"), "{}", run.stderr);
+        assert_eq!(run.stderr.lines().filter(|l| l.contains("failed")).count(), 1, "{}", run.stderr);
+        assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_bucket_ends_quickly_with_a_clear_message() {
+    let server = S3Server::minio();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), b"x").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["pull", "s3://no-such-bucket/data", dst.path().to_str().unwrap()],
+        vec!["push", src.path().to_str().unwrap(), "s3://no-such-bucket/data"],
+    ] {
+        let run = stager(&server, &args);
+        assert_eq!(run.code(), 3, "{}", run.stderr);
+        assert!(run.stderr.contains("bucket 'no-such-bucket' does not exist"), "{}", run.stderr);
+        assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
+        assert_eq!(run.summary["complete"], serde_json::Value::Bool(false));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message() {
+    let server = S3Server::minio();
+    let dead_endpoint = format!("http://127.0.0.1:{}", ferry_testkit::free_port());
+    let dst = tempfile::tempdir().unwrap();
+    let mut cmd = command(&server, &["pull", "s3://bucket/data", dst.path().to_str().unwrap()]);
+    cmd.env("FERRY_ENDPOINT_URL", &dead_endpoint);
+    let run = common::run(cmd);
+    assert_eq!(run.code(), 3, "{}", run.stderr);
+    assert!(run.stderr.contains("connection"), "{}", run.stderr);
+    assert!(run.stderr.contains("cannot list"), "{}", run.stderr);
+    assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
+}
