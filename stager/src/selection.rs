@@ -89,8 +89,8 @@ impl Selection {
         let build = |patterns: &[String]| -> Result<GlobSet, SelectionError> {
             let mut set = GlobSetBuilder::new();
             for pattern in patterns {
-                let glob = Glob::new(pattern)
-                    .map_err(|source| SelectionError::Glob { pattern: pattern.clone(), source })?;
+                let glob =
+                    Glob::new(pattern).map_err(|source| SelectionError::Glob { pattern: pattern.clone(), source })?;
                 set.add(glob);
             }
             set.build().map_err(|source| SelectionError::Glob { pattern: patterns.join(","), source })

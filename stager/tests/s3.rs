@@ -136,7 +136,8 @@ async fn three_shards_partition_the_dataset_exactly() {
     let children: Vec<_> = (0..3)
         .map(|index| {
             let shard = format!("{index}/3");
-            let mut cmd = command(&server, &["pull", "s3://shards", shared.path().to_str().unwrap(), "--shard", &shard]);
+            let mut cmd =
+                command(&server, &["pull", "s3://shards", shared.path().to_str().unwrap(), "--shard", &shard]);
             cmd.stderr(std::process::Stdio::null()).spawn().unwrap()
         })
         .collect();
@@ -195,7 +196,17 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
     let metrics_addr = format!("127.0.0.1:{port}");
     let mut child = command(
         &server,
-        &["pull", "s3://resume", dir, "--part-size", "5MiB", "--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr],
+        &[
+            "pull",
+            "s3://resume",
+            dir,
+            "--part-size",
+            "5MiB",
+            "--max-bandwidth",
+            "16MiB",
+            "--metrics-addr",
+            &metrics_addr,
+        ],
     )
     .stderr(std::process::Stdio::null())
     .spawn()
@@ -264,7 +275,8 @@ async fn keys_that_would_escape_the_destination_are_refused() {
     // MinIO refuses such keys itself; moto stores them, as real S3 does.
     let server = S3Server::moto();
     server.create_bucket("hostile").await;
-    let hostile = ["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
+    let hostile =
+        ["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
     for key in hostile.iter().chain(&["ok.txt"]) {
         server.put("hostile", key, key.as_bytes().to_vec()).await;
     }
@@ -285,12 +297,8 @@ async fn keys_that_would_escape_the_destination_are_refused() {
     assert!(run.stderr.contains("refused") || run.stderr.contains("symlink"), "{}", run.stderr);
     assert_eq!(std::fs::read(dest.join("ok.txt")).unwrap(), b"ok.txt");
 
-    let failures: BTreeSet<String> = run.summary["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["key"].as_str().unwrap().to_owned())
-        .collect();
+    let failures: BTreeSet<String> =
+        run.summary["failures"].as_array().unwrap().iter().map(|f| f["key"].as_str().unwrap().to_owned()).collect();
     assert_eq!(failures, hostile.iter().map(|k| (*k).to_owned()).collect(), "{:#}", run.summary);
 
     let beside: Vec<_> = std::fs::read_dir(parent.path()).unwrap().map(|e| e.unwrap().file_name()).collect();

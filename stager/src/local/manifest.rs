@@ -51,11 +51,8 @@ impl Manifest {
     pub fn load(root: &Path) -> Self {
         let mut entries = HashMap::new();
         let Ok(dir) = std::fs::read_dir(root.join(STATE_DIR)) else { return Self { entries } };
-        let mut files: Vec<PathBuf> = dir
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-            .collect();
+        let mut files: Vec<PathBuf> =
+            dir.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect();
         files.sort();
         for file in files {
             let Ok(file) = File::open(&file) else { continue };
@@ -183,12 +180,8 @@ mod tests {
             .unwrap();
         let manifest = Manifest::load(dir.path());
         assert_eq!(manifest.len(), 1);
-        let object = |etag: &str, size| ObjectMeta {
-            key: "p/a.bin".into(),
-            size,
-            etag: Some(etag.into()),
-            last_modified: None,
-        };
+        let object =
+            |etag: &str, size| ObjectMeta { key: "p/a.bin".into(), size, etag: Some(etag.into()), last_modified: None };
         assert!(manifest.reusable(dir.path(), &rel, &object("e1", 5)).is_some());
         assert!(manifest.reusable(dir.path(), &rel, &object("e2", 5)).is_none(), "changed in the store");
         std::fs::write(dir.path().join("a.bin"), b"HELLO, changed").unwrap();

@@ -14,8 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::{
-    Region, RequestChecksumCalculation, ResponseChecksumValidation, retry::RetryConfig,
-    timeout::TimeoutConfig,
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, retry::RetryConfig, timeout::TimeoutConfig,
 };
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
@@ -132,13 +131,19 @@ fn classify_status(status: u16, code: &str, message: &str, bucket: &str) -> Stor
         | (429, _)
         | (503, _) => StoreError::transient(RetryReason::Throttled, format!("{code} {}", summary())),
         (_, "RequestTimeout") => StoreError::transient(RetryReason::Timeout, summary()),
-        (500..=599, _) => StoreError::transient(RetryReason::ServerError, format!("HTTP {status} {code} {}", summary())),
+        (500..=599, _) => {
+            StoreError::transient(RetryReason::ServerError, format!("HTTP {status} {code} {}", summary()))
+        }
         (_, "NoSuchBucket") => StoreError::NoSuchBucket { bucket: bucket.to_owned() },
         (_, "NoSuchKey") | (404, _) => StoreError::NotFound,
         (412, _) | (_, "PreconditionFailed") => StoreError::Changed,
         (
             _,
-            "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken"
+            "AccessDenied"
+            | "InvalidAccessKeyId"
+            | "SignatureDoesNotMatch"
+            | "ExpiredToken"
+            | "InvalidToken"
             | "InvalidClientTokenId",
         )
         | (401 | 403, _) => StoreError::AccessDenied {
@@ -281,9 +286,7 @@ impl ObjectStore for S3Store {
         let etag = output.e_tag().map(strip_quotes);
         let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
             let next = body.next().await?;
-            let mapped = next.map_err(|e| {
-                StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e))
-            });
+            let mapped = next.map_err(|e| StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e)));
             Some((mapped, body))
         })
         .boxed();
@@ -417,7 +420,9 @@ mod tests {
             classify_status(403, "InvalidAccessKeyId", "The Access Key Id you provided does not exist", "b"),
             StoreError::AccessDenied { .. }
         ));
-        assert!(matches!(classify_status(404, "NoSuchBucket", "", "data"), StoreError::NoSuchBucket { bucket } if bucket == "data"));
+        assert!(
+            matches!(classify_status(404, "NoSuchBucket", "", "data"), StoreError::NoSuchBucket { bucket } if bucket == "data")
+        );
         assert!(matches!(classify_status(412, "PreconditionFailed", "", "b"), StoreError::Changed));
     }
 

@@ -20,7 +20,8 @@ impl BufferPool {
     pub fn take(&self, len: usize) -> Vec<u8> {
         let reused = {
             let mut free = self.free.lock().expect("buffer pool poisoned");
-            let fit = free.iter().position(|b| b.capacity() >= len && b.capacity() <= len.saturating_mul(2).max(64 << 10));
+            let fit =
+                free.iter().position(|b| b.capacity() >= len && b.capacity() <= len.saturating_mul(2).max(64 << 10));
             fit.map(|i| free.swap_remove(i))
         };
         let mut buffer = reused.unwrap_or_else(|| Vec::with_capacity(len));
@@ -65,7 +66,11 @@ mod tests {
         assert_eq!(again.as_ptr(), address);
         assert_eq!(again.len(), 1 << 20);
         pool.give_bytes(bytes::Bytes::from(again));
-        assert_eq!(pool.take_empty(1 << 20).as_ptr(), address, "unique Bytes give their allocation back");
-        assert_ne!(pool.take(8 << 20).as_ptr(), address, "a too-small buffer is not reused");
+        let recycled = pool.take_empty(1 << 20);
+        assert_eq!(recycled.as_ptr(), address, "unique Bytes give their allocation back");
+        pool.give(recycled);
+        let larger = pool.take(8 << 20);
+        assert_ne!(larger.as_ptr(), address, "a too-small buffer is not reused");
+        assert_eq!(pool.take(1 << 20).as_ptr(), address);
     }
 }

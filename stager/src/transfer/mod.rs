@@ -284,7 +284,12 @@ impl Engine {
         let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
         let budget = Budget::new(config.concurrency, config.memory_limit, largest, Arc::clone(&metrics))?;
         let bandwidth = config.max_bandwidth.map(bandwidth::BandwidthLimit::new);
-        Ok(Arc::new(Self { store, config, budget, metrics, tally: Arc::new(Tally::default()),
+        Ok(Arc::new(Self {
+            store,
+            config,
+            budget,
+            metrics,
+            tally: Arc::new(Tally::default()),
             bandwidth,
             buffers: buffers::BufferPool::default(),
         }))

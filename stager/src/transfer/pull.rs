@@ -111,12 +111,13 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
     let staging = {
         let destination = destination.to_path_buf();
         Arc::new(
-            tokio::task::spawn_blocking(move || StagingArea::open(&destination)).await.expect("staging setup panicked")?,
+            tokio::task::spawn_blocking(move || StagingArea::open(&destination))
+                .await
+                .expect("staging setup panicked")?,
         )
     };
     let manifest = Manifest::load(destination);
-    let writer =
-        Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
+    let writer = Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
     tracing::info!(source = %source_uri, destination = %destination.display(), known = manifest.len(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);
@@ -183,11 +184,7 @@ fn check_fatal(
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
-async fn list_all(
-    engine: Arc<Engine>,
-    prefix: String,
-    pages: mpsc::Sender<Result<Vec<ObjectMeta>, StoreError>>,
-) {
+async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<Vec<ObjectMeta>, StoreError>>) {
     let mut token: Option<String> = None;
     loop {
         let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;
@@ -418,7 +415,15 @@ async fn fetch_range(
 ) -> Result<Fetched, ObjectError> {
     engine
         .retrying(Operation::Get, || {
-            fetch_attempt(Arc::clone(engine), Arc::clone(key), range.clone(), whole, if_match.clone(), Arc::clone(&file), wanted)
+            fetch_attempt(
+                Arc::clone(engine),
+                Arc::clone(key),
+                range.clone(),
+                whole,
+                if_match.clone(),
+                Arc::clone(&file),
+                wanted,
+            )
         })
         .await
 }

@@ -36,7 +36,8 @@ use crate::store::{StoreError, UploadedPart};
 pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Summary, TransferError> {
     let started = Instant::now();
     let destination_uri = format!("{}/{prefix}", engine.store.describe());
-    let meta = std::fs::metadata(source).map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
+    let meta =
+        std::fs::metadata(source).map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
     if !meta.is_dir() {
         return Err(TransferError::Source {
             path: source.to_path_buf(),
@@ -258,7 +259,9 @@ async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, s
         let whole = parts.iter().fold(0, |acc, (part, len)| crc32c::crc32c_combine(acc, part.crc32c, *len as usize));
         let parts: Vec<UploadedPart> = parts.into_iter().map(|(part, _)| part).collect();
         engine
-            .retrying(Operation::CompleteMultipart, || engine.store.complete_multipart(key, &upload_id, parts.clone(), whole))
+            .retrying(Operation::CompleteMultipart, || {
+                engine.store.complete_multipart(key, &upload_id, parts.clone(), whole)
+            })
             .await?;
         Ok(parts)
     }
@@ -266,7 +269,8 @@ async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, s
 
     if let Err(error) = uploaded {
         engine.tally.unbytes(uploaded_bytes.load(std::sync::atomic::Ordering::Relaxed));
-        let aborted = engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
+        let aborted =
+            engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
         if let Err(abort_error) = aborted {
             tracing::warn!(%key, upload_id = %upload_id, %abort_error, "could not abort the failed multipart upload; a bucket lifecycle rule will reclaim it");
         }

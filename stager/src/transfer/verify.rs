@@ -50,11 +50,7 @@ pub struct Digester {
 impl Digester {
     /// Starts digests for the wanted algorithms.
     pub fn new(wanted: Wanted) -> Self {
-        Self {
-            crc32c: 0,
-            crc32: wanted.crc32.then(crc32fast::Hasher::new),
-            md5: wanted.md5.then(Md5::new),
-        }
+        Self { crc32c: 0, crc32: wanted.crc32.then(crc32fast::Hasher::new), md5: wanted.md5.then(Md5::new) }
     }
 
     /// Feeds bytes in order.
@@ -70,13 +66,7 @@ impl Digester {
 
     /// The digests of everything fed.
     pub fn finish(self, offset: u64, len: u64) -> RangeDigest {
-        RangeDigest {
-            offset,
-            len,
-            crc32c: self.crc32c,
-            crc32: self.crc32,
-            md5: self.md5.map(|h| h.finalize().into()),
-        }
+        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32, md5: self.md5.map(|h| h.finalize().into()) }
     }
 }
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace on a fresh machine: installs the pinned
+# servers the tests talk to (cached after the first run), builds the
+# workspace once in release mode, and runs unit and integration tests.
+#
+#   hack/test.sh [extra cargo test arguments]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
+# Keep build artifacts in the cache so a fresh clone on the same machine
+# does not rebuild the AWS SDK from scratch.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+
+hack/tools.sh install minio moto
+FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
+FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
+export FERRY_MINIO_BIN FERRY_MOTO_BIN
+
+cargo fmt --all --check
+# Integration tests move hundreds of MiB through checksums: they run against
+# the optimised build, which the demo and benchmarks share.
+cargo test --release --workspace --locked "$@"
