@@ -5,7 +5,8 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, moto, s5cmd.
+# TOOL is one of: minio, moto, s5cmd, etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
 set -euo pipefail
@@ -49,12 +50,69 @@ py_tool() {
   echo "$dir/bin/$binary"
 }
 
+# etcd refuses `go install` (its go.mod has replace directives): build it
+# from a throw-away wrapper module that requires the pinned server module.
+etcd_tool() {
+  local dir="$cache/etcd/$ETCD_VERSION"
+  if [[ ! -x "$dir/bin/etcd" ]]; then
+    log "building etcd $ETCD_VERSION (first run only; takes minutes)"
+    local src; src="$(mktemp -d)"
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
+    (
+      cd "$src"
+      go mod init ferry.dev/build/etcd >/dev/null 2>&1
+      go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
+      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$dir.partial/bin/etcd" go.etcd.io/etcd/server/v3 >&2
+    )
+    rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir/bin/etcd"
+}
+
+# Kubernetes refuses `go install` too: a wrapper module requires
+# k8s.io/kubernetes and points every staging module (`k8s.io/api`, ...) at its
+# published v0.X.Y twin, as the main module's own replace directives do. The
+# version is stamped into the binaries so clients that check it (helm) work.
+kube_tool() {
+  local name=$1
+  local dir="$cache/kubernetes/$KUBERNETES_VERSION"
+  if [[ ! -x "$dir/bin/$name" ]]; then
+    log "building Kubernetes $KUBERNETES_VERSION control plane (first run only; ~15 minutes)"
+    local src; src="$(mktemp -d)"
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
+    local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+    local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+    (
+      cd "$src"
+      go mod init ferry.dev/build/kubernetes >/dev/null 2>&1
+      local gomod
+      gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+      {
+        echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+        grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
+          awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+      } >>go.mod
+      local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+                  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+      go get "${pkgs[@]}" >&2
+      local vpkg=k8s.io/component-base/version
+      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$dir.partial/bin/" \
+        -ldflags "-s -w -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor" \
+        "${pkgs[@]}" >&2
+    )
+    rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir/bin/$name"
+}
+
 tool_path() {
   case "$1" in
     minio) go_tool minio github.com/minio/minio "$MINIO_VERSION" minio ;;
     moto)  py_tool moto "moto[server]" "$MOTO_VERSION" moto_server ;;
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
-    *) log "unknown tool '$1' (known: minio, moto, s5cmd)"; exit 2 ;;
+    etcd)  etcd_tool ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) kube_tool "$1" ;;
+    *) log "unknown tool '$1' (see the header of $0)"; exit 2 ;;
   esac
 }
 

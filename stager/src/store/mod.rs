@@ -10,6 +10,8 @@
 //! This module is not a general-purpose object-store abstraction: it offers
 //! exactly the operations a bulk copy needs.
 
+#[cfg(test)]
+pub mod memory;
 pub mod s3;
 
 use std::fmt;

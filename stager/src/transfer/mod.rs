@@ -13,6 +13,8 @@
 
 pub mod bandwidth;
 pub mod buffers;
+#[cfg(test)]
+mod fault_tests;
 pub mod pull;
 pub mod push;
 pub mod ranges;

@@ -1,0 +1,234 @@
+//! An in-memory [`ObjectStore`] with fault injection, for unit tests of the
+//! engine's retries, verification and cleanup. The integration tests run
+//! against real servers; this exists to make failures happen on demand.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use md5::{Digest as _, Md5};
+
+use super::{GetResponse, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart};
+
+/// A fault to inject into the next matching request.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Fail the request with a throttling error.
+    Throttle,
+    /// Deliver only the first half of the body, then end it.
+    Truncate,
+    /// Flip one byte of the body.
+    Corrupt,
+    /// Fail the request with a permanent error.
+    Reject,
+}
+
+/// What the store saw, for assertions.
+#[derive(Debug, Default, Clone)]
+pub struct Calls {
+    /// GET requests.
+    pub gets: usize,
+    /// Multipart uploads aborted.
+    pub aborts: usize,
+    /// Multipart uploads completed.
+    pub completes: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    objects: BTreeMap<String, (Bytes, Option<StoredChecksum>)>,
+    uploads: BTreeMap<String, BTreeMap<u32, Bytes>>,
+    get_faults: BTreeMap<String, VecDeque<Fault>>,
+    upload_faults: VecDeque<Fault>,
+    calls: Calls,
+}
+
+/// The in-memory store.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+fn etag_of(data: &[u8]) -> String {
+    hex::encode(Md5::digest(data))
+}
+
+impl MemoryStore {
+    /// Adds an object with a full-object CRC32C.
+    pub fn insert(&self, key: &str, data: Vec<u8>) {
+        let crc = crc32c::crc32c(&data);
+        self.state.lock().unwrap().objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Crc32c(crc))));
+    }
+
+    /// Queues faults for the next GETs of `key`, in order.
+    pub fn fail_gets(&self, key: &str, faults: impl IntoIterator<Item = Fault>) {
+        self.state.lock().unwrap().get_faults.entry(key.into()).or_default().extend(faults);
+    }
+
+    /// Queues faults for the next part uploads, in order.
+    pub fn fail_uploads(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.state.lock().unwrap().upload_faults.extend(faults);
+    }
+
+    /// A copy of an object's bytes.
+    pub fn object(&self, key: &str) -> Option<Vec<u8>> {
+        self.state.lock().unwrap().objects.get(key).map(|(b, _)| b.to_vec())
+    }
+
+    /// What happened so far.
+    pub fn calls(&self) -> Calls {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Multipart uploads neither completed nor aborted.
+    pub fn open_uploads(&self) -> usize {
+        self.state.lock().unwrap().uploads.len()
+    }
+
+    fn injected(fault: &Fault) -> Option<StoreError> {
+        match fault {
+            Fault::Throttle => Some(StoreError::transient(RetryReason::Throttled, "SlowDown (injected)")),
+            Fault::Reject => Some(StoreError::Rejected { code: "Injected".into(), message: "permanent".into() }),
+            _ => None,
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for MemoryStore {
+    fn describe(&self) -> String {
+        "mem://test".into()
+    }
+
+    async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
+        let state = self.state.lock().unwrap();
+        // Two objects per page, so pagination is exercised.
+        let objects: Vec<ObjectMeta> = state
+            .objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && token.as_deref().is_none_or(|t| k.as_str() > t))
+            .take(2)
+            .map(|(k, (data, _))| ObjectMeta {
+                key: k.clone(),
+                size: data.len() as u64,
+                etag: Some(etag_of(data)),
+                last_modified: None,
+            })
+            .collect();
+        let next = (objects.len() == 2).then(|| objects[1].key.clone());
+        Ok(ListPage { objects, next })
+    }
+
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError> {
+        let state = self.state.lock().unwrap();
+        let (data, checksum) = state.objects.get(key).ok_or(StoreError::NotFound)?;
+        let meta =
+            ObjectMeta { key: key.into(), size: data.len() as u64, etag: Some(etag_of(data)), last_modified: None };
+        Ok((meta, *checksum))
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError> {
+        let (data, checksum, fault) = {
+            let mut state = self.state.lock().unwrap();
+            state.calls.gets += 1;
+            let fault = state.get_faults.get_mut(key).and_then(VecDeque::pop_front);
+            let (data, checksum) = state.objects.get(key).cloned().ok_or(StoreError::NotFound)?;
+            (data, checksum, fault)
+        };
+        if let Some(error) = fault.as_ref().and_then(Self::injected) {
+            return Err(error);
+        }
+        let etag = etag_of(&data);
+        if if_match.is_some_and(|m| m != etag) {
+            return Err(StoreError::Changed);
+        }
+        let whole = range.is_none();
+        let range = range.unwrap_or(0..data.len() as u64);
+        let mut body = data.slice(range.start as usize..range.end as usize).to_vec();
+        let content_length = body.len() as u64;
+        match fault {
+            Some(Fault::Corrupt) if !body.is_empty() => body[0] ^= 0xff,
+            Some(Fault::Truncate) => body.truncate(body.len() / 2),
+            _ => {}
+        }
+        // Several chunks, as a real body arrives.
+        let chunks: Vec<Result<Bytes, StoreError>> =
+            body.chunks(64 << 10).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        Ok(GetResponse {
+            content_length,
+            etag: Some(etag),
+            checksum: if whole { checksum } else { None },
+            body: futures::stream::iter(chunks).boxed(),
+        })
+    }
+
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
+        if crc32c::crc32c(&body) != crc32c {
+            return Err(StoreError::Rejected { code: "BadDigest".into(), message: "CRC32C mismatch".into() });
+        }
+        self.state.lock().unwrap().objects.insert(key.into(), (body, Some(StoredChecksum::Crc32c(crc32c))));
+        Ok(())
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        let id = format!("upload-{key}");
+        self.state.lock().unwrap().uploads.insert(id.clone(), BTreeMap::new());
+        Ok(id)
+    }
+
+    async fn upload_part(
+        &self,
+        _key: &str,
+        upload_id: &str,
+        number: u32,
+        body: Bytes,
+        crc32c: u32,
+    ) -> Result<UploadedPart, StoreError> {
+        let mut state = self.state.lock().unwrap();
+        if let Some(error) = state.upload_faults.pop_front().as_ref().and_then(Self::injected) {
+            return Err(error);
+        }
+        if crc32c::crc32c(&body) != crc32c {
+            return Err(StoreError::Rejected { code: "BadDigest".into(), message: "CRC32C mismatch".into() });
+        }
+        let etag = etag_of(&body);
+        state.uploads.get_mut(upload_id).ok_or(StoreError::NotFound)?.insert(number, body);
+        Ok(UploadedPart { number, etag, crc32c })
+    }
+
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<UploadedPart>,
+        crc32c: u32,
+    ) -> Result<(), StoreError> {
+        let mut state = self.state.lock().unwrap();
+        let uploaded = state.uploads.remove(upload_id).ok_or(StoreError::NotFound)?;
+        let mut data = Vec::new();
+        for part in &parts {
+            data.extend_from_slice(uploaded.get(&part.number).ok_or(StoreError::NotFound)?);
+        }
+        if crc32c::crc32c(&data) != crc32c {
+            return Err(StoreError::Rejected { code: "BadDigest".into(), message: "whole-object CRC32C".into() });
+        }
+        state.calls.completes += 1;
+        state.objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Crc32c(crc32c))));
+        Ok(())
+    }
+
+    async fn abort_multipart(&self, _key: &str, upload_id: &str) -> Result<(), StoreError> {
+        let mut state = self.state.lock().unwrap();
+        state.calls.aborts += 1;
+        state.uploads.remove(upload_id);
+        Ok(())
+    }
+}

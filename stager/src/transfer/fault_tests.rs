@@ -1,0 +1,103 @@
+//! Engine tests with injected faults: retries, verification and cleanup
+//! behave as promised when the store misbehaves. (The same paths run against
+//! real servers in `tests/`; here failures happen on demand.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Engine, RetryPolicy, TransferConfig, pull::pull, push::push};
+use crate::metrics::Metrics;
+use crate::store::memory::{Fault, MemoryStore};
+
+const MIB: usize = 1 << 20;
+
+fn engine(store: &Arc<MemoryStore>) -> Arc<Engine> {
+    let config = TransferConfig {
+        concurrency: 4,
+        part_size: 5 * MIB as u64,
+        multipart_threshold: 5 * MIB as u64,
+        retry: RetryPolicy { base_delay: Duration::from_millis(1), ..RetryPolicy::default() },
+        ..TransferConfig::default()
+    };
+    Engine::new(Arc::clone(store) as _, config, Arc::new(Metrics::new())).unwrap()
+}
+
+fn data(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[tokio::test]
+async fn throttled_and_truncated_gets_are_retried_and_counted() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("p/small", data(1, 1000));
+    store.insert("p/large", data(2, 12 * MIB));
+    store.fail_gets("p/small", [Fault::Throttle, Fault::Truncate]);
+    store.fail_gets("p/large", [Fault::Throttle]);
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&store);
+    let summary = pull(Arc::clone(&engine), "p/", dir.path()).await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.retries, 3);
+    assert_eq!(summary.bytes.transferred, (12 * MIB + 1000) as u64, "retried bytes are not double counted");
+    let exposition = engine.metrics.encode();
+    assert!(exposition.contains("ferry_stager_retries_total{reason=\"throttled\"} 2"), "{exposition}");
+    assert!(exposition.contains("ferry_stager_retries_total{reason=\"truncated_body\"} 1"), "{exposition}");
+    assert_eq!(std::fs::read(dir.path().join("large")).unwrap(), data(2, 12 * MIB));
+}
+
+#[tokio::test]
+async fn a_corrupt_body_is_downloaded_again() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("obj", data(3, 4096));
+    store.fail_gets("obj", [Fault::Corrupt]);
+    let dir = tempfile::tempdir().unwrap();
+    let summary = pull(engine(&store), "", dir.path()).await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.verified.checksum, 1);
+    assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), data(3, 4096));
+}
+
+#[tokio::test]
+async fn a_persistent_mismatch_fails_the_object_and_leaves_no_file() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("bad", data(4, 4096));
+    store.insert("good", data(5, 4096));
+    // Every attempt at "bad" is corrupted.
+    store.fail_gets("bad", std::iter::repeat_n(Fault::Corrupt, 3));
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&store);
+    let summary = pull(engine, "", dir.path()).await.unwrap();
+    assert!(!summary.complete);
+    assert_eq!(summary.objects.failed, 1);
+    assert_eq!(summary.failures[0].key, "bad");
+    assert!(summary.failures[0].error.contains("checksum mismatch"), "{:?}", summary.failures);
+    assert!(!dir.path().join("bad").exists(), "a file that failed verification never appears");
+    assert_eq!(std::fs::read(dir.path().join("good")).unwrap(), data(5, 4096));
+    assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_multipart_upload_is_aborted() {
+    let store = Arc::new(MemoryStore::default());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big"), data(6, 12 * MIB)).unwrap();
+    store.fail_uploads([Fault::Reject]);
+    let summary = push(engine(&store), dir.path(), "ckpt/").await.unwrap();
+    assert!(!summary.complete);
+    assert_eq!(store.calls().aborts, 1);
+    assert_eq!(store.open_uploads(), 0);
+    assert!(store.object("ckpt/big").is_none());
+}
+
+#[tokio::test]
+async fn throttled_part_uploads_are_retried_and_the_object_is_complete() {
+    let store = Arc::new(MemoryStore::default());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big"), data(7, 12 * MIB + 1)).unwrap();
+    store.fail_uploads([Fault::Throttle, Fault::Throttle]);
+    let summary = push(engine(&store), dir.path(), "").await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.retries, 2);
+    assert_eq!(store.calls().completes, 1);
+    assert_eq!(store.object("big").unwrap(), data(7, 12 * MIB + 1));
+}
