@@ -1,7 +1,6 @@
 //! Recycled data buffers.
 //!
-//! Transfers allocate the same few buffer sizes over and over (write buffers
-//! for downloads, part buffers for uploads). Freed multi-MiB blocks are not
+//! Uploads allocate the same part-sized buffers over and over. Freed multi-MiB blocks are not
 //! reliably given back to the OS by glibc's allocator, and a push measured
 //! 1.5x its `--memory-limit` in resident memory while its live buffers never
 //! exceeded the limit. Reusing buffers keeps resident memory at the peak of
@@ -26,13 +25,6 @@ impl BufferPool {
         };
         let mut buffer = reused.unwrap_or_else(|| Vec::with_capacity(len));
         buffer.resize(len, 0);
-        buffer
-    }
-
-    /// An empty buffer with room for `capacity` bytes, reused when one fits.
-    pub fn take_empty(&self, capacity: usize) -> Vec<u8> {
-        let mut buffer = self.take(capacity);
-        buffer.clear();
         buffer
     }
 
@@ -66,7 +58,7 @@ mod tests {
         assert_eq!(again.as_ptr(), address);
         assert_eq!(again.len(), 1 << 20);
         pool.give_bytes(bytes::Bytes::from(again));
-        let recycled = pool.take_empty(1 << 20);
+        let recycled = pool.take(1 << 20);
         assert_eq!(recycled.as_ptr(), address, "unique Bytes give their allocation back");
         pool.give(recycled);
         let larger = pool.take(8 << 20);

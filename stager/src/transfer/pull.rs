@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use futures::StreamExt as _;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
@@ -25,7 +26,7 @@ use super::verify::{Digester, RangeDigest, Wanted, actual_checksum, md5_file};
 use super::{Engine, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run};
 use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
-use crate::local::staging::{FileStamp, StagingArea, write_at};
+use crate::local::staging::{FileStamp, StagingArea, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
 use crate::store::{ObjectMeta, RetryReason, StoreError, StoredChecksum};
@@ -439,8 +440,8 @@ async fn fetch_attempt(
     wanted: Wanted,
 ) -> Result<Fetched, ObjectError> {
     let len = range.end - range.start;
-    let capacity = engine.config.write_buffer.min(len).max(1) as usize;
-    let _memory = engine.budget.memory(capacity as u64 + REQUEST_OVERHEAD).await;
+    let capacity = engine.config.write_buffer.min(len).max(1);
+    let _memory = engine.budget.memory(capacity + REQUEST_OVERHEAD).await;
     let response = engine.store.get(&key, (!whole).then(|| range.clone()), if_match.as_deref()).await?;
     if response.content_length != len {
         return Err(StoreError::transient(
@@ -461,7 +462,10 @@ async fn fetch_attempt(
 
     let mut digester = Digester::new(wanted);
     let mut body = response.body;
-    let mut buffer = engine.buffers.take_empty(capacity);
+    // Chunks are held (not copied) until a write buffer's worth has arrived,
+    // then written with one vectored write.
+    let mut pending: Vec<Bytes> = Vec::new();
+    let mut pending_len = 0u64;
     let mut flushed = 0u64;
     let mut received = 0u64;
     let stall = engine.config.stall_timeout;
@@ -479,23 +483,17 @@ async fn fetch_attempt(
                 return Err(StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced").into());
             }
             digester.update(&chunk);
-            let mut rest = &chunk[..];
-            while !rest.is_empty() {
-                let take = rest.len().min(capacity - buffer.len());
-                buffer.extend_from_slice(&rest[..take]);
-                rest = &rest[take..];
-                if buffer.len() == capacity {
-                    buffer = flush(&engine, &file, buffer, range.start + flushed).await?;
-                    flushed += capacity as u64;
-                }
+            pending_len += chunk.len() as u64;
+            pending.push(chunk);
+            if pending_len >= capacity {
+                flush(&engine, &file, &mut pending, range.start + flushed).await?;
+                flushed += std::mem::take(&mut pending_len);
             }
         }
-        if !buffer.is_empty() {
-            let n = buffer.len() as u64;
-            buffer = flush(&engine, &file, buffer, range.start + flushed).await?;
-            flushed += n;
+        if pending_len > 0 {
+            flush(&engine, &file, &mut pending, range.start + flushed).await?;
+            flushed += std::mem::take(&mut pending_len);
         }
-        engine.buffers.give(std::mem::take(&mut buffer));
         if received != len {
             return Err(StoreError::transient(
                 RetryReason::TruncatedBody,
@@ -513,21 +511,15 @@ async fn fetch_attempt(
     Ok(Fetched { digest: digester.finish(range.start, len), checksum })
 }
 
-/// Writes `buffer` at `offset` on a blocking thread and hands the emptied
-/// buffer back for reuse.
-async fn flush(engine: &Engine, file: &Arc<File>, mut buffer: Vec<u8>, offset: u64) -> Result<Vec<u8>, ObjectError> {
-    let file = Arc::clone(file);
-    let n = buffer.len() as u64;
+/// Writes the pending chunks at `offset` and empties the list. The write
+/// goes to the page cache and is done in place: handing each write to
+/// another thread cost more (wake-ups, context switches) than it saved.
+async fn flush(engine: &Engine, file: &File, pending: &mut Vec<Bytes>, offset: u64) -> Result<(), ObjectError> {
+    let n: u64 = pending.iter().map(|c| c.len() as u64).sum();
     engine.pace(n).await;
-    let buffer = tokio::task::spawn_blocking(move || {
-        write_at(&file, &buffer, offset)?;
-        buffer.clear();
-        Ok::<_, std::io::Error>(buffer)
-    })
-    .await
-    .expect("write panicked")
-    .map_err(ObjectError::io_error("writing to disk"))?;
+    write_chunks_at(file, pending, offset).map_err(ObjectError::io_error("writing to disk"))?;
+    pending.clear();
     engine.tally.bytes(n);
     engine.metrics.add_bytes(Direction::Download, n);
-    Ok(buffer)
+    Ok(())
 }
