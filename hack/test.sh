@@ -12,7 +12,8 @@ cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
 # does not rebuild the AWS SDK from scratch.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
 
-hack/tools.sh install minio moto
+# Pinned servers: MinIO and moto for the stager, etcd and Kubernetes for e2e.
+hack/tools.sh install minio moto etcd kube-apiserver
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
 export FERRY_MINIO_BIN FERRY_MOTO_BIN
@@ -20,4 +21,5 @@ export FERRY_MINIO_BIN FERRY_MOTO_BIN
 cargo fmt --all --check
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
-cargo test --release --workspace --locked "$@"
+# A hung test must fail CI, not stall it.
+timeout --kill-after=60 45m cargo test --release --workspace --locked "$@"

@@ -54,12 +54,14 @@ pub enum Flavor {
     Minio,
     /// moto's S3 server (accepts hostile keys).
     Moto,
+    /// A store this process did not start (`S3Server::external`).
+    External,
 }
 
 /// A running S3-compatible server, stopped on drop.
 #[derive(Debug)]
 pub struct S3Server {
-    child: Child,
+    child: Option<Child>,
     /// `http://127.0.0.1:PORT`
     pub endpoint: String,
     /// Access key accepted by the server.
@@ -95,7 +97,7 @@ impl S3Server {
             .spawn()
             .expect("start minio");
         let mut server = Self {
-            child,
+            child: Some(child),
             endpoint: format!("http://127.0.0.1:{port}"),
             access_key,
             secret_key,
@@ -119,7 +121,7 @@ impl S3Server {
             .spawn()
             .expect("start moto_server");
         let mut server = Self {
-            child,
+            child: Some(child),
             endpoint: format!("http://127.0.0.1:{port}"),
             access_key: "testing".into(),
             secret_key: "testing".into(),
@@ -130,10 +132,23 @@ impl S3Server {
         server
     }
 
+    /// A store reached at `endpoint` that something else runs (for e2e tests
+    /// against a real cluster, whose pods cannot reach this machine's loopback).
+    pub fn external(endpoint: &str, access_key: &str, secret_key: &str) -> Self {
+        Self {
+            child: None,
+            endpoint: endpoint.to_owned(),
+            access_key: access_key.to_owned(),
+            secret_key: secret_key.to_owned(),
+            flavor: Flavor::External,
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
     fn wait_healthy(&mut self, port: u16, path: &str) {
         let deadline = Instant::now() + START_DEADLINE;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("{:?} exited with {status} during start-up:\n{}", self.flavor, self.log_tail());
             }
             if http_get_status(port, path) == Some(200) {
@@ -215,16 +230,17 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let Some(child) = self.child.as_mut() else { return };
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

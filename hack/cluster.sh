@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The e2e cluster from a shell: a real control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler) and node agents for node-a and
+# node-b that run pods as local processes. Runs until Ctrl-C.
+#
+#   hack/cluster.sh [--dir DIR]      then, in another shell:
+#   export KUBECONFIG=<printed path>; kubectl get nodes
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+hack/tools.sh install etcd kube-apiserver kubectl
+cargo build --release --locked -p ferry-stager -p ferry-e2e
+echo "kubectl: $(hack/tools.sh path kubectl)" >&2
+exec "$CARGO_TARGET_DIR/release/ferry-cluster" up "$@"

@@ -1,0 +1,213 @@
+//! Ferry's end-to-end harness: a real Kubernetes control plane
+//! ([`control_plane`]) plus node agents that run pods as local processes
+//! ([`agent`]), brought up together by [`Cluster::start`] for Rust tests and
+//! by the `ferry-cluster` binary for a shell. See `tests/e2e/README.md`.
+
+pub mod agent;
+pub mod control_plane;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent::images::ImageMap;
+use agent::{AgentContext, NodeAgent};
+use control_plane::{ControlPlane, ControlPlaneError};
+
+/// The nodes every cluster has, with the label `ferry.dev/e2e-node=<name>`.
+pub const NODES: [&str; 2] = ["node-a", "node-b"];
+
+/// A binary of this workspace, built in the same profile as the running
+/// executable (`target/<profile>/<name>`; tests run from `target/<profile>/deps`).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let mut dir = exe.parent().expect("executable directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}
+
+/// The cluster a test runs against: by default a local control plane with
+/// node agents; with `FERRY_E2E_KUBECONFIG` set, an existing cluster (kind, a
+/// cloud cluster) whose nodes carry the `ferry.dev/e2e-node` labels. Stop it
+/// with [`Cluster::stop`]; dropping it also stops every local process.
+#[derive(Debug)]
+pub struct Cluster {
+    local: Option<LocalCluster>,
+    kubeconfig: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Debug)]
+struct LocalCluster {
+    control_plane: ControlPlane,
+    agents: Vec<NodeAgent>,
+    nodes_root: PathBuf,
+}
+
+impl Cluster {
+    /// Starts a local cluster in a fresh temporary directory, or connects to
+    /// the cluster named by `FERRY_E2E_KUBECONFIG`.
+    ///
+    /// # Errors
+    /// Fails when a component does not come up; the error carries its log tail.
+    pub async fn start() -> Result<Self, ControlPlaneError> {
+        if let Some(kubeconfig) = std::env::var_os("FERRY_E2E_KUBECONFIG") {
+            return Ok(Self { local: None, kubeconfig: PathBuf::from(kubeconfig), _dir: None });
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-e2e-")
+            .tempdir()
+            .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })?;
+        let mut cluster = Self::start_in(dir.path()).await?;
+        cluster._dir = Some(dir);
+        Ok(cluster)
+    }
+
+    /// Starts a local cluster whose state lives in `dir` (kept after stop).
+    ///
+    /// # Errors
+    /// Fails when a component does not come up.
+    pub async fn start_in(dir: &Path) -> Result<Self, ControlPlaneError> {
+        let control_plane = ControlPlane::start(&dir.join("control-plane")).await?;
+        let client = control_plane.client().await?;
+        let nodes_root = dir.join("nodes");
+        let mut agents = Vec::new();
+        for node in NODES {
+            let ctx = AgentContext {
+                client: client.clone(),
+                node: node.to_owned(),
+                node_dir: nodes_root.join(node),
+                images: ImageMap::workspace(),
+                server: control_plane.server.clone(),
+                ca_pem: control_plane.ca_pem.clone(),
+                process_groups: std::sync::Mutex::default(),
+            };
+            let agent = NodeAgent::start(ctx, &[("ferry.dev/e2e-node", node)]).await.map_err(|e| {
+                ControlPlaneError::NotReady {
+                    component: format!("node agent {node}"),
+                    detail: e.to_string(),
+                    log: String::new(),
+                }
+            })?;
+            agents.push(agent);
+        }
+        let kubeconfig = control_plane.kubeconfig.clone();
+        Ok(Self { local: Some(LocalCluster { control_plane, agents, nodes_root }), kubeconfig, _dir: None })
+    }
+
+    /// The local control plane; `None` on an external cluster.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        self.local.as_ref().map(|l| &l.control_plane)
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// An admin client.
+    ///
+    /// # Errors
+    /// Fails when the kubeconfig cannot be loaded.
+    pub async fn client(&self) -> Result<kube::Client, ControlPlaneError> {
+        control_plane::client_from(&self.kubeconfig).await
+    }
+
+    /// The directory that is `node`'s local disk (hostPath `/x` on that node
+    /// is `node_dir(node)/x`); `None` on an external cluster, whose disks
+    /// this machine cannot see.
+    pub fn node_dir(&self, node: &str) -> Option<PathBuf> {
+        self.local.as_ref().map(|l| l.nodes_root.join(node))
+    }
+
+    /// Logs of every component, for a failing test's report.
+    pub fn diagnostics(&self) -> String {
+        match &self.local {
+            Some(local) => local.control_plane.log_tails(30),
+            None => format!("external cluster ({}): inspect it with kubectl", self.kubeconfig.display()),
+        }
+    }
+
+    /// Stops the agents (killing their pods), then the control plane.
+    pub async fn stop(self) {
+        let Self { local, _dir, .. } = self;
+        if let Some(LocalCluster { control_plane, agents, .. }) = local {
+            for agent in agents {
+                tokio::time::timeout(Duration::from_secs(20), agent.shutdown()).await.ok();
+            }
+            control_plane.stop();
+        }
+        drop(_dir);
+    }
+}
+
+/// The image to use for one of Ferry's images (`ferry-stager`,
+/// `ferry-operator`) or the test shell (`ferry-e2e-shell`):
+/// `FERRY_E2E_IMAGE_<NAME>` (upper case, `-` as `_`) when set, so a real
+/// cluster can run real images; otherwise a name the node agent maps.
+pub fn image(name: &str) -> String {
+    let var = format!("FERRY_E2E_IMAGE_{}", name.to_ascii_uppercase().replace('-', "_"));
+    std::env::var(var).unwrap_or_else(|_| format!("ghcr.io/ferry-dev/{name}:dev"))
+}
+
+/// The object store pods will read: a fresh local MinIO, or the store named
+/// by `FERRY_E2E_S3_ENDPOINT` (with `FERRY_E2E_S3_ACCESS_KEY` and
+/// `FERRY_E2E_S3_SECRET_KEY`) when pods run on a real cluster and cannot
+/// reach this machine's loopback.
+pub fn object_store() -> ferry_testkit::S3Server {
+    match std::env::var("FERRY_E2E_S3_ENDPOINT") {
+        Ok(endpoint) => ferry_testkit::S3Server::external(
+            &endpoint,
+            &std::env::var("FERRY_E2E_S3_ACCESS_KEY").unwrap_or_default(),
+            &std::env::var("FERRY_E2E_S3_SECRET_KEY").unwrap_or_default(),
+        ),
+        Err(_) => ferry_testkit::S3Server::minio(),
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `deadline` with
+/// `what` and the cluster's diagnostics. Tests wait on conditions, never on
+/// bare sleeps.
+pub async fn wait_for<T, F, Fut>(cluster: &Cluster, what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if started.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting for {what}\n{}", cluster.diagnostics());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Creates namespace `name` with `labels`, and waits for its default
+/// service account (pods cannot be created before it exists).
+///
+/// # Panics
+/// When the namespace cannot be created.
+pub async fn create_namespace(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use kube::api::{Patch, PatchParams};
+    let client = cluster.client().await.expect("client");
+    let labels: serde_json::Map<String, serde_json::Value> =
+        labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).into())).collect();
+    let namespace =
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
+    kube::Api::<Namespace>::all(client.clone())
+        .patch(name, &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(&namespace))
+        .await
+        .expect("create namespace");
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client, name);
+    wait_for(cluster, "the default service account", Duration::from_secs(30), || {
+        let accounts = accounts.clone();
+        async move { accounts.get_opt("default").await.ok().flatten() }
+    })
+    .await;
+}
