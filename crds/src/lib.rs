@@ -1,0 +1,413 @@
+//! The `DataStage` API, group `ferry.dev`, version `v1alpha1`: the types
+//! only. Every field's doc comment is what `kubectl explain datastage.spec…`
+//! shows, so they are written for users. Validation lives in the schema
+//! (bounds, enums, CEL rules with messages that name the field), so bad
+//! input is refused at admission without a webhook.
+//!
+//! This crate has no client and no runtime: the operator and the stager
+//! depend on it, and `crdgen` turns it into `crds/generated/*.yaml`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Stages a dataset between object storage and node-local volumes: a pull
+/// (object storage → volume) or a push (volume → object storage).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "DataStage",
+    plural = "datastages",
+    shortname = "dstage",
+    category = "ferry",
+    namespaced,
+    status = "DataStageStatus",
+    derive = "PartialEq",
+    doc = "A DataStage copies a dataset between object storage and node-local volumes, on every matching node or sharded over workers.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
+    printcolumn = r#"{"name":"Throughput","type":"string","jsonPath":".status.throughput"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("has(self.source.uri) || has(self.destination.uri)").message("one of spec.source and spec.destination must be object storage (set its uri)"))]
+#[x_kube(validation = Rule::new("!(has(self.source.uri) && has(self.destination.uri))").message("one of spec.source and spec.destination must be a volume: Ferry stages between object storage and volumes, not bucket to bucket"))]
+#[serde(rename_all = "camelCase")]
+pub struct DataStageSpec {
+    /// Where the data comes from: object storage (`uri`) for a pull, a
+    /// volume for a push. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.source is immutable; create a new DataStage to stage other data"))]
+    pub source: Location,
+
+    /// Where the data goes: a volume for a pull, object storage (`uri`) for
+    /// a push. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.destination is immutable; create a new DataStage to stage elsewhere"))]
+    pub destination: Location,
+
+    /// Only copy keys matching one of these globs (relative to the prefix;
+    /// `*` matches across `/`). Empty means everything.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+
+    /// Skip keys matching any of these globs. Wins over `include`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+
+    /// How the stager moves bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferSettings>,
+
+    /// Which nodes run workers. With a hostPath volume, one worker runs on
+    /// every matching node, staging onto each node's local disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+
+    /// Shard one transfer over this many worker pods (an Indexed Job), for a
+    /// shared volume such as a ReadWriteMany claim. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub workers: Option<i32>,
+
+    /// What happens to staged data when the DataStage is deleted: `Retain`
+    /// (default) keeps it; `Delete` removes it from every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_policy: Option<ReclaimPolicy>,
+
+    /// Delete finished worker Jobs this many seconds after they finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+
+    /// Retries of a failed worker pod before its Job fails. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub backoff_limit: Option<i32>,
+
+    /// Fail a worker that runs longer than this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// CPU and memory for each worker pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Stager image, overriding the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// Service account of the worker pods: its identity reaches the store
+    /// when no `credentials` Secret is given (IRSA, GKE Workload Identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+}
+
+/// One side of a transfer: object storage or a volume, never both.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.uri) != has(self.volume)").message("set exactly one of uri (object storage) or volume"))]
+#[x_kube(validation = Rule::new("has(self.uri) || !(has(self.endpoint) || has(self.region) || has(self.credentials))").message("endpoint, region and credentials apply to object storage: set uri too"))]
+#[serde(rename_all = "camelCase")]
+pub struct Location {
+    /// Object storage location: `s3://bucket/prefix` or `gs://bucket/prefix`.
+    /// The prefix names a directory: `s3://b/data` means keys under `data/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$')").message("uri must look like s3://bucket/prefix or gs://bucket/prefix"))]
+    pub uri: Option<String>,
+
+    /// S3-compatible endpoint URL (MinIO, a private endpoint), e.g.
+    /// `http://minio.storage:9000`. Default: the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("endpoint must be an http:// or https:// URL"))]
+    pub endpoint: Option<String>,
+
+    /// Region of the bucket. Default: from the environment, else us-east-1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+
+    /// A Secret in the DataStage's namespace with the store's credentials
+    /// (keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, optionally
+    /// `AWS_SESSION_TOKEN`). Without it, workers use their own identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<SecretReference>,
+
+    /// A volume: a path on each node (`hostPath`) or a claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeLocation>,
+}
+
+/// A Secret in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretReference {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A volume: exactly one of `hostPath` or `persistentVolumeClaim`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.hostPath) != has(self.persistentVolumeClaim)").message("set exactly one of volume.hostPath or volume.persistentVolumeClaim"))]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeLocation {
+    /// An absolute directory on each node, e.g. `/mnt/nvme/datasets/imagenet`.
+    /// Must be under a prefix the operator allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("volume.hostPath must be an absolute path without '..'"))]
+    pub host_path: Option<String>,
+
+    /// A PersistentVolumeClaim in the DataStage's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<ClaimLocation>,
+}
+
+/// A directory within a PersistentVolumeClaim.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimLocation {
+    /// Name of the claim.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+
+    /// Directory within the volume. Default: its root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"!self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("persistentVolumeClaim.subPath must be relative and without '..'"))]
+    #[schemars(length(max = 1024))]
+    pub sub_path: Option<String>,
+}
+
+/// Tuning of the stager; defaults suit most transfers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSettings {
+    /// Requests in flight per worker, shared by all objects. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub concurrency: Option<i32>,
+
+    /// Range size for downloads and part size for uploads, e.g. `8MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.partSize must be a size like 8MiB"))]
+    pub part_size: Option<String>,
+
+    /// How staged files are verified before they appear. Default `Checksum`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyMode>,
+
+    /// Bound on each worker's transfer buffers, e.g. `256MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.memoryLimit must be a size like 256MiB"))]
+    pub memory_limit: Option<String>,
+}
+
+/// Verification of staged files.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// Trust the transport.
+    None,
+    /// Compare sizes.
+    Size,
+    /// Compare sizes and the store's checksums.
+    Checksum,
+}
+
+/// What happens to staged data when the DataStage is deleted.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReclaimPolicy {
+    /// Keep the data.
+    #[default]
+    Retain,
+    /// Remove the data from every node.
+    Delete,
+}
+
+/// Which nodes run workers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Only nodes with all these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// Tolerations for the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+
+    /// Affinity for the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+}
+
+/// Lifecycle phase of a DataStage.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Accepted; workers are not running yet (or are waiting on something).
+    Pending,
+    /// Workers are copying.
+    Running,
+    /// Every worker finished and every object is in place and verified.
+    Succeeded,
+    /// A worker failed for good, or the spec cannot be carried out.
+    Failed,
+}
+
+/// Observed state of a DataStage.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataStageStatus {
+    /// Pending, Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`, `Progressing` and `Failed`, with CamelCase reasons and
+    /// messages a person can act on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// Totals over all workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub totals: Option<Totals>,
+
+    /// One entry per worker (per node, or per shard). Each worker writes
+    /// its own entry while it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub workers: Vec<WorkerStatus>,
+
+    /// Bytes done over bytes total, e.g. `42%` (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+
+    /// Current throughput over all workers, e.g. `512 MiB/s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<String>,
+
+    /// Workers finished over workers, e.g. `1/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<String>,
+}
+
+/// Totals over all workers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    /// Objects selected.
+    pub objects_total: i64,
+    /// Objects in place (copied or already staged).
+    pub objects_done: i64,
+    /// Objects that failed.
+    pub objects_failed: i64,
+    /// Bytes selected.
+    pub bytes_total: i64,
+    /// Bytes in place.
+    pub bytes_done: i64,
+    /// Bytes of objects that failed.
+    pub bytes_failed: i64,
+    /// Current bytes per second.
+    pub throughput_bytes_per_second: i64,
+    /// Estimated seconds to completion at the current throughput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
+    /// When the first worker started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the last worker finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+}
+
+/// Progress of one worker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    /// Worker name: the node for per-node staging, `shard-N` for shards.
+    pub name: String,
+    /// The node it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Pending, Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Bytes in place.
+    #[serde(default)]
+    pub bytes_done: i64,
+    /// Bytes selected.
+    #[serde(default)]
+    pub bytes_total: i64,
+    /// Objects in place.
+    #[serde(default)]
+    pub objects_done: i64,
+    /// Objects selected.
+    #[serde(default)]
+    pub objects_total: i64,
+    /// Current bytes per second.
+    #[serde(default)]
+    pub throughput_bytes_per_second: i64,
+    /// What the worker last said (an error, or the summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The CRD as YAML, exactly as `crdgen` writes it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt as _;
+    let yaml = serde_yaml::to_string(&DataStage::crd()).expect("the CRD serializes");
+    format!("# Generated by `cargo run -p ferry-crds --bin crdgen`; do not edit.\n{yaml}")
+}
+
+/// Where the generated CRD lives, relative to the repository root.
+pub const CRD_PATH: &str = "crds/generated/ferry.dev_datastages.yaml";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_crd_matches_the_types() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(CRD_PATH);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == crd_yaml(),
+            "{} is out of date: run `cargo run -p ferry-crds --bin crdgen` and commit the result",
+            CRD_PATH
+        );
+    }
+
+    #[test]
+    fn the_crd_carries_names_columns_and_validation() {
+        let yaml = crd_yaml();
+        for needle in [
+            "name: datastages.ferry.dev",
+            "- dstage",
+            "- ferry",
+            "name: Throughput",
+            "subresources:",
+            "rule: self == oldSelf",
+            "message: set exactly one of uri (object storage) or volume",
+            "x-kubernetes-list-map-keys:",
+        ] {
+            assert!(yaml.contains(needle), "missing {needle:?} in\n{yaml}");
+        }
+    }
+
+    #[test]
+    fn a_pull_spec_round_trips_in_camel_case() {
+        let spec: DataStageSpec = serde_json::from_value(serde_json::json!({
+            "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},
+            "destination": {"volume": {"hostPath": "/mnt/nvme/imagenet"}},
+            "transfer": {"concurrency": 32, "partSize": "16MiB", "verify": "Checksum"},
+            "reclaimPolicy": "Delete",
+        }))
+        .unwrap();
+        assert_eq!(spec.reclaim_policy, Some(ReclaimPolicy::Delete));
+        assert_eq!(spec.destination.volume.unwrap().host_path.as_deref(), Some("/mnt/nvme/imagenet"));
+    }
+}

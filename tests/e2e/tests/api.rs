@@ -1,0 +1,116 @@
+//! The DataStage API on a real API server: the generated CRD installs, a
+//! valid DataStage is accepted, and invalid ones are refused at admission
+//! with messages that say what to fix.
+
+use std::time::Duration;
+
+use ferry_crds::DataStage;
+use ferry_e2e::{Cluster, create_namespace, wait_for};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt as _};
+use serde_json::{Value, json};
+
+async fn install_crd(cluster: &Cluster) {
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client().await.unwrap());
+    crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
+        .await
+        .expect("the generated CRD is accepted");
+    wait_for(cluster, "the CRD to be established", Duration::from_secs(30), || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get("datastages.ferry.dev").await.ok()?;
+            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        }
+    })
+    .await;
+}
+
+fn stage(name: &str, spec: Value) -> DataStage {
+    serde_json::from_value(
+        json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": name}, "spec": spec}),
+    )
+    .expect("deserializable DataStage")
+}
+
+fn pull_spec() -> Value {
+    json!({
+        "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},
+        "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+    })
+}
+
+/// Asserts that `spec` is refused with a message containing `expected`.
+/// Sent as raw JSON, as `kubectl apply` would: the typed struct could not
+/// even hold some of these mistakes.
+async fn assert_refused(api: &Api<DynamicObject>, name: &str, spec: Value, expected: &str) {
+    let message = refusal(api, name, spec).await;
+    assert!(message.contains(expected), "{name}: expected {expected:?} in the refusal, got: {message}");
+}
+
+/// The message of the refusal of `spec`; panics if it was accepted.
+async fn refusal(api: &Api<DynamicObject>, name: &str, spec: Value) -> String {
+    let object: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": name}, "spec": spec}),
+    )
+    .expect("a dynamic object");
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => panic!("{name}: an invalid DataStage was accepted"),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{name}: {status:?}");
+            status.message
+        }
+        Err(other) => panic!("{name}: unexpected error {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what_to_fix() {
+    let cluster = Cluster::start().await.expect("cluster");
+    install_crd(&cluster).await;
+    create_namespace(&cluster, "api", &[]).await;
+    let client = cluster.client().await.unwrap();
+    let api: Api<DataStage> = Api::namespaced(client.clone(), "api");
+    let raw: Api<DynamicObject> = Api::namespaced_with(client, "api", &ApiResource::erase::<DataStage>(&()));
+
+    api.create(&PostParams::default(), &stage("valid", pull_spec())).await.expect("a valid pull is accepted");
+
+    let mut spec = pull_spec();
+    spec["source"]["volume"] = json!({"hostPath": "/data"});
+    assert_refused(&raw, "both", spec, "spec.source: Invalid value: set exactly one of uri (object storage) or volume")
+        .await;
+
+    let spec = json!({"source": {"volume": {"hostPath": "/a"}}, "destination": {"volume": {"hostPath": "/b"}}});
+    assert_refused(&raw, "volumes", spec, "one of spec.source and spec.destination must be object storage").await;
+
+    let spec = json!({"source": {"uri": "s3://a/x"}, "destination": {"uri": "s3://b/y"}});
+    assert_refused(&raw, "buckets", spec, "must be a volume").await;
+
+    let mut spec = pull_spec();
+    spec["destination"]["volume"]["hostPath"] = json!("relative/dir");
+    assert_refused(&raw, "relative", spec, "volume.hostPath must be an absolute path").await;
+
+    let mut spec = pull_spec();
+    spec["source"]["uri"] = json!("https://datasets/imagenet");
+    assert_refused(&raw, "scheme", spec, "uri must look like s3://bucket/prefix or gs://bucket/prefix").await;
+
+    let mut spec = pull_spec();
+    spec["transfer"] = json!({"concurrency": 0, "partSize": "lots"});
+    let message = refusal(&raw, "bounds", spec).await;
+    assert!(message.contains("spec.transfer.concurrency: Invalid value: 0: spec.transfer.concurrency in body should be greater than or equal to 1"), "{message}");
+    assert!(message.contains("transfer.partSize must be a size like 8MiB"), "{message}");
+
+    let mut spec = pull_spec();
+    spec["reclaimPolicy"] = json!("Keep");
+    assert_refused(&raw, "enum", spec, "Unsupported value: \"Keep\": supported values: \"Retain\", \"Delete\"").await;
+
+    // Source and destination cannot change after creation.
+    let mut changed = pull_spec();
+    changed["source"]["uri"] = json!("s3://datasets/other");
+    let update = api
+        .patch("valid", &PatchParams::apply("ferry.dev/e2e-tests").force(), &Patch::Apply(stage("valid", changed)))
+        .await;
+    let Err(kube::Error::Api(status)) = update else { panic!("changing the source was accepted: {update:?}") };
+    assert!(status.message.contains("spec.source is immutable"), "{}", status.message);
+    cluster.stop().await;
+}
