@@ -211,3 +211,23 @@ pub async fn create_namespace(cluster: &Cluster, name: &str, labels: &[(&str, &s
     })
     .await;
 }
+
+/// The operator running as a process against `cluster` with the admin
+/// kubeconfig (the Helm chart's ServiceAccount and RBAC come with the chart).
+/// Returns the process and the URL of its HTTP endpoint.
+///
+/// # Panics
+/// When the binary cannot start.
+pub fn start_operator(cluster: &Cluster, log_dir: &Path) -> (process::ManagedProcess, String) {
+    let port = ferry_testkit::free_port();
+    let mut command = std::process::Command::new(workspace_binary("ferry-operator"));
+    command
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .env("FERRY_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("FERRY_STAGER_IMAGE", image("ferry-stager"))
+        .env("FERRY_ALLOWED_HOST_PATHS", "/mnt/ferry")
+        .env("RUST_LOG", "info,kube_runtime=warn,kube_client=warn");
+    let operator = process::ManagedProcess::spawn("ferry-operator", command, &log_dir.join("operator.log"))
+        .expect("start ferry-operator");
+    (operator, format!("http://127.0.0.1:{port}"))
+}

@@ -1,0 +1,60 @@
+//! The operator's configuration: parsed once at start-up from flags (or
+//! their environment variables) and shared read-only through the context.
+
+use std::net::SocketAddr;
+
+/// Flags of `ferry-operator`.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "ferry-operator", version, about = "The DataStage controller")]
+pub struct OperatorConfig {
+    /// Image of the stager that worker Jobs run (a DataStage's `spec.image` overrides it).
+    #[arg(long, env = "FERRY_STAGER_IMAGE", default_value = "ghcr.io/ferry-dev/ferry-stager:0.1.0")]
+    pub stager_image: String,
+
+    /// Directories under which DataStages may use hostPath volumes,
+    /// comma-separated. A hostPath elsewhere is refused with a condition.
+    #[arg(long, env = "FERRY_ALLOWED_HOST_PATHS", value_delimiter = ',', default_value = "/mnt,/data,/var/lib/ferry")]
+    pub allowed_host_paths: Vec<String>,
+
+    /// Address of the health (`/healthz`, `/readyz`) and `/metrics` endpoint.
+    #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "FERRY_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+}
+
+impl OperatorConfig {
+    /// A configuration for unit tests.
+    pub fn test() -> Self {
+        Self {
+            stager_image: "ghcr.io/ferry-dev/ferry-stager:test".into(),
+            allowed_host_paths: vec!["/mnt".into(), "/data".into()],
+            http_addr: ([127, 0, 0, 1], 0).into(),
+            watch_namespace: None,
+        }
+    }
+
+    /// Whether `path` (absolute) lies under an allowed prefix.
+    pub fn host_path_allowed(&self, path: &str) -> bool {
+        self.allowed_host_paths.iter().any(|prefix| {
+            let prefix = prefix.trim_end_matches('/');
+            path == prefix || path.starts_with(&format!("{prefix}/"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_paths_are_allowed_only_under_a_prefix() {
+        let config = OperatorConfig::test();
+        assert!(config.host_path_allowed("/mnt/nvme/data"));
+        assert!(config.host_path_allowed("/mnt"));
+        assert!(!config.host_path_allowed("/mntx/data"));
+        assert!(!config.host_path_allowed("/etc"));
+    }
+}

@@ -1,0 +1,294 @@
+//! The DataStage controller. `reconcile` is a pipeline:
+//! read → validate → build Jobs → server-side apply → aggregate status.
+//! Invalid specs wait for a change; missing Secrets and nodes are retried so
+//! that fixing the cause recovers without re-applying; API errors requeue
+//! with jittered backoff.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_crds::{DataStage, DataStageStatus, Phase};
+use futures::StreamExt as _;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Resource as _, ResourceExt as _};
+use serde_json::json;
+
+use crate::config::OperatorConfig;
+use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL, build_job, plan_workers, sides};
+use crate::metrics::Metrics;
+use crate::status::{self, Observed, StagerSummary, reasons};
+
+/// The one field manager of everything the operator applies.
+pub const FIELD_MANAGER: &str = "ferry.dev/operator";
+
+/// Errors of one reconciliation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl Error {
+    /// A static category for metrics and events.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubeApi",
+        }
+    }
+}
+
+/// Shared state, built once at start-up.
+pub struct Context {
+    /// API client.
+    pub client: kube::Client,
+    /// Parsed configuration.
+    pub config: OperatorConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// Why a spec cannot be carried out as written.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// What to fix.
+    pub message: String,
+}
+
+/// Checks what the schema cannot: the operator's hostPath allow-list and
+/// the stores the stager supports.
+///
+/// # Errors
+/// [`Invalid`] with a reason and a message a user can act on.
+pub fn validate(ds: &DataStage, config: &OperatorConfig) -> Result<(), Invalid> {
+    let (_, store, volume) = sides(&ds.spec);
+    if let Some(path) = volume.volume.as_ref().and_then(|v| v.host_path.as_deref())
+        && !config.host_path_allowed(path)
+    {
+        return Err(Invalid {
+            reason: reasons::HOST_PATH_NOT_ALLOWED,
+            message: format!(
+                "hostPath {path} is outside the directories this operator may write ({}); use one of them or ask the cluster admin to allow it",
+                config.allowed_host_paths.join(", ")
+            ),
+        });
+    }
+    if store.uri.as_deref().is_some_and(|u| !u.starts_with("s3://")) {
+        return Err(Invalid {
+            reason: reasons::UNSUPPORTED_STORE,
+            message: "only s3:// URIs are supported by this version of the stager (gs:// works through GCS's S3-compatible endpoint)".into(),
+        });
+    }
+    Ok(())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// One reconciliation of one DataStage.
+async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(&ds, &ctx).await;
+    ctx.metrics.reconciled(result.is_ok(), started.elapsed());
+    result
+}
+
+async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
+    let namespace = ds.namespace().unwrap_or_default();
+    let name = ds.name_any();
+    let key = format!("{namespace}/{name}");
+    if ds.metadata.deletion_timestamp.is_some() {
+        ctx.metrics.observe(&key, None);
+        return Ok(Action::await_change());
+    }
+
+    if let Err(invalid) = validate(ds, &ctx.config) {
+        let status = status::blocked(ds, Phase::Failed, true, invalid.reason, &invalid.message, &now());
+        update_status(ds, ctx, status).await?;
+        return Ok(Action::await_change());
+    }
+
+    let (_, store, _) = sides(&ds.spec);
+    if let Some(secret) = &store.credentials {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+        if secrets.get_metadata_opt(&secret.name).await?.is_none() {
+            let message = format!(
+                "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                secret.name
+            );
+            let status = status::blocked(ds, Phase::Pending, false, reasons::SECRET_NOT_FOUND, &message, &now());
+            update_status(ds, ctx, status).await?;
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+    }
+
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let workers = plan_workers(&ds.spec, &nodes);
+    if workers.is_empty() {
+        let message = "no schedulable node matches spec.placement.nodeSelector; label a node or change the selector";
+        let status = status::blocked(ds, Phase::Pending, false, reasons::NO_MATCHING_NODES, message, &now());
+        update_status(ds, ctx, status).await?;
+        return Ok(Action::requeue(Duration::from_secs(15)));
+    }
+
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    for worker in &workers {
+        let job = build_job(ds, worker, &ctx.config.stager_image);
+        let job_name = job.name_any();
+        // Existing Jobs are left alone: their pod template is immutable and
+        // the spec's inputs to it (source, destination) are immutable too.
+        if jobs.get_metadata_opt(&job_name).await?.is_none() {
+            jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?;
+        }
+    }
+
+    let selector = format!("{DATASTAGE_LABEL}={name}");
+    let existing_jobs = jobs.list(&ListParams::default().labels(&selector)).await?.items;
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    let observed: Vec<Observed> = workers
+        .iter()
+        .map(|worker| {
+            let job = existing_jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned();
+            let (summary, message) = last_report(&pods, &worker.name);
+            Observed { worker: Some(worker.clone()), job, summary, message }
+        })
+        .collect();
+    let status = status::aggregate(ds, &observed, &now());
+    let phase = status.phase.unwrap_or(Phase::Pending);
+    ctx.metrics.observe(&key, Some((phase, status.totals.as_ref().map_or(0, |t| t.bytes_done))));
+    update_status(ds, ctx, status).await?;
+    Ok(match phase {
+        Phase::Pending | Phase::Running => Action::requeue(Duration::from_secs(3)),
+        Phase::Succeeded | Phase::Failed => Action::await_change(),
+    })
+}
+
+/// The summary (or, failing that, the message) of the worker's most
+/// recently finished pod.
+fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<String>) {
+    let mut finished: Vec<(&Time, String)> = pods
+        .iter()
+        .filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker))
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            let terminated = status.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref()?;
+            Some((terminated.finished_at.as_ref()?, terminated.message.clone().unwrap_or_default()))
+        })
+        .collect();
+    if finished.is_empty() {
+        // A pod refused by the node (or still waiting) explains itself in its status.
+        let message = pods
+            .iter()
+            .filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker))
+            .find_map(|p| p.status.as_ref()?.message.clone());
+        return (None, message);
+    }
+    finished.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+    let (_, message) = finished.pop().expect("not empty");
+    match serde_json::from_str::<StagerSummary>(&message) {
+        Ok(summary) => (Some(summary), None),
+        Err(_) => (None, Some(message.lines().rev().take(3).collect::<Vec<_>>().join(" / "))),
+    }
+}
+
+/// Server-side applies the status (only apiVersion, kind and status) and
+/// records an Event when the phase changes.
+async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -> Result<(), Error> {
+    let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    let before = ds.status.as_ref().and_then(|s| s.phase);
+    let after = status.phase;
+    let reason = status.conditions.first().map(|c| (c.reason.clone(), c.message.clone()));
+    let patch = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "status": status});
+    api.patch_status(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    if before != after
+        && let (Some(after), Some((reason, message))) = (after, reason)
+    {
+        let event = Event {
+            type_: if after == Phase::Failed { EventType::Warning } else { EventType::Normal },
+            reason,
+            note: Some(message),
+            action: format!("{after:?}"),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &ds.object_ref(&())).await {
+            tracing::warn!(%error, "could not record an event");
+        }
+    }
+    Ok(())
+}
+
+/// Requeues failed reconciliations with jitter so many failing objects do
+/// not retry in lockstep.
+fn error_policy(ds: Arc<DataStage>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(datastage = %ds.name_any(), category = error.category(), %error, "reconcile failed");
+    Action::requeue(Duration::from_millis(2000 + rand::random::<u64>() % 3000))
+}
+
+/// Runs the controller until the process is stopped.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let (datastages, jobs) = match &ctx.config.watch_namespace {
+        Some(ns) => (Api::<DataStage>::namespaced(client.clone(), ns), Api::<Job>::namespaced(client.clone(), ns)),
+        None => (Api::<DataStage>::all(client.clone()), Api::<Job>::all(client.clone())),
+    };
+    Controller::new(datastages, watcher::Config::default())
+        .owns(jobs, watcher::Config::default().labels(DATASTAGE_LABEL))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile loop");
+            }
+        })
+        .await;
+}
+
+/// Builds the context once at start-up.
+pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metrics>) -> Arc<Context> {
+    let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
+    let recorder = Recorder::new(client.clone(), reporter);
+    Arc::new(Context { client, config, metrics, recorder })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(host_path: &str, uri: &str) -> DataStage {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "d", "namespace": "n"},
+            "spec": {"source": {"uri": uri}, "destination": {"volume": {"hostPath": host_path}}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn host_paths_outside_the_allow_list_are_refused_with_advice() {
+        let config = OperatorConfig::test();
+        assert_eq!(validate(&ds("/mnt/x", "s3://b/p"), &config), Ok(()));
+        let invalid = validate(&ds("/etc/x", "s3://b/p"), &config).unwrap_err();
+        assert_eq!(invalid.reason, reasons::HOST_PATH_NOT_ALLOWED);
+        assert!(invalid.message.contains("/mnt, /data"), "{}", invalid.message);
+        assert_eq!(validate(&ds("/mnt/x", "gs://b/p"), &config).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+    }
+}

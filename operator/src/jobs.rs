@@ -1,0 +1,337 @@
+//! Pure builders: from a DataStage (and the nodes it may use) to the worker
+//! Jobs that carry it out. No client here, so every shape is unit-tested
+//! without a cluster.
+//!
+//! A hostPath volume is node-local, so a DataStage with one gets one Job
+//! per matching node, pinned to it. A claim is shared, so it gets one
+//! Indexed Job whose `JOB_COMPLETION_INDEX` picks the stager's `--shard`.
+
+use std::collections::BTreeMap;
+
+use ferry_crds::{DataStage, DataStageSpec, Location, VerifyMode};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Resource as _, ResourceExt as _};
+use serde_json::json;
+
+/// Label on every child object: the owning DataStage's name.
+pub const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
+/// Label on every child object: the worker's name.
+pub const WORKER_LABEL: &str = "ferry.dev/worker";
+/// Where the volume is mounted in worker pods.
+pub const DATA_MOUNT: &str = "/ferry/data";
+/// Which node label pins a per-node worker.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Which way data moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Object storage → volume.
+    Pull,
+    /// Volume → object storage.
+    Push,
+}
+
+/// One worker of a DataStage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Worker {
+    /// Its name: the node for per-node workers, `shared` for a claim.
+    pub name: String,
+    /// The node it is pinned to (per-node workers).
+    pub node: Option<String>,
+}
+
+/// The direction and the object-storage and volume sides of a spec.
+pub fn sides(spec: &DataStageSpec) -> (Direction, &Location, &Location) {
+    if spec.source.uri.is_some() {
+        (Direction::Pull, &spec.source, &spec.destination)
+    } else {
+        (Direction::Push, &spec.destination, &spec.source)
+    }
+}
+
+/// The workers a DataStage needs, given the cluster's nodes.
+pub fn plan_workers(spec: &DataStageSpec, nodes: &[Node]) -> Vec<Worker> {
+    let (_, _, volume_side) = sides(spec);
+    let per_node = volume_side.volume.as_ref().is_some_and(|v| v.host_path.is_some());
+    if !per_node {
+        return vec![Worker { name: "shared".into(), node: None }];
+    }
+    let selector = spec.placement.as_ref().and_then(|p| p.node_selector.clone()).unwrap_or_default();
+    let mut workers: Vec<Worker> = nodes
+        .iter()
+        .filter(|node| !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false))
+        .filter(|node| {
+            let labels = node.labels();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        })
+        .map(|node| Worker { name: node.name_any(), node: Some(node.name_any()) })
+        .collect();
+    workers.sort_by(|a, b| a.name.cmp(&b.name));
+    workers
+}
+
+/// The Job name of a worker: `<datastage>-<worker>`, cut to 63 characters.
+pub fn job_name(datastage: &str, worker: &Worker) -> String {
+    let mut name = format!("{datastage}-{}", worker.name);
+    name.truncate(63);
+    name.trim_end_matches('-').to_owned()
+}
+
+/// The stager's command line for a spec.
+pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
+    let (direction, store, _) = sides(spec);
+    let uri = store.uri.clone().unwrap_or_default();
+    let mut args = match direction {
+        Direction::Pull => vec!["pull".to_owned(), uri, DATA_MOUNT.to_owned()],
+        Direction::Push => vec!["push".to_owned(), DATA_MOUNT.to_owned(), uri],
+    };
+    if let Some(endpoint) = &store.endpoint {
+        args.extend(["--endpoint-url".to_owned(), endpoint.clone()]);
+    }
+    if let Some(region) = &store.region {
+        args.extend(["--region".to_owned(), region.clone()]);
+    }
+    for glob in &spec.include {
+        args.extend(["--include".to_owned(), glob.clone()]);
+    }
+    for glob in &spec.exclude {
+        args.extend(["--exclude".to_owned(), glob.clone()]);
+    }
+    if let Some(transfer) = &spec.transfer {
+        if let Some(concurrency) = transfer.concurrency {
+            args.extend(["--concurrency".to_owned(), concurrency.to_string()]);
+        }
+        if let Some(part) = &transfer.part_size {
+            args.extend(["--part-size".to_owned(), part.clone()]);
+        }
+        if let Some(limit) = &transfer.memory_limit {
+            args.extend(["--memory-limit".to_owned(), limit.clone()]);
+        }
+        if let Some(verify) = transfer.verify {
+            let mode = match verify {
+                VerifyMode::None => "none",
+                VerifyMode::Size => "size",
+                VerifyMode::Checksum => "checksum",
+            };
+            args.extend(["--verify".to_owned(), mode.to_owned()]);
+        }
+    }
+    if spec.workers.unwrap_or(1) > 1 {
+        args.extend(["--shard".to_owned(), format!("$(JOB_COMPLETION_INDEX)/{}", spec.workers.unwrap_or(1))]);
+    }
+    // The summary becomes the pod's termination message, which the operator reads.
+    args.extend([
+        "--summary-file".to_owned(),
+        "/dev/termination-log".to_owned(),
+        "--log-format".to_owned(),
+        "json".to_owned(),
+        "--progress".to_owned(),
+        "always".to_owned(),
+    ]);
+    args
+}
+
+/// The worker Job for `worker`, owned by the DataStage.
+pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
+    let spec = &ds.spec;
+    let name = ds.name_any();
+    let (_, store, volume_side) = sides(spec);
+    let labels = BTreeMap::from([
+        (DATASTAGE_LABEL.to_owned(), name.clone()),
+        (WORKER_LABEL.to_owned(), worker.name.clone()),
+        ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
+        ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
+    ]);
+
+    let volume = match volume_side.volume.as_ref() {
+        Some(v) if v.host_path.is_some() => {
+            json!({"name": "data", "hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"}})
+        }
+        Some(v) => json!({"name": "data", "persistentVolumeClaim": {
+            "claimName": v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()).unwrap_or_default()}}),
+        None => json!({"name": "data", "emptyDir": {}}),
+    };
+    let sub_path =
+        volume_side.volume.as_ref().and_then(|v| v.persistent_volume_claim.as_ref()).and_then(|c| c.sub_path.clone());
+    let mut mount = json!({"name": "data", "mountPath": DATA_MOUNT});
+    if let Some(sub_path) = sub_path {
+        mount["subPath"] = sub_path.into();
+    }
+
+    let mut env = vec![json!({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})];
+    if let Some(secret) = &store.credentials {
+        for (key, optional) in
+            [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
+        {
+            env.push(json!({"name": key, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key, "optional": optional}}}));
+        }
+        env.retain(|e| e["name"] != "AWS_EC2_METADATA_DISABLED");
+    } else {
+        // Without a Secret the pod's own identity (IRSA, instance role) is the credential.
+        env.clear();
+    }
+
+    let node_selector = worker.node.as_ref().map(|node| json!({HOSTNAME_LABEL: node}));
+    let placement = spec.placement.clone().unwrap_or_default();
+    let completions = spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1);
+    let job = json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(&name, worker),
+            "namespace": ds.namespace(),
+            "labels": labels,
+            "ownerReferences": [ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid")],
+        },
+        "spec": {
+            "completionMode": if completions > 1 { "Indexed" } else { "NonIndexed" },
+            "completions": completions,
+            "parallelism": completions,
+            "backoffLimit": spec.backoff_limit.unwrap_or(3),
+            "activeDeadlineSeconds": spec.active_deadline_seconds,
+            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": spec.service_account_name,
+                    "nodeSelector": node_selector,
+                    "tolerations": placement.tolerations,
+                    "affinity": if worker.node.is_none() { serde_json::to_value(&placement.affinity).unwrap_or_default() } else { serde_json::Value::Null },
+                    "securityContext": {
+                        "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [{
+                        "name": "stager",
+                        "image": spec.image.clone().unwrap_or_else(|| default_image.to_owned()),
+                        "args": stager_args(spec),
+                        "env": env,
+                        "resources": spec.resources,
+                        "volumeMounts": [mount],
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }],
+                    "volumes": [volume],
+                },
+            },
+        },
+    });
+    serde_json::from_value(strip_nulls(job)).expect("the Job template is a valid Job")
+}
+
+/// Drops `null` members so optional fields are simply absent.
+fn strip_nulls(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => serde_json::Value::Object(
+            map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect(),
+        ),
+        serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(strip_nulls).collect()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datastage(spec: serde_json::Value) -> DataStage {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": "imagenet", "namespace": "ml", "uid": "u-1"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn node(name: &str, labels: serde_json::Value) -> Node {
+        serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}),
+        )
+        .unwrap()
+    }
+
+    fn pull_to_host_path() -> DataStage {
+        datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+            "placement": {"nodeSelector": {"pool": "gpu"}},
+            "include": ["*.tar"],
+            "transfer": {"concurrency": 16, "verify": "Size"},
+        }))
+    }
+
+    #[test]
+    fn a_host_path_pull_gets_one_pinned_job_per_matching_node() {
+        let ds = pull_to_host_path();
+        let nodes =
+            [node("a", json!({"pool": "gpu"})), node("b", json!({"pool": "cpu"})), node("c", json!({"pool": "gpu"}))];
+        let workers = plan_workers(&ds.spec, &nodes);
+        assert_eq!(workers.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["a", "c"]);
+
+        let job = build_job(&ds, &workers[1], "stager:1");
+        assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c"));
+        assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].kind, "DataStage");
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()[HOSTNAME_LABEL], "c");
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        let security = pod.security_context.unwrap();
+        assert_eq!(security.run_as_non_root, Some(true));
+        assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let container = &pod.containers[0];
+        assert_eq!(container.image.as_deref(), Some("stager:1"));
+        let context = container.security_context.clone().unwrap();
+        assert_eq!(context.read_only_root_filesystem, Some(true));
+        assert_eq!(context.allow_privilege_escalation, Some(false));
+        assert_eq!(context.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+        let args = container.args.clone().unwrap();
+        assert_eq!(&args[..3], ["pull", "s3://datasets/imagenet", DATA_MOUNT]);
+        for pair in [
+            ["--endpoint-url", "http://minio:9000"],
+            ["--include", "*.tar"],
+            ["--concurrency", "16"],
+            ["--verify", "size"],
+        ] {
+            assert!(args.windows(2).any(|w| w == pair), "{pair:?} missing in {args:?}");
+        }
+        let env = container.env.clone().unwrap();
+        let secret_keys: Vec<_> =
+            env.iter().filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref()).map(|r| r.key.clone()).collect();
+        assert_eq!(secret_keys, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]);
+        assert_eq!(pod.volumes.unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
+    }
+
+    #[test]
+    fn a_claim_gets_one_indexed_job_sharded_by_completion_index() {
+        let ds = datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet"},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "shared", "subPath": "imagenet"}}},
+            "workers": 3,
+        }));
+        let workers = plan_workers(&ds.spec, &[]);
+        assert_eq!(workers, [Worker { name: "shared".into(), node: None }]);
+        let job = build_job(&ds, &workers[0], "stager:1").spec.unwrap();
+        assert_eq!(job.completion_mode.as_deref(), Some("Indexed"));
+        assert_eq!((job.completions, job.parallelism), (Some(3), Some(3)));
+        let pod = job.template.spec.unwrap();
+        let args = pod.containers[0].args.clone().unwrap();
+        assert!(args.windows(2).any(|w| w == ["--shard", "$(JOB_COMPLETION_INDEX)/3"]), "{args:?}");
+        assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
+        assert!(pod.containers[0].env.clone().unwrap_or_default().is_empty(), "no Secret: the pod's identity is used");
+    }
+
+    #[test]
+    fn a_push_reads_the_volume_and_writes_the_bucket() {
+        let ds = datastage(json!({
+            "source": {"volume": {"hostPath": "/mnt/ckpt"}},
+            "destination": {"uri": "s3://checkpoints/run-1"},
+        }));
+        let args = stager_args(&ds.spec);
+        assert_eq!(&args[..3], ["push", DATA_MOUNT, "s3://checkpoints/run-1"]);
+    }
+}
