@@ -110,7 +110,9 @@ pub fn job_phase(job: Option<&Job>) -> Phase {
         Phase::Succeeded
     } else if condition("Failed") {
         Phase::Failed
-    } else if status.active.unwrap_or(0) > 0 {
+    } else if status.active.unwrap_or(0) > 0 || status.start_time.is_some() {
+        // Started and not yet judged: pods may have finished while the Job
+        // controller has not written Complete yet; that is still running.
         Phase::Running
     } else {
         Phase::Pending
@@ -386,6 +388,13 @@ mod tests {
         let end = aggregate(&d, &finished, &later);
         let ready = end.conditions.iter().find(|c| c.type_ == types::READY).unwrap();
         assert_eq!(ready.last_transition_time, later);
+    }
+
+    #[test]
+    fn a_started_job_whose_pods_finished_is_running_until_judged() {
+        let between = job(json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1}));
+        assert_eq!(job_phase(Some(&between)), Phase::Running);
+        assert_eq!(job_phase(Some(&job(json!({})))), Phase::Pending);
     }
 
     #[test]
