@@ -198,6 +198,52 @@ pub fn dooms_the_run(error: &StoreError) -> bool {
     }
 }
 
+/// Object tasks of a run: each returns `Err` only for an error that dooms
+/// the whole run.
+pub type ObjectTasks = tokio::task::JoinSet<Result<(), StoreError>>;
+
+/// Waits for room for one more object task, reaping finished tasks while
+/// it waits so that a run-dooming error stops the run at once.
+///
+/// # Errors
+/// The first run-dooming error of a finished task.
+pub async fn object_slot(
+    engine: &Engine,
+    slots: &Arc<Semaphore>,
+    tasks: &mut ObjectTasks,
+) -> Result<OwnedSemaphorePermit, TransferError> {
+    loop {
+        tokio::select! {
+            permit = Arc::clone(slots).acquire_owned() => return Ok(permit.expect("never closed")),
+            Some(joined) = tasks.join_next() => check_fatal(joined, engine)?,
+        }
+    }
+}
+
+/// Waits for every object task; stops at the first run-dooming error.
+///
+/// # Errors
+/// The first run-dooming error.
+pub async fn join_objects(engine: &Engine, tasks: &mut ObjectTasks) -> Result<(), TransferError> {
+    while let Some(joined) = tasks.join_next().await {
+        check_fatal(joined, engine)?;
+    }
+    Ok(())
+}
+
+/// Turns a run-dooming store error from a task into a run failure.
+fn check_fatal(
+    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
+    engine: &Engine,
+) -> Result<(), TransferError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(()),
+    }
+}
+
 /// The global request and memory budget.
 #[derive(Debug, Clone)]
 pub struct Budget {

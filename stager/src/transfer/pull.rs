@@ -23,7 +23,9 @@ use tokio::task::JoinSet;
 use super::ranges::plan_ranges;
 use super::tally::{Summary, Verified};
 use super::verify::{Digester, RangeDigest, Wanted, actual_checksum, md5_file};
-use super::{Engine, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run};
+use super::{
+    Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
+};
 use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
 use crate::local::staging::{FileStamp, StagingArea, write_chunks_at};
@@ -124,7 +126,7 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
     let (pages_tx, mut pages) = mpsc::channel(2);
     let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
-    let mut tasks: JoinSet<Result<(), StoreError>> = JoinSet::new();
+    let mut tasks = ObjectTasks::new();
 
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
@@ -137,12 +139,7 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
                     engine.metrics.object(ObjectResult::Skipped);
                     continue;
                 }
-                let permit = loop {
-                    tokio::select! {
-                        permit = Arc::clone(&objects_in_flight).acquire_owned() => break permit.expect("never closed"),
-                        Some(joined) = tasks.join_next() => check_fatal(joined, &engine)?,
-                    }
-                };
+                let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
                 let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
                 tasks.spawn(async move {
                     let result = pull_object(&engine, &staging, &writer, planned).await;
@@ -152,10 +149,7 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
             }
         }
         engine.tally.listing_finished();
-        while let Some(joined) = tasks.join_next().await {
-            check_fatal(joined, &engine)?;
-        }
-        Ok(())
+        join_objects(&engine, &mut tasks).await
     }
     .await;
     lister.abort();
@@ -169,19 +163,6 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
     outcome?;
     finished?;
     Ok(engine.tally.summary("pull", source_uri, destination.display().to_string(), started.elapsed()))
-}
-
-/// Turns a run-dooming store error from a task into a run failure.
-fn check_fatal(
-    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
-    engine: &Engine,
-) -> Result<(), TransferError> {
-    match joined {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Ok(()),
-    }
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.

@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use super::pull::ObjectError;
 use super::ranges::{plan_ranges, upload_part_size};
 use super::tally::{Summary, Verified};
-use super::{Engine, REQUEST_OVERHEAD, TransferError, dooms_the_run};
+use super::{Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, dooms_the_run, join_objects, object_slot};
 use crate::local::walk::{LocalFile, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::{StoreError, UploadedPart};
@@ -51,7 +51,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
     let root = source.to_path_buf();
     let walker = tokio::task::spawn_blocking(move || walk(&root, |item| files_tx.blocking_send(item).is_ok()));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
-    let mut tasks: JoinSet<Result<(), StoreError>> = JoinSet::new();
+    let mut tasks = ObjectTasks::new();
 
     let outcome: Result<(), TransferError> = async {
         while let Some(item) = files.recv().await {
@@ -69,12 +69,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
                 continue;
             }
             engine.tally.selected(file.size);
-            let permit = loop {
-                tokio::select! {
-                    permit = Arc::clone(&objects_in_flight).acquire_owned() => break permit.expect("never closed"),
-                    Some(joined) = tasks.join_next() => check_fatal(joined, &engine)?,
-                }
-            };
+            let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
             let engine = Arc::clone(&engine);
             let key = format!("{prefix}{}", file.rel);
             tasks.spawn(async move {
@@ -84,10 +79,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
             });
         }
         engine.tally.listing_finished();
-        while let Some(joined) = tasks.join_next().await {
-            check_fatal(joined, &engine)?;
-        }
-        Ok(())
+        join_objects(&engine, &mut tasks).await
     }
     .await;
     tasks.abort_all();
@@ -110,18 +102,6 @@ async fn preflight(engine: &Engine, prefix: &str) -> Result<(), TransferError> {
             tracing::debug!(%error, "cannot list the destination; continuing with uploads");
             Ok(())
         }
-    }
-}
-
-fn check_fatal(
-    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
-    engine: &Engine,
-) -> Result<(), TransferError> {
-    match joined {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Ok(()),
     }
 }
 
