@@ -19,6 +19,9 @@ FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
 export FERRY_MINIO_BIN FERRY_MOTO_BIN
 
 cargo fmt --all --check
+# e2e tests run the workspace's binaries (operator, stager) as processes:
+# build them first, so no test ever runs a stale one.
+cargo build --release --workspace --locked --bins
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
 # A hung test must fail CI, not stall it.

@@ -172,8 +172,13 @@ pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
         env.clear();
     }
 
-    let node_selector = worker.node.as_ref().map(|node| json!({HOSTNAME_LABEL: node}));
     let placement = spec.placement.clone().unwrap_or_default();
+    // A per-node worker is pinned to its node (the placement already chose
+    // it); a shared-volume worker goes wherever the placement allows.
+    let node_selector = match &worker.node {
+        Some(node) => Some(json!({HOSTNAME_LABEL: node})),
+        None => placement.node_selector.as_ref().map(|s| json!(s)),
+    };
     let completions = spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1);
     let job = json!({
         "apiVersion": "batch/v1",
@@ -312,6 +317,7 @@ mod tests {
             "source": {"uri": "s3://datasets/imagenet"},
             "destination": {"volume": {"persistentVolumeClaim": {"claimName": "shared", "subPath": "imagenet"}}},
             "workers": 3,
+            "placement": {"nodeSelector": {"pool": "storage"}},
         }));
         let workers = plan_workers(&ds.spec, &[]);
         assert_eq!(workers, [Worker { name: "shared".into(), node: None }]);
@@ -319,6 +325,7 @@ mod tests {
         assert_eq!(job.completion_mode.as_deref(), Some("Indexed"));
         assert_eq!((job.completions, job.parallelism), (Some(3), Some(3)));
         let pod = job.template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()["pool"], "storage");
         let args = pod.containers[0].args.clone().unwrap();
         assert!(args.windows(2).any(|w| w == ["--shard", "$(JOB_COMPLETION_INDEX)/3"]), "{args:?}");
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));

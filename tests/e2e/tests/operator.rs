@@ -71,15 +71,26 @@ impl Setup {
         self.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
     }
 
+    fn store(&self, uri: &str) -> serde_json::Value {
+        json!({"uri": uri, "endpoint": self.s3.endpoint, "credentials": {"name": "s3"}})
+    }
+
     async fn apply(&self, name: &str, host_path: &str) {
-        let ds: DataStage = serde_json::from_value(json!({
-            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": name},
-            "spec": {
-                "source": {"uri": "s3://datasets/demo", "endpoint": self.s3.endpoint, "credentials": {"name": "s3"}},
+        self.apply_spec(
+            name,
+            json!({
+                "source": self.store("s3://datasets/demo"),
                 "destination": {"volume": {"hostPath": host_path}},
                 "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
-            },
-        }))
+            }),
+        )
+        .await;
+    }
+
+    async fn apply_spec(&self, name: &str, spec: serde_json::Value) {
+        let ds: DataStage = serde_json::from_value(
+            json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": name}, "spec": spec}),
+        )
         .unwrap();
         self.datastages.create(&PostParams::default(), &ds).await.unwrap();
     }
@@ -167,5 +178,104 @@ async fn a_host_path_outside_the_allow_list_is_refused_with_a_condition() {
     let failed = condition(&status, "Failed").unwrap();
     assert_eq!((failed.status.as_str(), failed.reason.as_str()), ("True", "HostPathNotAllowed"));
     assert!(failed.message.contains("/mnt/ferry"), "{}", failed.message);
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_uploads_a_node_directory_that_a_pull_brings_back_identical() {
+    let setup = setup("push").await;
+    let Some(node_a) = setup.cluster.node_dir("node-a") else {
+        eprintln!("skipped: needs to write a node's disk directly");
+        return;
+    };
+    setup.create_secret().await;
+    let outbox = node_a.join("mnt/ferry/outbox");
+    for (rel, data) in &setup.files {
+        let path = outbox.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+    setup
+        .apply_spec(
+            "upload",
+            json!({
+                "source": {"volume": {"hostPath": "/mnt/ferry/outbox"}},
+                "destination": setup.store("s3://datasets/pushed"),
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+            }),
+        )
+        .await;
+    setup.wait_status("upload", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let listed: BTreeMap<String, u64> = setup.s3.list("datasets", "pushed/").await.into_iter().collect();
+    let expected: BTreeMap<String, u64> =
+        setup.files.iter().map(|(k, v)| (format!("pushed/{k}"), v.len() as u64)).collect();
+    assert_eq!(listed, expected);
+
+    setup
+        .apply_spec(
+            "download",
+            json!({
+                "source": setup.store("s3://datasets/pushed"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/inbox"}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+            }),
+        )
+        .await;
+    setup.wait_status("download", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let node_b = setup.cluster.node_dir("node-b").unwrap();
+    assert_eq!(read_tree(&node_b.join("mnt/ferry/inbox")), setup.files, "the round trip is byte-identical");
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pull_onto_a_shared_claim_is_sharded_over_three_workers() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let setup = setup("shards").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "shared-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/mnt/ferry/shared"}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": "shared-pv",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), "shards")
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+
+    setup
+        .apply_spec(
+            "sharded",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"persistentVolumeClaim": {"claimName": "shared", "subPath": "demo"}}},
+                "workers": 3,
+                // A hostPath-backed volume is only "shared" on one node of this harness.
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+            }),
+        )
+        .await;
+    let status = setup.wait_status("sharded", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let job = Api::<Job>::namespaced(client, "shards").get("sharded-shared").await.unwrap();
+    let job_status = job.status.unwrap();
+    assert_eq!(job_status.succeeded, Some(3), "three indexed workers completed");
+    assert_eq!(job.spec.unwrap().completion_mode.as_deref(), Some("Indexed"));
+    assert_eq!(status.workers.len(), 1);
+    if let Some(node_b) = setup.cluster.node_dir("node-b") {
+        let staged = read_tree(&node_b.join("mnt/ferry/shared/demo"));
+        let missing: Vec<&String> = setup.files.keys().filter(|k| !staged.contains_key(*k)).collect();
+        let extra: Vec<&String> = staged.keys().filter(|k| !setup.files.contains_key(*k)).collect();
+        assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}, extra {extra:?}");
+        assert_eq!(staged, setup.files, "the shards add up to the dataset");
+    }
     setup.cluster.stop().await;
 }
