@@ -44,11 +44,11 @@ MINIO_ROOT_USER="$AWS_ACCESS_KEY_ID" MINIO_ROOT_PASSWORD="$AWS_SECRET_ACCESS_KEY
   >"$work/minio.log" 2>&1 &
 minio_pid=$!
 for _ in $(seq 1 600); do
-  curl -fs "$FERRY_ENDPOINT_URL/minio/health/live" >/dev/null && break
+  curl -fs "$FERRY_ENDPOINT_URL/minio/health/cluster" >/dev/null && break
   kill -0 "$minio_pid" 2>/dev/null || { cat "$work/minio.log"; exit 1; }
   sleep 0.1
 done
-curl -fs "$FERRY_ENDPOINT_URL/minio/health/live" >/dev/null || { echo "MinIO did not become healthy"; exit 1; }
+curl -fs "$FERRY_ENDPOINT_URL/minio/health/cluster" >/dev/null || { echo "MinIO did not become healthy"; exit 1; }
 curl -fsS --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
   -X PUT "$FERRY_ENDPOINT_URL/datasets" >/dev/null
 

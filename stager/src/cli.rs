@@ -56,6 +56,17 @@ enum Command {
         #[command(flatten)]
         options: TransferArgs,
     },
+    /// Wait until a DataStage's data is in place on this node (for init containers).
+    Wait {
+        /// The DataStage, as NAMESPACE/NAME.
+        target: String,
+        /// This node's name [default: $NODE_NAME]; without one, wait for the whole DataStage.
+        #[arg(long, env = "NODE_NAME")]
+        node: Option<String>,
+        /// Give up after this long (e.g. 30m); default: wait indefinitely.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+    },
     /// Copy every file below DIR to s3://BUCKET/PREFIX (relative paths become keys).
     Push {
         /// Source directory.
@@ -181,6 +192,15 @@ pub async fn run(cli: Cli) -> ExitCode {
     let (operation, options) = match &cli.command {
         Command::Pull { options, .. } => ("pull", options),
         Command::Push { options, .. } => ("push", options),
+        Command::Wait { target, node, timeout } => {
+            return match crate::wait::wait(target, node.as_deref(), *timeout).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("ferry-stager: wait failed: {}", crate::error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            };
+        }
     };
     if let Command::Push { options, .. } = &cli.command
         && options.part_size < 5 << 20
@@ -191,6 +211,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let (source_text, destination_text) = match &cli.command {
         Command::Pull { source, destination, .. } => (source.to_string(), destination.display().to_string()),
         Command::Push { source, destination, .. } => (source.display().to_string(), destination.to_string()),
+        Command::Wait { .. } => unreachable!("handled above"),
     };
     let result = execute(&cli, options).await;
     let summary = match result {
@@ -233,6 +254,7 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
     let location = match &cli.command {
         Command::Pull { source, .. } => source,
         Command::Push { destination, .. } => destination,
+        Command::Wait { .. } => unreachable!("handled in run"),
     };
     let store = options.store(location).await;
     let engine = Engine::new(store, config, metrics)?;
@@ -240,6 +262,7 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
     let result = match &cli.command {
         Command::Pull { source, destination, .. } => pull::pull(engine, &source.prefix, destination).await,
         Command::Push { source, destination, .. } => push::push(engine, source, &destination.prefix).await,
+        Command::Wait { .. } => unreachable!("handled in run"),
     };
     if let Some(progress) = progress {
         progress.finish();

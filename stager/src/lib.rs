@@ -9,7 +9,8 @@
 //! * [`store`] is the object-storage trait and its S3 backend;
 //! * [`local`] is everything that touches the local filesystem;
 //! * [`selection`] decides which objects a run copies;
-//! * [`metrics`] and [`progress`] are what a run shows of itself.
+//! * [`metrics`] and [`progress`] are what a run shows of itself;
+//! * [`wait`] blocks an init container until a DataStage is ready on its node.
 
 pub mod cli;
 pub mod local;
@@ -19,6 +20,7 @@ pub mod progress;
 pub mod selection;
 pub mod store;
 pub mod transfer;
+pub mod wait;
 
 pub use location::ObjectLocation;
 

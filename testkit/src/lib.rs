@@ -104,7 +104,11 @@ impl S3Server {
             flavor: Flavor::Minio,
             dir,
         };
+        // `live` answers as soon as the process listens; requests fail with
+        // XMinioServerNotInitialized until `cluster` (write quorum) is healthy,
+        // which takes seconds longer on a loaded machine.
         server.wait_healthy(port, "/minio/health/live");
+        server.wait_healthy(port, "/minio/health/cluster");
         server
     }
 

@@ -279,3 +279,67 @@ async fn a_pull_onto_a_shared_claim_is_sharded_over_three_workers() {
     }
     setup.cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_training_pod_waits_in_its_init_container_until_its_node_has_the_data() {
+    use k8s_openapi::api::core::v1::Pod;
+    let setup = setup("train").await;
+    let client = setup.cluster.client().await.unwrap();
+    // The trainer's identity may read DataStages, nothing more.
+    for manifest in [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer", "namespace": "train"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-datastages", "namespace": "train"},
+               "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages"], "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "trainer", "namespace": "train"},
+               "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "train"}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-datastages"}}),
+    ] {
+        let object: kube::api::DynamicObject = serde_json::from_value(manifest.clone()).unwrap();
+        let kind = manifest["kind"].as_str().unwrap();
+        let resource = match kind {
+            "ServiceAccount" => kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            "Role" => kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::Role>(&()),
+            _ => kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::RoleBinding>(&()),
+        };
+        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "train", &resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+    // The training pod comes first: it must wait for data that does not exist yet.
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+        "spec": {
+            "serviceAccountName": "trainer", "restartPolicy": "Never",
+            "nodeSelector": {"ferry.dev/e2e-node": "node-b"},
+            "initContainers": [{"name": "wait", "image": ferry_e2e::image("ferry-stager"),
+                "args": ["wait", "train/demo", "--timeout", "2m"],
+                "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}],
+            "containers": [{"name": "train", "image": ferry_e2e::image("ferry-e2e-shell"),
+                // Paths reach the script through env (the agent maps values, not script text).
+                "command": ["sh", "-c", "test -s \"$DATA/weights.bin\" && n=$$(ls \"$DATA/train\" | wc -l) && test \"$n\" -eq 30"],
+                "env": [{"name": "DATA", "value": "/data"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "volumes": [{"name": "data", "hostPath": {"path": "/mnt/ferry/demo"}}],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "train");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let phase = |pod: &Pod| pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(phase(&pods.get("trainer").await.unwrap()), "Pending", "the init container keeps waiting");
+
+    setup.create_secret().await;
+    setup.apply("demo", "/mnt/ferry/demo").await;
+    wait_for(&setup.cluster, "the training pod to succeed", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("trainer").await.ok()?;
+            assert_ne!(phase(&pod), "Failed", "the trainer did not see its data: {:?}", pod.status);
+            (phase(&pod) == "Succeeded").then_some(())
+        }
+    })
+    .await;
+    setup.cluster.stop().await;
+}
