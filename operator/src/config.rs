@@ -23,6 +23,14 @@ pub struct OperatorConfig {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "FERRY_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+
+    /// Namespace of the leader-election Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+
+    /// How long a leader's Lease lasts without renewal (renewed every third of it).
+    #[arg(long, env = "FERRY_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: std::time::Duration,
 }
 
 impl OperatorConfig {
@@ -33,6 +41,8 @@ impl OperatorConfig {
             allowed_host_paths: vec!["/mnt".into(), "/data".into()],
             http_addr: ([127, 0, 0, 1], 0).into(),
             watch_namespace: None,
+            leader_election_namespace: "default".into(),
+            lease_duration: std::time::Duration::from_secs(15),
         }
     }
 

@@ -5,12 +5,14 @@
 //! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
+//! * [`leader`]: Lease-based leader election, so replicas are safe.
 //! * [`metrics`] and [`http`]: what the operator shows of itself.
 
 pub mod config;
 pub mod controller;
 pub mod http;
 pub mod jobs;
+pub mod leader;
 pub mod metrics;
 pub mod status;
 
@@ -27,8 +29,20 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     let ready = Arc::new(AtomicBool::new(false));
     let bound = http::serve(config.http_addr, Arc::clone(&metrics), Arc::clone(&ready)).await?;
     tracing::info!(%bound, stager_image = %config.stager_image, "ferry-operator started");
-    let ctx = controller::context(client, config, metrics);
     ready.store(true, Ordering::Relaxed);
-    controller::run(ctx).await;
-    Ok(())
+    let identity = format!(
+        "{}-{:08x}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "ferry-operator".into()),
+        rand::random::<u32>()
+    );
+    let elector =
+        leader::Elector::new(client.clone(), &config.leader_election_namespace, identity, config.lease_duration);
+    tracing::info!(identity = elector.identity(), "waiting to lead");
+    elector.acquire().await;
+    tracing::info!(identity = elector.identity(), "leading");
+    let ctx = controller::context(client, config, metrics);
+    tokio::select! {
+        () = controller::run(ctx) => Ok(()),
+        () = elector.keep_leading() => Err("lost the leader lease; exiting so a fresh replica can take over".into()),
+    }
 }

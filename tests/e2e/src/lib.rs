@@ -218,16 +218,19 @@ pub async fn create_namespace(cluster: &Cluster, name: &str, labels: &[(&str, &s
 ///
 /// # Panics
 /// When the binary cannot start.
-pub fn start_operator(cluster: &Cluster, log_dir: &Path) -> (process::ManagedProcess, String) {
+pub fn start_operator(cluster: &Cluster, log_dir: &Path, name: &str) -> (process::ManagedProcess, String) {
     let port = ferry_testkit::free_port();
     let mut command = std::process::Command::new(workspace_binary("ferry-operator"));
     command
         .env("KUBECONFIG", cluster.kubeconfig())
+        // The replica's name, as a pod's HOSTNAME; it prefixes its leader-election identity.
+        .env("HOSTNAME", name)
+        .env("FERRY_LEASE_DURATION", "4s")
         .env("FERRY_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("FERRY_STAGER_IMAGE", image("ferry-stager"))
         .env("FERRY_ALLOWED_HOST_PATHS", "/mnt/ferry")
         .env("RUST_LOG", "info,kube_runtime=warn,kube_client=warn");
-    let operator = process::ManagedProcess::spawn("ferry-operator", command, &log_dir.join("operator.log"))
+    let operator = process::ManagedProcess::spawn(name, command, &log_dir.join(format!("{name}.log")))
         .expect("start ferry-operator");
     (operator, format!("http://127.0.0.1:{port}"))
 }

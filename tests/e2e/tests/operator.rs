@@ -52,7 +52,7 @@ async fn setup(namespace: &str) -> Setup {
     .await;
     create_namespace(&cluster, namespace, &[]).await;
     let logs = tempfile::tempdir().unwrap();
-    let (operator, _) = start_operator(&cluster, logs.path());
+    let (operator, _) = start_operator(&cluster, logs.path(), "operator-1");
     Setup {
         datastages: Api::namespaced(client.clone(), namespace),
         secrets: Api::namespaced(client, namespace),
@@ -341,5 +341,43 @@ async fn a_training_pod_waits_in_its_init_container_until_its_node_has_the_data(
         }
     })
     .await;
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let mut setup = setup("leader").await;
+    setup.create_secret().await;
+    let (mut second, _) = start_operator(&setup.cluster, setup._logs.path(), "operator-2");
+    let client = setup.cluster.client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = |leases: Api<Lease>| async move {
+        leases.get_opt("ferry-operator-leader").await.ok().flatten()?.spec?.holder_identity
+    };
+    let first_leader = wait_for(&setup.cluster, "a leader", Duration::from_secs(30), || holder(leases.clone())).await;
+
+    setup.apply("first", "/mnt/ferry/first").await;
+    setup.wait_status("first", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let jobs = Api::<Job>::namespaced(client, "leader").list(&Default::default()).await.unwrap();
+    assert_eq!(jobs.items.len(), 2, "one Job per node, not one per replica");
+
+    // Kill the leader; the standby takes the expired Lease.
+    if first_leader.starts_with("operator-1-") {
+        setup.operator.stop(Duration::from_secs(1));
+    } else {
+        second.stop(Duration::from_secs(1));
+    }
+    let successor = wait_for(&setup.cluster, "a new leader", Duration::from_secs(30), || {
+        let leases = leases.clone();
+        let first_leader = first_leader.clone();
+        async move { holder(leases).await.filter(|h| *h != first_leader) }
+    })
+    .await;
+    assert_ne!(successor.split('-').take(2).collect::<Vec<_>>(), first_leader.split('-').take(2).collect::<Vec<_>>());
+    setup.apply("second", "/mnt/ferry/second").await;
+    setup.wait_status("second", "Succeeded under the new leader", |s| s.phase == Some(Phase::Succeeded)).await;
+    drop(second);
     setup.cluster.stop().await;
 }
