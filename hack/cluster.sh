@@ -7,8 +7,7 @@
 #   export KUBECONFIG=<printed path>; kubectl get nodes
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 hack/tools.sh install etcd kube-apiserver kubectl
 cargo build --release --locked -p ferry-stager -p ferry-e2e
 echo "kubectl: $(hack/tools.sh path kubectl)" >&2

@@ -11,8 +11,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 say "Installing pinned MinIO, etcd and Kubernetes (cached) and building Ferry"

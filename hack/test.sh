@@ -7,10 +7,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-cache="${FERRY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry}"
-# Keep build artifacts in the cache so a fresh clone on the same machine
-# does not rebuild the AWS SDK from scratch.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+# Build artifacts stay in this checkout's target/: cargo judges freshness by
+# paths relative to the workspace and by mtimes, so a target directory
+# shared by two checkouts can hand one of them the other's stale artifacts.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 # Pinned servers: MinIO and moto for the stager, etcd and Kubernetes for e2e.
 hack/tools.sh install minio moto etcd kube-apiserver

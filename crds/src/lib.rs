@@ -201,6 +201,12 @@ pub struct TransferSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.memoryLimit must be a size like 256MiB"))]
     pub memory_limit: Option<String>,
+
+    /// Cap on each worker's bytes per second, e.g. `200MiB`, to leave
+    /// bandwidth for training traffic. Default: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.maxBandwidth must be a size per second like 200MiB"))]
+    pub max_bandwidth: Option<String>,
 }
 
 /// Verification of staged files.

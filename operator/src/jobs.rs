@@ -78,6 +78,14 @@ pub fn job_name(datastage: &str, worker: &Worker) -> String {
     name.trim_end_matches('-').to_owned()
 }
 
+/// The stager's command line for `worker` of DataStage `namespace/name`.
+pub fn stager_args_for(spec: &DataStageSpec, namespace: &str, name: &str, worker: &Worker) -> Vec<String> {
+    let mut args = stager_args(spec);
+    // Running workers write their own entry of the DataStage's status.
+    args.extend(["--report-to".to_owned(), format!("{namespace}/{name}"), "--worker".to_owned(), worker.name.clone()]);
+    args
+}
+
 /// The stager's command line for a spec.
 pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
     let (direction, store, _) = sides(spec);
@@ -107,6 +115,9 @@ pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
         }
         if let Some(limit) = &transfer.memory_limit {
             args.extend(["--memory-limit".to_owned(), limit.clone()]);
+        }
+        if let Some(rate) = &transfer.max_bandwidth {
+            args.extend(["--max-bandwidth".to_owned(), rate.clone()]);
         }
         if let Some(verify) = transfer.verify {
             let mode = match verify {
@@ -211,8 +222,8 @@ pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
                     "containers": [{
                         "name": "stager",
                         "image": spec.image.clone().unwrap_or_else(|| default_image.to_owned()),
-                        "args": stager_args(spec),
-                        "env": env,
+                        "args": stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker),
+                        "env": env_with_node(env),
                         "resources": spec.resources,
                         "volumeMounts": [mount],
                         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -228,6 +239,12 @@ pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
         },
     });
     serde_json::from_value(strip_nulls(job)).expect("the Job template is a valid Job")
+}
+
+/// Adds `NODE_NAME` (downward API), which the stager reports with its progress.
+fn env_with_node(mut env: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    env.push(json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}));
+    env
 }
 
 /// Drops `null` members so optional fields are simply absent.
@@ -329,7 +346,8 @@ mod tests {
         let args = pod.containers[0].args.clone().unwrap();
         assert!(args.windows(2).any(|w| w == ["--shard", "$(JOB_COMPLETION_INDEX)/3"]), "{args:?}");
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
-        assert!(pod.containers[0].env.clone().unwrap_or_default().is_empty(), "no Secret: the pod's identity is used");
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        assert!(env.iter().all(|e| e.name != "AWS_ACCESS_KEY_ID"), "no Secret: the pod's identity is used");
     }
 
     #[test]

@@ -189,9 +189,27 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
     let generation = ds.metadata.generation;
     let mut workers = Vec::new();
     let mut totals = Totals::default();
+    let previous_workers = ds.status.as_ref().map(|s| s.workers.clone()).unwrap_or_default();
     for o in observed {
         let phase = job_phase(o.job.as_ref());
-        let summary = o.summary.clone().unwrap_or_default();
+        let name = o.worker.as_ref().map(|w| w.name.clone()).unwrap_or_default();
+        // Until its final summary exists, a running worker's own live entry
+        // (written by the stager) is the best knowledge of its progress.
+        let live = previous_workers.iter().find(|w| w.name == name).filter(|_| o.summary.is_none());
+        let summary = o.summary.clone().unwrap_or_else(|| StagerSummary {
+            objects: Counts {
+                selected: live.map_or(0, |w| w.objects_total),
+                transferred: live.map_or(0, |w| w.objects_done),
+                ..Counts::default()
+            },
+            bytes: Counts {
+                selected: live.map_or(0, |w| w.bytes_total),
+                transferred: live.map_or(0, |w| w.bytes_done),
+                ..Counts::default()
+            },
+            throughput_bytes_per_second: live.map_or(0.0, |w| w.throughput_bytes_per_second as f64),
+            ..StagerSummary::default()
+        });
         let done = summary.bytes.transferred + summary.bytes.skipped;
         let message = match (&o.message, summary.failures.first()) {
             (_, Some(f)) if f.key.is_empty() => Some(f.error.clone()),
@@ -200,7 +218,7 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
             (None, None) => None,
         };
         let worker = WorkerStatus {
-            name: o.worker.as_ref().map(|w| w.name.clone()).unwrap_or_default(),
+            name,
             node: o.worker.as_ref().and_then(|w| w.node.clone()),
             phase: Some(phase),
             bytes_done: done,
@@ -395,6 +413,20 @@ mod tests {
         let between = job(json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1}));
         assert_eq!(job_phase(Some(&between)), Phase::Running);
         assert_eq!(job_phase(Some(&job(json!({})))), Phase::Pending);
+    }
+
+    #[test]
+    fn a_running_worker_counts_with_its_live_entry() {
+        let mut d = ds();
+        d.status = Some(serde_json::from_value(json!({"workers": [
+            {"name": "a", "bytesDone": 30, "bytesTotal": 100, "objectsDone": 1, "objectsTotal": 3, "throughputBytesPerSecond": 10}]}))
+        .unwrap());
+        let observed =
+            vec![Observed { worker: worker("a"), job: Some(job(json!({"active": 1}))), summary: None, message: None }];
+        let status = aggregate(&d, &observed, &time("2026-01-01T00:00:00Z"));
+        assert_eq!(status.progress.as_deref(), Some("30%"));
+        let totals = status.totals.unwrap();
+        assert_eq!((totals.bytes_done, totals.throughput_bytes_per_second, totals.eta_seconds), (30, 10, Some(7)));
     }
 
     #[test]

@@ -122,6 +122,15 @@ struct TransferArgs {
     /// Cap on bytes per second for the whole run (e.g. 200MiB); unlimited by default.
     #[arg(long, value_parser = parse_size)]
     max_bandwidth: Option<u64>,
+    /// Write live progress into this DataStage's status (NAMESPACE/NAME), as worker --worker.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "worker")]
+    report_to: Option<String>,
+    /// This worker's name in the DataStage's status (with --report-to).
+    #[arg(long)]
+    worker: Option<String>,
+    /// This worker's node, reported with its progress.
+    #[arg(long, env = "NODE_NAME", hide = true)]
+    node_name: Option<String>,
     /// Attempts per request, including the first.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
@@ -259,6 +268,21 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
     let store = options.store(location).await;
     let engine = Engine::new(store, config, metrics)?;
     let progress = Progress::start(cli.progress, Arc::clone(&engine.tally));
+    let reporter = match (&options.report_to, &options.worker) {
+        (Some(target), Some(worker)) => {
+            let (namespace, name) = target
+                .split_once('/')
+                .ok_or_else(|| TransferError::Config(format!("--report-to {target}: expected NAMESPACE/NAME")))?;
+            let target = crate::report::ReportTarget {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                worker: worker.clone(),
+                node: options.node_name.clone(),
+            };
+            Some(tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally))))
+        }
+        _ => None,
+    };
     let result = match &cli.command {
         Command::Pull { source, destination, .. } => pull::pull(engine, &source.prefix, destination).await,
         Command::Push { source, destination, .. } => push::push(engine, source, &destination.prefix).await,
@@ -266,6 +290,9 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
     };
     if let Some(progress) = progress {
         progress.finish();
+    }
+    if let Some(reporter) = reporter {
+        reporter.abort();
     }
     result
 }

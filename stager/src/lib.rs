@@ -17,6 +17,7 @@ pub mod local;
 pub mod location;
 pub mod metrics;
 pub mod progress;
+pub mod report;
 pub mod selection;
 pub mod store;
 pub mod transfer;

@@ -381,3 +381,53 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     drop(second);
     setup.cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_moves_in_the_status_while_a_worker_runs() {
+    let setup = setup("progress").await;
+    setup.create_secret().await;
+    // Workers run as the namespace's default ServiceAccount; let it write its progress.
+    let client = setup.cluster.client().await.unwrap();
+    for manifest in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "stager", "namespace": "progress"},
+               "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "stager", "namespace": "progress"},
+               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "progress"}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}),
+    ] {
+        let object: kube::api::DynamicObject = serde_json::from_value(manifest.clone()).unwrap();
+        let resource = if manifest["kind"] == "Role" {
+            kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::Role>(&())
+        } else {
+            kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::RoleBinding>(&())
+        };
+        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "progress", &resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+    setup
+        .apply_spec(
+            "slow",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/slow"}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+                // About 4 seconds for this dataset: long enough to be seen moving.
+                "transfer": {"maxBandwidth": "4MiB"},
+            }),
+        )
+        .await;
+    let midway = setup
+        .wait_status("slow", "Running with partial progress", |s| {
+            let percent: Option<u32> = s.progress.as_deref().and_then(|p| p.trim_end_matches('%').parse().ok());
+            s.phase == Some(Phase::Running) && percent.is_some_and(|p| (1..100).contains(&p))
+        })
+        .await;
+    let totals = midway.totals.clone().unwrap();
+    assert!(totals.bytes_done > 0 && totals.bytes_done < totals.bytes_total, "{totals:?}");
+    assert!(totals.throughput_bytes_per_second > 0, "{totals:?}");
+    assert_eq!(midway.workers[0].node.as_deref(), Some("node-a"));
+    setup.wait_status("slow", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    setup.cluster.stop().await;
+}
