@@ -20,7 +20,7 @@ use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::config::OperatorConfig;
-use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL, build_job, plan_workers, sides};
+use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL, build_job, per_node, plan_workers, sides};
 use crate::metrics::Metrics;
 use crate::status::{self, Observed, StagerSummary, reasons};
 
@@ -139,7 +139,12 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
         }
     }
 
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    // Only per-node staging depends on the nodes; a claim needs no listing.
+    let nodes = if per_node(&ds.spec) {
+        Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items
+    } else {
+        Vec::new()
+    };
     let workers = plan_workers(&ds.spec, &nodes);
     if workers.is_empty() {
         let message = "no schedulable node matches spec.placement.nodeSelector; label a node or change the selector";

@@ -50,11 +50,16 @@ pub fn sides(spec: &DataStageSpec) -> (Direction, &Location, &Location) {
     }
 }
 
+/// Whether the DataStage needs one worker per node (a hostPath volume is
+/// node-local), so that planning it needs the cluster's nodes.
+pub fn per_node(spec: &DataStageSpec) -> bool {
+    let (_, _, volume_side) = sides(spec);
+    volume_side.volume.as_ref().is_some_and(|v| v.host_path.is_some())
+}
+
 /// The workers a DataStage needs, given the cluster's nodes.
 pub fn plan_workers(spec: &DataStageSpec, nodes: &[Node]) -> Vec<Worker> {
-    let (_, _, volume_side) = sides(spec);
-    let per_node = volume_side.volume.as_ref().is_some_and(|v| v.host_path.is_some());
-    if !per_node {
+    if !per_node(spec) {
         return vec![Worker { name: "shared".into(), node: None }];
     }
     let selector = spec.placement.as_ref().and_then(|p| p.node_selector.clone()).unwrap_or_default();

@@ -15,7 +15,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -193,14 +192,6 @@ impl Drop for TempFile {
     }
 }
 
-/// Writes all of `buf` at `offset`.
-///
-/// # Errors
-/// Returns the error from `pwrite`.
-pub fn write_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
-    file.write_all_at(buf, offset)
-}
-
 /// Writes `chunks`, back to back, at `offset` with vectored writes, so
 /// bytes go from the network buffers to the page cache without a copy in
 /// between.
@@ -289,7 +280,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let area = StagingArea::open(dir.path()).unwrap();
         let temp = area.temp_file(4).unwrap();
-        write_at(&temp.handle(), b"data", 0).unwrap();
+        write_chunks_at(&temp.handle(), &[bytes::Bytes::from_static(b"data")], 0).unwrap();
         assert!(!dir.path().join("a/b.bin").exists());
         area.commit(temp, &rel("a/b.bin"), None).unwrap();
         assert_eq!(std::fs::read(dir.path().join("a/b.bin")).unwrap(), b"data");

@@ -115,11 +115,6 @@ impl Tally {
         self.listing_done.store(true, Relaxed);
     }
 
-    /// Number of failures so far.
-    pub fn failure_count(&self) -> u64 {
-        self.objects_failed.load(Relaxed)
-    }
-
     /// Current progress.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

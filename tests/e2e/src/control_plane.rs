@@ -206,10 +206,8 @@ impl ControlPlane {
     }
 
     /// Stops every component, last started first, and waits for each to exit.
-    pub fn stop(mut self) {
-        while let Some(mut process) = self.processes.pop() {
-            process.stop(Duration::from_secs(5));
-        }
+    pub fn stop(self) {
+        drop(self);
     }
 }
 

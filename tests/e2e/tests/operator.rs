@@ -122,6 +122,23 @@ impl Setup {
     }
 }
 
+/// Creates a ServiceAccount, Role or RoleBinding given as JSON in `namespace`.
+async fn create_object(client: &kube::Client, namespace: &str, manifest: serde_json::Value) {
+    use k8s_openapi::api::{core::v1::ServiceAccount, rbac::v1::Role, rbac::v1::RoleBinding};
+    use kube::api::{ApiResource, DynamicObject};
+    let resource = match manifest["kind"].as_str() {
+        Some("ServiceAccount") => ApiResource::erase::<ServiceAccount>(&()),
+        Some("Role") => ApiResource::erase::<Role>(&()),
+        Some("RoleBinding") => ApiResource::erase::<RoleBinding>(&()),
+        other => panic!("create_object does not know kind {other:?}"),
+    };
+    let object: DynamicObject = serde_json::from_value(manifest).unwrap();
+    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
 fn condition<'a>(
     status: &'a ferry_crds::DataStageStatus,
     kind: &str,
@@ -294,17 +311,7 @@ async fn a_training_pod_waits_in_its_init_container_until_its_node_has_the_data(
                "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "train"}],
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-datastages"}}),
     ] {
-        let object: kube::api::DynamicObject = serde_json::from_value(manifest.clone()).unwrap();
-        let kind = manifest["kind"].as_str().unwrap();
-        let resource = match kind {
-            "ServiceAccount" => kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
-            "Role" => kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::Role>(&()),
-            _ => kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::RoleBinding>(&()),
-        };
-        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "train", &resource)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
+        create_object(&client, "train", manifest).await;
     }
     // The training pod comes first: it must wait for data that does not exist yet.
     let pod: Pod = serde_json::from_value(json!({
@@ -395,16 +402,7 @@ async fn progress_moves_in_the_status_while_a_worker_runs() {
                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "progress"}],
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}),
     ] {
-        let object: kube::api::DynamicObject = serde_json::from_value(manifest.clone()).unwrap();
-        let resource = if manifest["kind"] == "Role" {
-            kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::Role>(&())
-        } else {
-            kube::api::ApiResource::erase::<k8s_openapi::api::rbac::v1::RoleBinding>(&())
-        };
-        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "progress", &resource)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
+        create_object(&client, "progress", manifest).await;
     }
     setup
         .apply_spec(
