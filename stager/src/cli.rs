@@ -3,10 +3,13 @@
 //! Exit codes: 0 when every selected object is in place and verified; 1 when
 //! the run finished but some objects failed or were refused; 3 when the run
 //! could not proceed at all (bucket missing, credentials refused, endpoint
-//! unreachable, destination unusable); 2 for usage errors.
+//! unreachable, destination unusable) and another attempt might; 4 when it
+//! could not proceed and retrying without a change cannot help (credentials
+//! refused, bucket missing, invalid configuration); 2 for usage errors. The
+//! operator's Jobs fail at once on 2 and 4 instead of retrying.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +69,11 @@ enum Command {
         /// Give up after this long (e.g. 30m); default: wait indefinitely.
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<Duration>,
+    },
+    /// Remove what earlier pulls staged into DIR (files changed since are kept).
+    Clean {
+        /// The directory pulls staged into.
+        directory: PathBuf,
     },
     /// Copy every file below DIR to s3://BUCKET/PREFIX (relative paths become keys).
     Push {
@@ -195,35 +203,72 @@ impl TransferArgs {
 
 /// Exit code when the run could not proceed at all.
 const EXIT_RUN_FAILED: u8 = 3;
+/// Exit code when the run could not proceed and retrying cannot help.
+const EXIT_RUN_REFUSED: u8 = 4;
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
-    let (operation, options) = match &cli.command {
-        Command::Pull { options, .. } => ("pull", options),
-        Command::Push { options, .. } => ("push", options),
-        Command::Wait { target, node, timeout } => {
-            return match crate::wait::wait(target, node.as_deref(), *timeout).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("ferry-stager: wait failed: {}", crate::error_chain(&error));
-                    ExitCode::FAILURE
-                }
-            };
+    match &cli.command {
+        Command::Pull { source, destination, options } => {
+            transfer(&cli, Transfer::Pull { source, destination }, options).await
         }
-    };
-    if let Command::Push { options, .. } = &cli.command
-        && options.part_size < 5 << 20
-    {
-        eprintln!("ferry-stager: push failed: --part-size must be at least 5MiB, the smallest part S3 accepts");
-        return ExitCode::from(2);
+        Command::Push { source, destination, options } => {
+            if options.part_size < 5 << 20 {
+                eprintln!("ferry-stager: push failed: --part-size must be at least 5MiB, the smallest part S3 accepts");
+                return ExitCode::from(2);
+            }
+            transfer(&cli, Transfer::Push { source, destination }, options).await
+        }
+        Command::Wait { target, node, timeout } => match crate::wait::wait(target, node.as_deref(), *timeout).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("ferry-stager: wait failed: {}", crate::error_chain(&error));
+                ExitCode::FAILURE
+            }
+        },
+        Command::Clean { directory } => match crate::local::clean::clean(directory) {
+            Ok(report) => {
+                println!("{}", serde_json::to_string(&report).expect("the report serializes"));
+                eprintln!(
+                    "ferry-stager: removed {} staged files ({} bytes) from '{}'; kept {} changed since staged",
+                    report.files_removed,
+                    report.bytes_freed,
+                    directory.display(),
+                    report.kept.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("ferry-stager: clean failed: {}", crate::error_chain(&error));
+                ExitCode::FAILURE
+            }
+        },
     }
-    let (source_text, destination_text) = match &cli.command {
-        Command::Pull { source, destination, .. } => (source.to_string(), destination.display().to_string()),
-        Command::Push { source, destination, .. } => (source.display().to_string(), destination.to_string()),
-        Command::Wait { .. } => unreachable!("handled above"),
+}
+
+/// One copy, either way.
+#[derive(Clone, Copy, Debug)]
+enum Transfer<'a> {
+    Pull { source: &'a ObjectLocation, destination: &'a Path },
+    Push { source: &'a Path, destination: &'a ObjectLocation },
+}
+
+impl Transfer<'_> {
+    fn operation(self) -> &'static str {
+        match self {
+            Transfer::Pull { .. } => "pull",
+            Transfer::Push { .. } => "push",
+        }
+    }
+}
+
+async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferArgs) -> ExitCode {
+    let operation = job.operation();
+    let (source_text, destination_text) = match job {
+        Transfer::Pull { source, destination } => (source.to_string(), destination.display().to_string()),
+        Transfer::Push { source, destination } => (source.display().to_string(), destination.to_string()),
     };
-    let result = execute(&cli, options).await;
-    let summary = match result {
+    let summary = match execute(cli, job, options).await {
         Ok(summary) => summary,
         Err(error) => {
             let message = crate::error_chain(&error);
@@ -241,9 +286,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                 throughput_bytes_per_second: 0.0,
                 peak_rss_bytes: crate::transfer::tally::peak_rss_bytes(),
                 failures: vec![Failure { key: String::new(), error: message }],
+                reason: Some(error.reason().to_owned()),
             };
             write_summary(options.summary_file.as_ref(), &failed);
-            return ExitCode::from(EXIT_RUN_FAILED);
+            return ExitCode::from(if error.is_permanent() { EXIT_RUN_REFUSED } else { EXIT_RUN_FAILED });
         }
     };
     write_summary(options.summary_file.as_ref(), &summary);
@@ -251,7 +297,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     if summary.complete { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferError> {
+async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferArgs) -> Result<Summary, TransferError> {
     let config = options.config()?;
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = options.metrics_addr {
@@ -260,10 +306,9 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
             .map_err(|e| TransferError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
         tracing::info!(%bound, "serving metrics on /metrics");
     }
-    let location = match &cli.command {
-        Command::Pull { source, .. } => source,
-        Command::Push { destination, .. } => destination,
-        Command::Wait { .. } => unreachable!("handled in run"),
+    let location = match job {
+        Transfer::Pull { source, .. } => source,
+        Transfer::Push { destination, .. } => destination,
     };
     let store = options.store(location).await;
     let engine = Engine::new(store, config, metrics)?;
@@ -283,10 +328,9 @@ async fn execute(cli: &Cli, options: &TransferArgs) -> Result<Summary, TransferE
         }
         _ => None,
     };
-    let result = match &cli.command {
-        Command::Pull { source, destination, .. } => pull::pull(engine, &source.prefix, destination).await,
-        Command::Push { source, destination, .. } => push::push(engine, source, &destination.prefix).await,
-        Command::Wait { .. } => unreachable!("handled in run"),
+    let result = match job {
+        Transfer::Pull { source, destination } => pull::pull(engine, &source.prefix, destination).await,
+        Transfer::Push { source, destination } => push::push(engine, source, &destination.prefix).await,
     };
     if let Some(progress) = progress {
         progress.finish();

@@ -177,6 +177,16 @@ async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
     third.assert_ok();
     assert_eq!((third.transferred(), third.skipped()), (3, 48), "{:#}", third.summary);
     assert_eq!(read_tree(dst.path()), files);
+
+    // `clean` removes what the pulls staged and nothing else.
+    std::fs::write(dst.path().join("f/notes.txt"), b"mine").unwrap();
+    let clean = std::process::Command::new(common::STAGER).args(["clean", dir]).output().unwrap();
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(report["files_removed"].as_u64(), Some(51), "{report}");
+    let left = read_tree(dst.path());
+    assert_eq!(left, BTreeMap::from([("f/notes.txt".to_owned(), b"mine".to_vec())]));
+    assert!(!dst.path().join(".ferry").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -253,12 +263,7 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
 }
 
 fn scrape(port: u16) -> Option<String> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    Some(text)
+    ferry_testkit::http_get(port, "/metrics").map(|(_, body)| body)
 }
 
 fn transferred_bytes(exposition: &str) -> u64 {
@@ -322,7 +327,8 @@ async fn wrong_credentials_end_quickly_with_a_clear_message() {
         let mut cmd = command(&server, &args);
         cmd.env("AWS_SECRET_ACCESS_KEY", "not-the-secret");
         let run = common::run(cmd);
-        assert_eq!(run.code(), 3, "{}", run.stderr);
+        assert_eq!(run.code(), 4, "retrying cannot help: {}", run.stderr);
+        assert_eq!(run.summary["reason"], "AccessDenied", "{:#}", run.summary);
         assert!(run.stderr.contains("access denied"), "{}", run.stderr);
         assert!(run.stderr.contains("SignatureDoesNotMatch"), "{}", run.stderr);
         assert_eq!(run.stderr.lines().filter(|l| l.contains("failed")).count(), 1, "{}", run.stderr);
@@ -341,7 +347,8 @@ async fn a_missing_bucket_ends_quickly_with_a_clear_message() {
         vec!["push", src.path().to_str().unwrap(), "s3://no-such-bucket/data"],
     ] {
         let run = stager(&server, &args);
-        assert_eq!(run.code(), 3, "{}", run.stderr);
+        assert_eq!(run.code(), 4, "retrying cannot help: {}", run.stderr);
+        assert_eq!(run.summary["reason"], "BucketNotFound", "{:#}", run.summary);
         assert!(run.stderr.contains("bucket 'no-such-bucket' does not exist"), "{}", run.stderr);
         assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
         assert_eq!(run.summary["complete"], serde_json::Value::Bool(false));
@@ -356,7 +363,8 @@ async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message() {
     let mut cmd = command(&server, &["pull", "s3://bucket/data", dst.path().to_str().unwrap()]);
     cmd.env("FERRY_ENDPOINT_URL", &dead_endpoint);
     let run = common::run(cmd);
-    assert_eq!(run.code(), 3, "{}", run.stderr);
+    assert_eq!(run.code(), 3, "another attempt may succeed: {}", run.stderr);
+    assert_eq!(run.summary["reason"], "EndpointUnreachable", "{:#}", run.summary);
     assert!(run.stderr.contains("connection"), "{}", run.stderr);
     assert!(run.stderr.contains("cannot list"), "{}", run.stderr);
     assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);

@@ -250,13 +250,21 @@ impl Drop for S3Server {
 
 /// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.
 fn http_get_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).map(|(status, _)| status)
+}
+
+/// `GET path` on 127.0.0.1:port (HTTP/1.0, so the server closes the
+/// connection): the status code and the body, or `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut head = [0u8; 16];
-    let n = stream.read(&mut head).ok()?;
-    let text = std::str::from_utf8(&head[..n]).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
+    Some((status, body))
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*): reproducible test data

@@ -66,6 +66,11 @@ impl Manifest {
         Self { entries }
     }
 
+    /// Every entry loaded, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = &ManifestEntry> {
+        self.entries.values()
+    }
+
     /// Number of entries loaded.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -1,8 +1,9 @@
 //! Everything that touches the local filesystem: mapping keys to safe paths,
 //! the staging area where files are written before they are renamed into
 //! place, the manifest of what has been staged, and walking a directory for
-//! a push.
+//! a push, and removing what was staged.
 
+pub mod clean;
 pub mod manifest;
 pub mod paths;
 pub mod staging;

@@ -245,6 +245,17 @@ fn real_dir(dir: &Path) -> Result<(), StagingError> {
     }
 }
 
+/// How many runs hold their lock on `root`'s staging area right now.
+pub fn live_runs(root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(root.join(STATE_DIR).join("tmp")) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "lock"))
+        .filter(|path| OpenOptions::new().write(true).open(path).is_ok_and(|lock| lock.try_lock().is_err()))
+        .count()
+}
+
 /// Deletes temporary directories whose owning run no longer holds its lock.
 fn sweep_dead_runs(tmp: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else { return };

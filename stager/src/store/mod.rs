@@ -163,6 +163,35 @@ impl StoreError {
         }
     }
 
+    /// A CamelCase name of what went wrong, for status conditions: the
+    /// operator shows it as the reason a DataStage failed.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::NoSuchBucket { .. } => "BucketNotFound",
+            StoreError::NotFound => "ObjectNotFound",
+            StoreError::AccessDenied { .. } => "AccessDenied",
+            StoreError::NoCredentials(_) => "NoCredentials",
+            StoreError::Changed => "ObjectChanged",
+            StoreError::Transient { reason: RetryReason::Connection | RetryReason::Timeout, .. } => {
+                "EndpointUnreachable"
+            }
+            StoreError::Transient { .. } => "StoreUnavailable",
+            StoreError::Rejected { .. } => "StoreRejected",
+        }
+    }
+
+    /// Whether running again without a change (credentials, bucket, spec)
+    /// cannot succeed, so a supervisor should not retry.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NoSuchBucket { .. }
+                | StoreError::AccessDenied { .. }
+                | StoreError::NoCredentials(_)
+                | StoreError::Rejected { .. }
+        )
+    }
+
     /// A transient error of the given category.
     pub fn transient(reason: RetryReason, detail: impl fmt::Display) -> Self {
         StoreError::Transient { reason, detail: detail.to_string() }

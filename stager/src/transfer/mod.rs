@@ -174,6 +174,28 @@ pub enum TransferError {
     Manifest(#[source] std::io::Error),
 }
 
+impl TransferError {
+    /// A CamelCase name of why the run could not proceed, for status
+    /// conditions (e.g. `BucketNotFound`, `AccessDenied`, `EndpointUnreachable`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TransferError::Config(_) => "InvalidConfiguration",
+            TransferError::List { source, .. } | TransferError::Store { source, .. } => source.reason(),
+            TransferError::Staging(_) | TransferError::Manifest(_) => "DestinationUnusable",
+            TransferError::Source { .. } => "SourceUnreadable",
+        }
+    }
+
+    /// Whether another attempt without a change cannot succeed.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            TransferError::Config(_) => true,
+            TransferError::List { source, .. } | TransferError::Store { source, .. } => source.is_permanent(),
+            TransferError::Staging(_) | TransferError::Manifest(_) | TransferError::Source { .. } => false,
+        }
+    }
+}
+
 /// Errors that may be worth another attempt.
 pub trait Retryable {
     /// The retry category, or `None` when retrying cannot help.

@@ -159,6 +159,7 @@ impl Tally {
             throughput_bytes_per_second: if seconds > 0.0 { transferred as f64 / seconds } else { 0.0 },
             peak_rss_bytes: peak_rss_bytes(),
             failures,
+            reason: None,
         }
     }
 }
@@ -200,6 +201,10 @@ pub struct Summary {
     pub peak_rss_bytes: Option<u64>,
     /// Objects that failed, with reasons (at most 1000 listed).
     pub failures: Vec<Failure>,
+    /// When the run could not proceed at all: why, in CamelCase
+    /// (e.g. `BucketNotFound`), for status conditions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Object counts of a run.
