@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[x_kube(validation = Rule::new("has(self.source.uri) || has(self.destination.uri)").message("one of spec.source and spec.destination must be object storage (set its uri)"))]
 #[x_kube(validation = Rule::new("!(has(self.source.uri) && has(self.destination.uri))").message("one of spec.source and spec.destination must be a volume: Ferry stages between object storage and volumes, not bucket to bucket"))]
+#[x_kube(validation = Rule::new("!has(self.reclaimPolicy) || self.reclaimPolicy == 'Retain' || has(self.source.uri)").message("reclaimPolicy Delete removes what a pull staged; a push's source volume is never deleted: use Retain"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
     /// Where the data comes from: object storage (`uri`) for a pull, a
@@ -73,7 +74,9 @@ pub struct DataStageSpec {
     pub workers: Option<i32>,
 
     /// What happens to staged data when the DataStage is deleted: `Retain`
-    /// (default) keeps it; `Delete` removes it from every node.
+    /// (default) keeps it; `Delete` (pulls only) removes the files it staged
+    /// from every node or the claim before the DataStage goes; files
+    /// changed since, and files Ferry did not write, are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_policy: Option<ReclaimPolicy>,
 

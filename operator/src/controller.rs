@@ -3,16 +3,21 @@
 //! Invalid specs wait for a change; missing Secrets and nodes are retried so
 //! that fixing the cause recovers without re-applying; API errors requeue
 //! with jittered backoff.
+//!
+//! A pull with `reclaimPolicy: Delete` carries a finalizer. When it is
+//! deleted, its workers are stopped first (so nothing writes any more), then
+//! one clean-up Job per worker runs `ferry-stager clean` on the same volume
+//! and node, and only when all succeeded is the finalizer removed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_crds::{DataStage, DataStageStatus, Phase};
+use ferry_crds::{DataStage, DataStageStatus, Phase, ReclaimPolicy};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -20,12 +25,17 @@ use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::config::OperatorConfig;
-use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL, build_job, per_node, plan_workers, sides};
+use crate::jobs::{
+    CLEANUP_LABEL, DATASTAGE_LABEL, Direction, WORKER_LABEL, Worker, build_cleanup_job, build_job, per_node,
+    plan_workers, sides,
+};
 use crate::metrics::Metrics;
 use crate::status::{self, Observed, StagerSummary, reasons};
 
 /// The one field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "ferry.dev/operator";
+/// The finalizer of DataStages whose data is removed on deletion.
+pub const CLEANUP_FINALIZER: &str = "ferry.dev/cleanup";
 
 /// Errors of one reconciliation.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +126,11 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     let key = format!("{namespace}/{name}");
     if ds.metadata.deletion_timestamp.is_some() {
         ctx.metrics.observe(&key, None);
-        return Ok(Action::await_change());
+        return if has_finalizer(ds) { clean_up(ds, ctx).await } else { Ok(Action::await_change()) };
+    }
+    let wants_finalizer = needs_cleanup(ds);
+    if wants_finalizer != has_finalizer(ds) {
+        set_finalizer(ds, ctx, wants_finalizer).await?;
     }
 
     if let Err(invalid) = validate(ds, &ctx.config) {
@@ -162,6 +176,9 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
         // the spec's inputs to it (source, destination) are immutable too.
         if jobs.get_metadata_opt(&job_name).await?.is_none() {
             jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?;
+            let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
+            publish(ctx, ds, EventType::Normal, "WorkerCreated", format!("created Job {job_name}{node}"), "Create")
+                .await;
         }
     }
 
@@ -209,7 +226,7 @@ fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<Str
             .find_map(|p| p.status.as_ref()?.message.clone());
         return (None, message);
     }
-    finished.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+    finished.sort_by_key(|(at, _)| at.0);
     let (_, message) = finished.pop().expect("not empty");
     match serde_json::from_str::<StagerSummary>(&message) {
         Ok(summary) => (Some(summary), None),
@@ -218,29 +235,159 @@ fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<Str
 }
 
 /// Server-side applies the status (only apiVersion, kind and status) and
-/// records an Event when the phase changes.
+/// records an Event on every transition: a change of phase or of the reason
+/// the DataStage is (not) ready.
 async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -> Result<(), Error> {
     let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
-    let before = ds.status.as_ref().and_then(|s| s.phase);
-    let after = status.phase;
-    let reason = status.conditions.first().map(|c| (c.reason.clone(), c.message.clone()));
+    let ready_reason = |s: Option<&DataStageStatus>| s.and_then(|s| s.conditions.first()).map(|c| c.reason.clone());
+    let before = (ds.status.as_ref().and_then(|s| s.phase), ready_reason(ds.status.as_ref()));
+    let after = (status.phase, ready_reason(Some(&status)));
+    let ready = status.conditions.first().map(|c| (c.reason.clone(), c.message.clone()));
     let patch = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "status": status});
     api.patch_status(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     if before != after
-        && let (Some(after), Some((reason, message))) = (after, reason)
+        && let (Some(phase), Some((reason, message))) = (after.0, ready)
     {
-        let event = Event {
-            type_: if after == Phase::Failed { EventType::Warning } else { EventType::Normal },
-            reason,
-            note: Some(message),
-            action: format!("{after:?}"),
-            secondary: None,
-        };
-        if let Err(error) = ctx.recorder.publish(&event, &ds.object_ref(&())).await {
-            tracing::warn!(%error, "could not record an event");
-        }
+        // Warnings for what a user must act on; waiting is normal.
+        let warning = phase == Phase::Failed
+            || reasons::FROM_STAGER.contains(&reason.as_str())
+            || [reasons::SECRET_NOT_FOUND, reasons::NO_MATCHING_NODES].contains(&reason.as_str());
+        let kind = if warning { EventType::Warning } else { EventType::Normal };
+        publish(ctx, ds, kind, &reason, message, &format!("{phase:?}")).await;
     }
     Ok(())
+}
+
+/// Records an Event on the DataStage; failing to is logged, not fatal.
+async fn publish(ctx: &Context, ds: &DataStage, kind: EventType, reason: &str, note: String, action: &str) {
+    let event =
+        Event { type_: kind, reason: reason.to_owned(), note: Some(note), action: action.to_owned(), secondary: None };
+    if let Err(error) = ctx.recorder.publish(&event, &ds.object_ref(&())).await {
+        tracing::warn!(%error, "could not record an event");
+    }
+}
+
+/// Whether deleting this DataStage must remove staged data: a pull into a
+/// volume with `reclaimPolicy: Delete`. A push's volume is the user's source
+/// and is never cleaned.
+pub fn needs_cleanup(ds: &DataStage) -> bool {
+    let (direction, _, _) = sides(&ds.spec);
+    ds.spec.reclaim_policy == Some(ReclaimPolicy::Delete) && direction == Direction::Pull
+}
+
+fn has_finalizer(ds: &DataStage) -> bool {
+    ds.finalizers().iter().any(|f| f == CLEANUP_FINALIZER)
+}
+
+/// Adds or removes the operator's finalizer. Server-side apply treats
+/// finalizers as a set, so the operator's entry is its own and other
+/// controllers' finalizers are untouched.
+async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) -> Result<(), Error> {
+    let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    let finalizers: Vec<&str> = if present { vec![CLEANUP_FINALIZER] } else { Vec::new() };
+    let patch = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+        "metadata": {"name": ds.name_any(), "finalizers": finalizers},
+    });
+    api.patch(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+/// Where a deleted DataStage's data lies: one entry per worker in its
+/// status (which outlives nodes changing labels), except on nodes that no
+/// longer exist: their disks went with them, and a Job for them would wait
+/// forever.
+pub fn cleanup_targets(ds: &DataStage, existing_nodes: &[String]) -> Vec<Worker> {
+    let per_node = per_node(&ds.spec);
+    ds.status
+        .iter()
+        .flat_map(|s| &s.workers)
+        .map(|w| Worker { name: w.name.clone(), node: w.node.clone().filter(|_| per_node) })
+        .filter(|w| w.node.as_ref().is_none_or(|n| existing_nodes.contains(n)))
+        .collect()
+}
+
+/// The deletion of a DataStage with `reclaimPolicy: Delete`: stop the
+/// workers, run `ferry-stager clean` where they staged, then let it go.
+async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
+    let namespace = ds.namespace().unwrap_or_default();
+    let name = ds.name_any();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    // 1. Nothing may still write into the directories being cleaned.
+    let workers = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name},{WORKER_LABEL}"));
+    let running = jobs.list_metadata(&workers).await?.items;
+    for job in running.iter().filter(|j| j.metadata.deletion_timestamp.is_none()) {
+        jobs.delete(&job.name_any(), &DeleteParams::foreground()).await?;
+    }
+    if !running.is_empty() || !pods.list_metadata(&workers).await?.items.is_empty() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+
+    // 2. One clean-up Job per place data was staged.
+    let nodes: Vec<String> = if per_node(&ds.spec) {
+        Api::<Node>::all(ctx.client.clone())
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|n| n.name_any())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let targets = cleanup_targets(ds, &nodes);
+    let mut done = 0;
+    for target in &targets {
+        let job = build_cleanup_job(ds, target, &ctx.config.stager_image);
+        let job_name = job.name_any();
+        let Some(existing) = jobs.get_opt(&job_name).await? else {
+            jobs.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &job).await?;
+            let node = target.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
+            publish(
+                ctx,
+                ds,
+                EventType::Normal,
+                "CleanupStarted",
+                format!("removing staged data{node} (Job {job_name})"),
+                "Delete",
+            )
+            .await;
+            continue;
+        };
+        match status::job_phase(Some(&existing)) {
+            Phase::Succeeded => done += 1,
+            Phase::Failed => {
+                let message = format!(
+                    "Job {job_name} could not remove the staged data; see its pod's log. Fix the cause and delete the Job to retry, or remove finalizer {CLEANUP_FINALIZER} to keep the data"
+                );
+                publish(ctx, ds, EventType::Warning, "CleanupFailed", message, "Delete").await;
+                return Ok(Action::requeue(Duration::from_secs(30)));
+            }
+            Phase::Pending | Phase::Running => {}
+        }
+    }
+    if done < targets.len() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+
+    // 3. Done: the clean-up Jobs go, then the DataStage.
+    let cleanups = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name},{CLEANUP_LABEL}"));
+    for job in jobs.list_metadata(&cleanups).await?.items {
+        jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
+    }
+    publish(
+        ctx,
+        ds,
+        EventType::Normal,
+        "CleanedUp",
+        format!("removed the staged data from {} places", targets.len()),
+        "Delete",
+    )
+    .await;
+    set_finalizer(ds, ctx, false).await?;
+    Ok(Action::await_change())
 }
 
 /// Requeues failed reconciliations with jitter so many failing objects do
@@ -285,6 +432,25 @@ mod tests {
             "spec": {"source": {"uri": uri}, "destination": {"volume": {"hostPath": host_path}}},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn only_pulls_with_reclaim_delete_are_cleaned_and_only_where_nodes_remain() {
+        let mut pull = ds("/mnt/x", "s3://b/p");
+        assert!(!needs_cleanup(&pull), "Retain is the default");
+        pull.spec.reclaim_policy = Some(ReclaimPolicy::Delete);
+        assert!(needs_cleanup(&pull));
+        let mut push = pull.clone();
+        std::mem::swap(&mut push.spec.source, &mut push.spec.destination);
+        assert!(!needs_cleanup(&push), "a push's volume is the user's source");
+
+        pull.status = Some(
+            serde_json::from_value(json!({"workers": [
+            {"name": "node-a", "node": "node-a"}, {"name": "node-gone", "node": "node-gone"}]}))
+            .unwrap(),
+        );
+        let targets = cleanup_targets(&pull, &["node-a".to_owned(), "node-b".to_owned()]);
+        assert_eq!(targets, [Worker { name: "node-a".into(), node: Some("node-a".into()) }]);
     }
 
     #[test]

@@ -18,6 +18,8 @@ use serde_json::json;
 pub const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
 /// Label on every child object: the worker's name.
 pub const WORKER_LABEL: &str = "ferry.dev/worker";
+/// Label on clean-up Jobs: the worker whose data they remove.
+pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 /// Where the volume is mounted in worker pods.
 pub const DATA_MOUNT: &str = "/ferry/data";
 /// Which node label pins a per-node worker.
@@ -148,17 +150,52 @@ pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
     args
 }
 
+/// What a Job of a DataStage does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Copies data (a worker); owned by the DataStage.
+    Transfer,
+    /// Removes staged data after the DataStage was deleted (`reclaimPolicy:
+    /// Delete`). Not owned: the garbage collector must not race it while
+    /// the DataStage is going away; the operator deletes it when done.
+    Cleanup,
+}
+
 /// The worker Job for `worker`, owned by the DataStage.
 pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
+    pod_job(ds, worker, default_image, Role::Transfer)
+}
+
+/// The Job that removes what `worker` staged, for `reclaimPolicy: Delete`.
+pub fn build_cleanup_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
+    pod_job(ds, worker, default_image, Role::Cleanup)
+}
+
+/// The name of the clean-up Job of a worker: the worker Job's name, cut to
+/// leave room for `-clean`.
+pub fn cleanup_job_name(datastage: &str, worker: &Worker) -> String {
+    let mut name = job_name(datastage, worker);
+    name.truncate(57);
+    format!("{}-clean", name.trim_end_matches('-'))
+}
+
+/// Exit codes of the stager that no retry can fix (usage error, store
+/// refused the run): its Job fails at once instead of burning retries.
+const STAGER_EXIT_PERMANENT: [i32; 2] = [2, 4];
+
+fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> Job {
     let spec = &ds.spec;
     let name = ds.name_any();
     let (_, store, volume_side) = sides(spec);
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         (DATASTAGE_LABEL.to_owned(), name.clone()),
-        (WORKER_LABEL.to_owned(), worker.name.clone()),
         ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
         ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
     ]);
+    match role {
+        Role::Transfer => labels.insert(WORKER_LABEL.to_owned(), worker.name.clone()),
+        Role::Cleanup => labels.insert(CLEANUP_LABEL.to_owned(), worker.name.clone()),
+    };
 
     let volume = match volume_side.volume.as_ref() {
         Some(v) if v.host_path.is_some() => {
@@ -195,23 +232,53 @@ pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
         Some(node) => Some(json!({HOSTNAME_LABEL: node})),
         None => placement.node_selector.as_ref().map(|s| json!(s)),
     };
-    let completions = spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1);
+    let completions = match role {
+        Role::Transfer => spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1),
+        Role::Cleanup => 1,
+    };
+    let (job_name, args, env, owners, backoff_limit, deadline, ttl, failure_policy) = match role {
+        Role::Transfer => (
+            job_name(&name, worker),
+            stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker),
+            env_with_node(env),
+            json!([ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid")]),
+            spec.backoff_limit.unwrap_or(3),
+            spec.active_deadline_seconds,
+            spec.ttl_seconds_after_finished,
+            json!({"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "stager", "operator": "In", "values": STAGER_EXIT_PERMANENT}},
+                // A pod evicted or preempted did nothing wrong: do not count it.
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]}),
+        ),
+        Role::Cleanup => (
+            cleanup_job_name(&name, worker),
+            vec!["clean".to_owned(), DATA_MOUNT.to_owned(), "--log-format".to_owned(), "json".to_owned()],
+            Vec::new(),
+            serde_json::Value::Null,
+            3,
+            Some(600),
+            Some(300),
+            serde_json::Value::Null,
+        ),
+    };
     let job = json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(&name, worker),
+            "name": job_name,
             "namespace": ds.namespace(),
             "labels": labels,
-            "ownerReferences": [ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid")],
+            "ownerReferences": owners,
         },
         "spec": {
             "completionMode": if completions > 1 { "Indexed" } else { "NonIndexed" },
             "completions": completions,
             "parallelism": completions,
-            "backoffLimit": spec.backoff_limit.unwrap_or(3),
-            "activeDeadlineSeconds": spec.active_deadline_seconds,
-            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            "backoffLimit": backoff_limit,
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": ttl,
+            "podFailurePolicy": failure_policy,
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
@@ -227,8 +294,8 @@ pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
                     "containers": [{
                         "name": "stager",
                         "image": spec.image.clone().unwrap_or_else(|| default_image.to_owned()),
-                        "args": stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker),
-                        "env": env_with_node(env),
+                        "args": args,
+                        "env": env,
                         "resources": spec.resources,
                         "volumeMounts": [mount],
                         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -331,6 +398,36 @@ mod tests {
             env.iter().filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref()).map(|r| r.key.clone()).collect();
         assert_eq!(secret_keys, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]);
         assert_eq!(pod.volumes.unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
+    }
+
+    #[test]
+    fn a_refused_run_fails_the_job_at_once_and_an_eviction_is_not_counted() {
+        let ds = pull_to_host_path();
+        let job = build_job(&ds, &Worker { name: "a".into(), node: Some("a".into()) }, "stager:1");
+        let rules = job.spec.unwrap().pod_failure_policy.unwrap().rules;
+        assert_eq!(rules[0].action, "FailJob");
+        let codes = rules[0].on_exit_codes.as_ref().unwrap();
+        assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some("stager"), &[2, 4][..]));
+        assert_eq!(rules[1].action, "Ignore");
+    }
+
+    #[test]
+    fn a_cleanup_job_runs_clean_on_the_same_volume_and_node_without_credentials() {
+        let ds = pull_to_host_path();
+        let worker =
+            Worker { name: "node-with-a-rather-long-name-that-goes-on-and-on-and-on".into(), node: Some("n".into()) };
+        let job = build_cleanup_job(&ds, &worker, "stager:1");
+        let name = job.metadata.name.clone().unwrap();
+        assert!(name.ends_with("-clean") && name.len() <= 63, "{name}");
+        assert!(job.metadata.owner_references.is_none(), "not collected while the DataStage goes away");
+        assert_eq!(job.metadata.labels.as_ref().unwrap()[CLEANUP_LABEL], worker.name);
+        assert!(!job.metadata.labels.as_ref().unwrap().contains_key(WORKER_LABEL));
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()[HOSTNAME_LABEL], "n");
+        assert_eq!(pod.containers[0].args.clone().unwrap()[..2], ["clean", DATA_MOUNT]);
+        assert!(pod.containers[0].env.clone().unwrap_or_default().is_empty(), "no store, no credentials");
+        assert_eq!(pod.volumes.unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
     }
 
     #[test]

@@ -37,6 +37,23 @@ pub mod reasons {
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
     /// The stager cannot reach this kind of store yet.
     pub const UNSUPPORTED_STORE: &str = "UnsupportedStore";
+    /// The stager's reasons for a run that could not proceed, which become
+    /// condition reasons as they are: `BucketNotFound`, `AccessDenied`,
+    /// `NoCredentials`, `EndpointUnreachable`, `StoreUnavailable`,
+    /// `StoreRejected`, `DestinationUnusable`, `SourceUnreadable`,
+    /// `InvalidConfiguration`. A Job whose pod ran with one and will be
+    /// retried shows it on Progressing; a failed Job shows it on Failed.
+    pub const FROM_STAGER: [&str; 9] = [
+        "BucketNotFound",
+        "AccessDenied",
+        "NoCredentials",
+        "EndpointUnreachable",
+        "StoreUnavailable",
+        "StoreRejected",
+        "DestinationUnusable",
+        "SourceUnreadable",
+        "InvalidConfiguration",
+    ];
     /// Nothing is wrong.
     pub const NONE: &str = "AsExpected";
 }
@@ -59,6 +76,9 @@ pub struct StagerSummary {
     /// Failures, first ones.
     #[serde(default)]
     pub failures: Vec<SummaryFailure>,
+    /// Why the run could not proceed at all (CamelCase, e.g. `BucketNotFound`).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// Counts in a summary.
@@ -188,6 +208,8 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
     let existing = ds.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let generation = ds.metadata.generation;
     let mut workers = Vec::new();
+    // The stager's reason (if its last run could not proceed), per worker.
+    let mut stager_reasons: Vec<Option<&'static str>> = Vec::new();
     let mut totals = Totals::default();
     let previous_workers = ds.status.as_ref().map(|s| s.workers.clone()).unwrap_or_default();
     for o in observed {
@@ -238,6 +260,12 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
         totals.objects_done += worker.objects_done;
         totals.objects_failed += summary.objects.failed;
         totals.throughput_bytes_per_second += worker.throughput_bytes_per_second;
+        stager_reasons.push(
+            o.summary
+                .as_ref()
+                .and_then(|s| s.reason.as_deref())
+                .and_then(|r| reasons::FROM_STAGER.iter().copied().find(|known| *known == r)),
+        );
         workers.push(worker);
     }
     let phases: Vec<Phase> = workers.iter().filter_map(|w| w.phase).collect();
@@ -261,6 +289,16 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
         totals.eta_seconds = Some((totals.bytes_total - totals.bytes_done).max(0) / totals.throughput_bytes_per_second);
     }
 
+    // A failed worker's own reason (BucketNotFound, ...) says more than WorkerFailed.
+    let failed_reason = workers
+        .iter()
+        .zip(&stager_reasons)
+        .find_map(|(w, r)| (w.phase == Some(Phase::Failed)).then_some(*r).flatten())
+        .unwrap_or(reasons::WORKER_FAILED);
+    // A worker that is being retried after a run that could not proceed.
+    let retrying = workers.iter().zip(&stager_reasons).find_map(|(w, r)| {
+        matches!(w.phase, Some(Phase::Running | Phase::Pending)).then(|| r.map(|r| (r, w))).flatten()
+    });
     let (ready_reason, ready_message) = match phase {
         Phase::Succeeded => (
             reasons::STAGED,
@@ -271,7 +309,18 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
                 workers.len()
             ),
         ),
-        Phase::Failed => (reasons::WORKER_FAILED, failure_message(&workers)),
+        Phase::Failed => (failed_reason, failure_message(&workers)),
+        Phase::Running | Phase::Pending if retrying.is_some() => {
+            let (reason, worker) = retrying.expect("checked");
+            (
+                reason,
+                format!(
+                    "retrying {}: {}",
+                    worker.name,
+                    worker.message.clone().unwrap_or_else(|| "its last run could not proceed".into())
+                ),
+            )
+        }
         Phase::Running => (reasons::WORKERS_RUNNING, format!("{succeeded} of {} workers finished", workers.len())),
         Phase::Pending => (reasons::WAITING_FOR_WORKERS, format!("waiting for {} workers to start", workers.len())),
     };
@@ -291,7 +340,7 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
             &existing,
             types::FAILED,
             failed,
-            if failed { reasons::WORKER_FAILED } else { reasons::NONE },
+            if failed { failed_reason } else { reasons::NONE },
             if failed { &ready_message } else { "" },
             generation,
             now,
@@ -385,6 +434,39 @@ mod tests {
         let failed = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
         assert_eq!(failed.status, "True");
         assert!(failed.message.contains("bucket 'x' does not exist"), "{}", failed.message);
+    }
+
+    #[test]
+    fn the_stagers_reason_names_the_failure_and_a_retry() {
+        let refused = StagerSummary {
+            reason: Some("BucketNotFound".into()),
+            failures: vec![SummaryFailure { key: String::new(), error: "bucket 'x' does not exist".into() }],
+            ..StagerSummary::default()
+        };
+        let failed = job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}));
+        let observed =
+            vec![Observed { worker: worker("a"), job: Some(failed), summary: Some(refused.clone()), message: None }];
+        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+        let condition = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "BucketNotFound"));
+
+        let mut unreachable = refused;
+        unreachable.reason = Some("EndpointUnreachable".into());
+        let retrying = job(json!({"active": 1, "failed": 1, "startTime": "2026-01-01T00:00:00Z"}));
+        let observed =
+            vec![Observed { worker: worker("a"), job: Some(retrying), summary: Some(unreachable), message: None }];
+        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+        assert_eq!(status.phase, Some(Phase::Running));
+        let progressing = status.conditions.iter().find(|c| c.type_ == types::PROGRESSING).unwrap();
+        assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", "EndpointUnreachable"));
+        assert!(progressing.message.starts_with("retrying a: "), "{}", progressing.message);
+
+        let strange = StagerSummary { reason: Some("Made Up".into()), ..StagerSummary::default() };
+        let failed = job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}));
+        let observed = vec![Observed { worker: worker("a"), job: Some(failed), summary: Some(strange), message: None }];
+        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+        let condition = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
+        assert_eq!(condition.reason, reasons::WORKER_FAILED, "only known CamelCase reasons pass through");
     }
 
     #[test]

@@ -104,6 +104,10 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     spec["reclaimPolicy"] = json!("Keep");
     assert_refused(&raw, "enum", spec, "Unsupported value: \"Keep\": supported values: \"Retain\", \"Delete\"").await;
 
+    let push = json!({"source": {"volume": {"hostPath": "/mnt/out"}}, "destination": {"uri": "s3://b/out"},
+                      "reclaimPolicy": "Delete"});
+    assert_refused(&raw, "push-delete", push, "reclaimPolicy Delete removes what a pull staged").await;
+
     // Source and destination cannot change after creation.
     let mut changed = pull_spec();
     changed["source"]["uri"] = json!("s3://datasets/other");

@@ -23,6 +23,8 @@ struct Setup {
     secrets: Api<Secret>,
     _logs: tempfile::TempDir,
     operator: ferry_e2e::process::ManagedProcess,
+    /// Port of the operator's `/metrics`.
+    operator_port: u16,
 }
 
 async fn setup(namespace: &str) -> Setup {
@@ -52,7 +54,8 @@ async fn setup(namespace: &str) -> Setup {
     .await;
     create_namespace(&cluster, namespace, &[]).await;
     let logs = tempfile::tempdir().unwrap();
-    let (operator, _) = start_operator(&cluster, logs.path(), "operator-1");
+    let (operator, url) = start_operator(&cluster, logs.path(), "operator-1");
+    let operator_port = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the operator's port");
     Setup {
         datastages: Api::namespaced(client.clone(), namespace),
         secrets: Api::namespaced(client, namespace),
@@ -61,6 +64,7 @@ async fn setup(namespace: &str) -> Setup {
         files,
         _logs: logs,
         operator,
+        operator_port,
     }
 }
 
@@ -122,6 +126,33 @@ impl Setup {
     }
 }
 
+/// Type and reason of each occurrence of an Event about DataStage `name`,
+/// oldest first (the recorder folds repeats into one Event with a series).
+async fn event_reasons(client: &kube::Client, namespace: &str, name: &str) -> Vec<(String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+    events
+        .into_iter()
+        .flat_map(|e| {
+            let count = e.series.as_ref().map_or(1, |s| s.count.max(1)) as usize;
+            std::iter::repeat_n((e.type_.unwrap_or_default(), e.reason.unwrap_or_default()), count)
+        })
+        .collect()
+}
+
+/// The value of the first sample of `series` (name and labels, as exposed).
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Creates a ServiceAccount, Role or RoleBinding given as JSON in `namespace`.
 async fn create_object(client: &kube::Client, namespace: &str, manifest: serde_json::Value) {
     use k8s_openapi::api::{core::v1::ServiceAccount, rbac::v1::Role, rbac::v1::RoleBinding};
@@ -165,6 +196,180 @@ async fn a_pull_stages_the_dataset_onto_every_node_and_reports_ready() {
     if let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) {
         assert_eq!(read_tree(&a.join("mnt/ferry/demo")), setup.files, "node-a's copy is byte-identical");
         assert_eq!(read_tree(&b.join("mnt/ferry/demo")), setup.files, "node-b's copy is byte-identical");
+    }
+
+    // Every transition left an Event.
+    let client = setup.cluster.client().await.unwrap();
+    let reasons: Vec<String> = event_reasons(&client, "pull", "demo").await.into_iter().map(|(_, r)| r).collect();
+    for expected in ["WorkerCreated", "Staged"] {
+        assert!(reasons.iter().any(|r| r == expected), "no {expected} event in {reasons:?}");
+    }
+    assert_eq!(reasons.iter().filter(|r| *r == "WorkerCreated").count(), 2, "one per node: {reasons:?}");
+
+    // The operator's own metrics tell the same story.
+    let (code, metrics) = ferry_testkit::http_get(setup.operator_port, "/metrics").expect("the operator answers");
+    assert_eq!(code, 200);
+    assert!(sample(&metrics, "ferry_operator_reconciles_total{result=\"ok\"}").unwrap_or(0.0) >= 2.0, "{metrics}");
+    assert_eq!(sample(&metrics, "ferry_operator_datastages{phase=\"Succeeded\"}"), Some(1.0), "{metrics}");
+    assert_eq!(sample(&metrics, "ferry_operator_staged_bytes"), Some((2 * bytes) as f64), "{metrics}");
+    assert!(sample(&metrics, "ferry_operator_reconcile_duration_seconds_count").unwrap_or(0.0) >= 2.0, "{metrics}");
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
+    use k8s_openapi::api::batch::v1::Job;
+    let setup = setup("problems").await;
+    setup.create_secret().await;
+    let wrong = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wrong"},
+        "stringData": {"AWS_ACCESS_KEY_ID": setup.s3.access_key, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}});
+    setup.secrets.create(&PostParams::default(), &serde_json::from_value(wrong).unwrap()).await.unwrap();
+    let dead_endpoint = format!("http://127.0.0.1:{}", ferry_testkit::free_port());
+    let on_node_a = json!({"nodeSelector": {"ferry.dev/e2e-node": "node-a"}});
+    let cases = [
+        (
+            "badcreds",
+            json!({"uri": "s3://datasets/demo", "endpoint": setup.s3.endpoint, "credentials": {"name": "wrong"}}),
+            "AccessDenied",
+            "check the credentials",
+        ),
+        (
+            "nobucket",
+            setup.store("s3://no-such-bucket/demo"),
+            "BucketNotFound",
+            "bucket 'no-such-bucket' does not exist",
+        ),
+        (
+            "unreachable",
+            json!({"uri": "s3://datasets/demo", "endpoint": dead_endpoint, "credentials": {"name": "s3"}}),
+            "EndpointUnreachable",
+            "connection",
+        ),
+    ];
+    for (name, source, _, _) in &cases {
+        let mut spec = json!({"source": source, "destination": {"volume": {"hostPath": format!("/mnt/ferry/{name}")}},
+                              "placement": on_node_a});
+        if *name == "unreachable" {
+            // An unreachable endpoint may come back, so it is retried; once is enough here.
+            spec["backoffLimit"] = json!(0);
+        }
+        setup.apply_spec(name, spec).await;
+    }
+    let client = setup.cluster.client().await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "problems");
+    for (name, _, reason, words) in cases {
+        let status = setup.wait_status(name, "Failed", |s| s.phase == Some(Phase::Failed)).await;
+        let failed = condition(&status, "Failed").unwrap();
+        assert_eq!((failed.status.as_str(), failed.reason.as_str()), ("True", reason), "{name}: {failed:?}");
+        assert!(failed.message.contains(words), "{name}: {}", failed.message);
+        let events = event_reasons(&client, "problems", name).await;
+        assert!(events.contains(&("Warning".to_owned(), reason.to_owned())), "{name}: {events:?}");
+        // Retrying cannot fix credentials or a bucket: one pod, not backoffLimit + 1.
+        let job = jobs.get(&format!("{name}-node-a")).await.unwrap();
+        assert_eq!(job.status.and_then(|s| s.failed), Some(1), "{name}: the Job failed after one pod");
+    }
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_datastage_collects_its_jobs_and_reclaim_delete_removes_the_staged_data() {
+    use k8s_openapi::api::batch::v1::Job;
+    let setup = setup("reclaim").await;
+    setup.create_secret().await;
+    setup.apply("kept", "/mnt/ferry/kept").await;
+    let mut wiped = json!({
+        "source": setup.store("s3://datasets/demo"),
+        "destination": {"volume": {"hostPath": "/mnt/ferry/wiped"}},
+        "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+    });
+    wiped["reclaimPolicy"] = json!("Delete");
+    setup.apply_spec("wiped", wiped).await;
+    for name in ["kept", "wiped"] {
+        setup.wait_status(name, "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    }
+    let finalizers = |name: &'static str| {
+        let datastages = setup.datastages.clone();
+        async move { datastages.get(name).await.unwrap().metadata.finalizers.unwrap_or_default() }
+    };
+    assert_eq!(finalizers("wiped").await, ["ferry.dev/cleanup"]);
+    assert!(finalizers("kept").await.is_empty(), "Retain needs no finalizer");
+    // A file of the user's own beside the staged data must survive the clean-up.
+    let node_a = setup.cluster.node_dir("node-a");
+    if let Some(node_a) = &node_a {
+        std::fs::write(node_a.join("mnt/ferry/wiped/mine.txt"), b"not Ferry's").unwrap();
+    }
+
+    let client = setup.cluster.client().await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "reclaim");
+    for name in ["kept", "wiped"] {
+        setup.datastages.delete(name, &Default::default()).await.unwrap();
+    }
+    wait_for(&setup.cluster, "both DataStages and all their Jobs to be gone", Duration::from_secs(120), || {
+        let (datastages, jobs) = (setup.datastages.clone(), jobs.clone());
+        async move {
+            let left = datastages.list(&Default::default()).await.ok()?.items.len();
+            let jobs = jobs.list(&Default::default()).await.ok()?.items.len();
+            (left == 0 && jobs == 0).then_some(())
+        }
+    })
+    .await;
+    let reasons: Vec<String> = event_reasons(&client, "reclaim", "wiped").await.into_iter().map(|(_, r)| r).collect();
+    assert!(reasons.iter().any(|r| r == "CleanedUp"), "{reasons:?}");
+    if let (Some(a), Some(b)) = (node_a, setup.cluster.node_dir("node-b")) {
+        for node in [&a, &b] {
+            assert_eq!(read_tree(&node.join("mnt/ferry/kept")), setup.files, "Retain keeps the data");
+        }
+        assert_eq!(
+            read_tree(&a.join("mnt/ferry/wiped")),
+            BTreeMap::from([("mine.txt".to_owned(), b"not Ferry's".to_vec())]),
+            "Delete removes what was staged and only that"
+        );
+        assert!(read_tree(&b.join("mnt/ferry/wiped")).is_empty());
+        assert!(!b.join("mnt/ferry/wiped/.ferry").exists());
+    }
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_killed_mid_transfer_is_replaced_without_duplicate_jobs() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::Pod;
+    let mut setup = setup("restart").await;
+    setup.create_secret().await;
+    setup
+        .apply_spec(
+            "slow",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/slow"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+                // About 6 seconds per node: the operator dies while both copy.
+                "transfer": {"maxBandwidth": "2MiB"},
+            }),
+        )
+        .await;
+    setup.wait_status("slow", "Running", |s| s.phase == Some(Phase::Running)).await;
+    let client = setup.cluster.client().await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "restart");
+    let uids = |jobs: Vec<Job>| -> BTreeMap<String, String> {
+        jobs.into_iter().map(|j| (j.metadata.name.unwrap(), j.metadata.uid.unwrap())).collect()
+    };
+    let before = uids(jobs.list(&Default::default()).await.unwrap().items);
+    assert_eq!(before.len(), 2);
+
+    setup.operator.signal_group(rustix::process::Signal::KILL);
+    setup.operator.stop(Duration::from_secs(1));
+    let (replacement, _) = start_operator(&setup.cluster, setup._logs.path(), "operator-2");
+    setup.operator = replacement;
+    let status =
+        setup.wait_status("slow", "Succeeded under the new operator", |s| s.phase == Some(Phase::Succeeded)).await;
+
+    assert_eq!(uids(jobs.list(&Default::default()).await.unwrap().items), before, "the same Jobs, no new ones");
+    let pods = Api::<Pod>::namespaced(client, "restart").list(&Default::default()).await.unwrap().items;
+    assert_eq!(pods.len(), 2, "each worker ran once");
+    assert_eq!(status.totals.unwrap().bytes_done as usize, 2 * setup.files.values().map(Vec::len).sum::<usize>());
+    if let Some(a) = setup.cluster.node_dir("node-a") {
+        assert_eq!(read_tree(&a.join("mnt/ferry/slow")), setup.files);
     }
     setup.cluster.stop().await;
 }
