@@ -12,11 +12,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shared by two checkouts can hand one of them the other's stale artifacts.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
-# Pinned servers: MinIO and moto for the stager, etcd and Kubernetes for e2e.
-hack/tools.sh install minio moto etcd kube-apiserver
+# Pinned servers: MinIO, fake-gcs-server and moto for the stager, etcd and
+# Kubernetes for e2e.
+hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
+FERRY_FAKE_GCS_SERVER_BIN="$(hack/tools.sh path fake-gcs-server)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
-export FERRY_MINIO_BIN FERRY_MOTO_BIN
+export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN
 
 cargo fmt --all --check
 # e2e tests run the workspace's binaries (operator, stager) as processes:

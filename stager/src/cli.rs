@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::progress::{Progress, ProgressMode};
 use crate::selection::{Selection, Shard};
 use crate::store::ObjectStore;
+use crate::store::gcs::{GcsOptions, GcsStore};
 use crate::store::s3::{S3Options, S3Store};
 use crate::transfer::tally::{Failure, Summary};
 use crate::transfer::{Engine, RetryPolicy, TransferConfig, TransferError, VerifyMode, pull, push};
@@ -50,7 +51,7 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Copy every object under s3://BUCKET/PREFIX into DIR (keys become relative paths).
+    /// Copy every object under s3://BUCKET/PREFIX or gs://BUCKET/PREFIX into DIR (keys become relative paths).
     Pull {
         /// Source, e.g. s3://datasets/imagenet/train
         source: ObjectLocation,
@@ -75,7 +76,7 @@ enum Command {
         /// The directory pulls staged into.
         directory: PathBuf,
     },
-    /// Copy every file below DIR to s3://BUCKET/PREFIX (relative paths become keys).
+    /// Copy every file below DIR to s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (relative paths become keys).
     Push {
         /// Source directory.
         source: PathBuf,
@@ -88,9 +89,14 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct TransferArgs {
-    /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing).
+    /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing);
+    /// for gs://, a GCS endpoint such as an emulator's.
     #[arg(long, env = "FERRY_ENDPOINT_URL")]
     endpoint_url: Option<String>,
+    /// gs:// only: send no credentials (public buckets, emulators). Implied by
+    /// STORAGE_EMULATOR_HOST, which also sets the endpoint.
+    #[arg(long, env = "FERRY_ANONYMOUS")]
+    anonymous: bool,
     /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
     #[arg(long, env = "AWS_REGION")]
     region: Option<String>,
@@ -189,6 +195,20 @@ impl TransferArgs {
     }
 
     async fn store(&self, location: &ObjectLocation) -> Arc<dyn ObjectStore> {
+        if location.scheme == "gs" {
+            // The emulator convention of Google's own client libraries.
+            let emulator = std::env::var("STORAGE_EMULATOR_HOST")
+                .ok()
+                .filter(|h| !h.is_empty())
+                .map(|host| if host.contains("://") { host } else { format!("http://{host}") });
+            let options = GcsOptions {
+                endpoint_url: self.endpoint_url.clone().or_else(|| emulator.clone()),
+                anonymous: self.anonymous || emulator.is_some(),
+                connect_timeout: self.connect_timeout,
+                request_timeout: self.request_timeout,
+            };
+            return Arc::new(GcsStore::connect(&location.bucket, &options).await);
+        }
         let options = S3Options {
             endpoint_url: self.endpoint_url.clone(),
             // S3-compatible servers rarely care about the region; defaulting

@@ -1,4 +1,5 @@
-//! Object storage locations as users write them: `s3://bucket/prefix`.
+//! Object storage locations as users write them: `s3://bucket/prefix` or
+//! `gs://bucket/prefix`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -6,7 +7,7 @@ use std::str::FromStr;
 /// A bucket and a key prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectLocation {
-    /// The URI scheme (`s3`).
+    /// The URI scheme (`s3` or `gs`).
     pub scheme: String,
     /// The bucket name.
     pub bucket: String,
@@ -28,9 +29,10 @@ impl FromStr for ObjectLocation {
 
     fn from_str(uri: &str) -> Result<Self, Self::Err> {
         let err = |reason| LocationError { uri: uri.to_owned(), reason };
-        let (scheme, rest) = uri.split_once("://").ok_or_else(|| err("expected s3://BUCKET[/PREFIX]"))?;
-        if scheme != "s3" {
-            return Err(err("only s3:// is supported"));
+        let (scheme, rest) =
+            uri.split_once("://").ok_or_else(|| err("expected s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]"))?;
+        if scheme != "s3" && scheme != "gs" {
+            return Err(err("only s3:// and gs:// are supported"));
         }
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
@@ -61,7 +63,8 @@ mod tests {
         assert_eq!(loc.prefix, "data/train/");
         assert_eq!("s3://bucket".parse::<ObjectLocation>().unwrap().prefix, "");
         assert_eq!("s3://bucket/".parse::<ObjectLocation>().unwrap().prefix, "");
-        assert!("gs://b/p".parse::<ObjectLocation>().is_err());
+        assert_eq!("gs://b/p".parse::<ObjectLocation>().unwrap().scheme, "gs");
+        assert!("az://b/p".parse::<ObjectLocation>().is_err());
         assert!("s3:///p".parse::<ObjectLocation>().is_err());
         assert!("/local/path".parse::<ObjectLocation>().is_err());
     }

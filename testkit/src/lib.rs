@@ -7,8 +7,15 @@
 //! does the same with moto's S3 server, which accepts object keys MinIO
 //! refuses (`..` segments), for the path-traversal tests.
 //!
+//! [`GcsServer`] does the same with fake-gcs-server, and [`Store`] puts
+//! either behind one interface for tests that run against every backend.
+//!
 //! Binaries are found through `FERRY_MINIO_BIN` / `FERRY_MOTO_BIN`, else by
 //! asking `hack/tools.sh path`, which installs them on first use.
+
+mod gcs;
+
+pub use gcs::{Backend, GcsServer, Store};
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
@@ -29,7 +36,7 @@ pub fn repo_root() -> PathBuf {
 
 /// Path of a pinned external tool: `$FERRY_<TOOL>_BIN`, else installed by `hack/tools.sh`.
 pub fn tool_path(tool: &str) -> PathBuf {
-    let var = format!("FERRY_{}_BIN", tool.to_ascii_uppercase());
+    let var = format!("FERRY_{}_BIN", tool.to_ascii_uppercase().replace('-', "_"));
     if let Ok(path) = std::env::var(&var) {
         return PathBuf::from(path);
     }

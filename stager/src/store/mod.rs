@@ -10,6 +10,7 @@
 //! This module is not a general-purpose object-store abstraction: it offers
 //! exactly the operations a bulk copy needs.
 
+pub mod gcs;
 #[cfg(test)]
 pub mod memory;
 pub mod s3;

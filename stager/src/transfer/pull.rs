@@ -288,6 +288,11 @@ async fn download(
             expected = checksum;
         } else if ranges.is_empty() {
             expected = object.etag.as_deref().and_then(md5_from_etag);
+            if expected.is_none() {
+                // No MD5 in the ETag (GCS generations, multipart ETags): ask
+                // for the stored checksum, which an empty file can match.
+                expected = engine.retrying(Operation::Head, || engine.store.head(&key)).await?.1;
+            }
         }
     }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_testkit::S3Server;
+use ferry_testkit::Store;
 
 /// The stager binary built for these tests.
 pub const STAGER: &str = env!("CARGO_BIN_EXE_ferry-stager");
@@ -41,14 +41,14 @@ impl Run {
 }
 
 /// A stager command talking to `server`.
-pub fn command(server: &S3Server, args: &[&str]) -> Command {
+pub fn command(server: &Store, args: &[&str]) -> Command {
     let mut cmd = Command::new(STAGER);
     cmd.args(args).arg("--progress").arg("never").envs(server.env()).env("RUST_LOG", "warn");
     cmd
 }
 
 /// Runs the stager to completion.
-pub fn stager(server: &S3Server, args: &[&str]) -> Run {
+pub fn stager(server: &Store, args: &[&str]) -> Run {
     run(command(server, args))
 }
 
@@ -76,8 +76,8 @@ pub fn write_tree(root: &Path, files: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
-/// Uploads `files` under `prefix` with the SDK (independent of the stager).
-pub async fn put_tree(server: &S3Server, bucket: &str, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+/// Uploads `files` under `prefix` with the test client (independent of the stager).
+pub async fn put_tree(server: &Store, bucket: &str, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
     for (rel, data) in files {
         server.put(bucket, &format!("{prefix}{rel}"), data.clone()).await;
     }

@@ -1,5 +1,8 @@
-//! The stager against a real MinIO (and, where MinIO refuses the data, moto's
-//! S3 server). Every test starts its own server and uses its own bucket.
+//! The conformance suite: the stager against every backend it supports, a
+//! real MinIO through `s3://` and fake-gcs-server through `gs://`. Each test
+//! is written once, takes the backend, starts its own server and uses its
+//! own bucket; `conformance!` runs it against each backend. The few
+//! backend-specific tests say so in their names.
 
 mod common;
 
@@ -7,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
-use ferry_testkit::{S3Server, pattern, read_tree};
+use ferry_testkit::{Backend, S3Server, Store, pattern, read_tree};
 
 const MIB: usize = 1 << 20;
 const PART: usize = 5 * MIB;
@@ -30,16 +33,18 @@ fn round_trip_dataset() -> BTreeMap<String, Vec<u8>> {
     files
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn push_then_pull_is_byte_identical() {
-    let server = S3Server::minio();
+async fn push_then_pull_is_byte_identical(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("round-trip").await;
     let src = tempfile::tempdir().unwrap();
     let dst = tempfile::tempdir().unwrap();
     let files = round_trip_dataset();
     write_tree(src.path(), &files);
 
-    let push = stager(&server, &["push", src.path().to_str().unwrap(), "s3://round-trip/ds", "--part-size", "5MiB"]);
+    let push = stager(
+        &server,
+        &["push", src.path().to_str().unwrap(), server.uri("round-trip/ds").as_str(), "--part-size", "5MiB"],
+    );
     push.assert_ok();
     assert_eq!(push.transferred(), files.len() as u64);
 
@@ -53,7 +58,15 @@ async fn push_then_pull_is_byte_identical() {
     let target = dst.path().join("data");
     let pull = stager(
         &server,
-        &["pull", "s3://round-trip/ds", target.to_str().unwrap(), "--part-size", "5MiB", "--memory-limit", "96MiB"],
+        &[
+            "pull",
+            server.uri("round-trip/ds").as_str(),
+            target.to_str().unwrap(),
+            "--part-size",
+            "5MiB",
+            "--memory-limit",
+            "96MiB",
+        ],
     );
     pull.assert_ok();
     assert_eq!(pull.transferred(), files.len() as u64);
@@ -70,9 +83,8 @@ async fn push_then_pull_is_byte_identical() {
     assert!(leftover_temp_files(&target).is_empty(), "{:?}", leftover_temp_files(&target));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn objects_uploaded_by_other_clients_are_verified_by_their_etag() {
-    let server = S3Server::minio();
+async fn objects_uploaded_by_other_clients_are_verified_against_the_stores_checksum(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("foreign").await;
     let files: BTreeMap<String, Vec<u8>> = [
         ("one-get.bin".to_owned(), pattern(10, 300 << 10)),
@@ -82,16 +94,17 @@ async fn objects_uploaded_by_other_clients_are_verified_by_their_etag() {
     .into();
     put_tree(&server, "foreign", "", &files).await;
     let dst = tempfile::tempdir().unwrap();
-    let pull = stager(&server, &["pull", "s3://foreign", dst.path().to_str().unwrap(), "--part-size", "5MiB"]);
+    let pull =
+        stager(&server, &["pull", server.uri("foreign").as_str(), dst.path().to_str().unwrap(), "--part-size", "5MiB"]);
     pull.assert_ok();
-    // Single-PUT objects have an MD5 ETag: in-flight MD5 for one GET, read-back for ranged ones.
+    // S3: single-PUT objects have an MD5 ETag (in-flight MD5 for one GET,
+    // read-back for ranged ones). GCS: every object has a CRC32C.
     assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{:#}", pull.summary);
     assert_eq!(read_tree(dst.path()), files);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn include_and_exclude_select_by_relative_key() {
-    let server = S3Server::minio();
+async fn include_and_exclude_select_by_relative_key(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("filters").await;
     let files: BTreeMap<String, Vec<u8>> = ["a.bin", "b.txt", "dir/c.bin", "dir/tmp/d.bin", "logs/e.log"]
         .iter()
@@ -101,7 +114,15 @@ async fn include_and_exclude_select_by_relative_key() {
     let dst = tempfile::tempdir().unwrap();
     let pull = stager(
         &server,
-        &["pull", "s3://filters/p/", dst.path().to_str().unwrap(), "--include", "*.bin", "--exclude", "dir/tmp/*"],
+        &[
+            "pull",
+            server.uri("filters/p/").as_str(),
+            dst.path().to_str().unwrap(),
+            "--include",
+            "*.bin",
+            "--exclude",
+            "dir/tmp/*",
+        ],
     );
     pull.assert_ok();
     let got: BTreeSet<String> = read_tree(dst.path()).into_keys().collect();
@@ -109,9 +130,8 @@ async fn include_and_exclude_select_by_relative_key() {
     assert_eq!(pull.summary["objects"]["selected"].as_u64(), Some(2));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn three_shards_partition_the_dataset_exactly() {
-    let server = S3Server::minio();
+async fn three_shards_partition_the_dataset_exactly(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("shards").await;
     let files = small_files("s", 300, 20);
     put_tree(&server, "shards", "", &files).await;
@@ -120,7 +140,8 @@ async fn three_shards_partition_the_dataset_exactly() {
     for index in 0..3 {
         let dst = tempfile::tempdir().unwrap();
         let shard = format!("{index}/3");
-        stager(&server, &["pull", "s3://shards", dst.path().to_str().unwrap(), "--shard", &shard]).assert_ok();
+        stager(&server, &["pull", server.uri("shards").as_str(), dst.path().to_str().unwrap(), "--shard", &shard])
+            .assert_ok();
         let part = read_tree(dst.path());
         assert!(!part.is_empty(), "shard {shard} got nothing");
         for (rel, data) in part {
@@ -136,8 +157,10 @@ async fn three_shards_partition_the_dataset_exactly() {
     let children: Vec<_> = (0..3)
         .map(|index| {
             let shard = format!("{index}/3");
-            let mut cmd =
-                command(&server, &["pull", "s3://shards", shared.path().to_str().unwrap(), "--shard", &shard]);
+            let mut cmd = command(
+                &server,
+                &["pull", server.uri("shards").as_str(), shared.path().to_str().unwrap(), "--shard", &shard],
+            );
             cmd.stderr(std::process::Stdio::null()).spawn().unwrap()
         })
         .collect();
@@ -147,9 +170,8 @@ async fn three_shards_partition_the_dataset_exactly() {
     assert_eq!(read_tree(shared.path()), files);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
-    let server = S3Server::minio();
+async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("reuse").await;
     let mut files = small_files("f", 50, 30);
     files.insert("big.bin".into(), pattern(31, 11 * MIB));
@@ -157,11 +179,11 @@ async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
     let dst = tempfile::tempdir().unwrap();
     let dir = dst.path().to_str().unwrap();
 
-    let first = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    let first = stager(&server, &["pull", server.uri("reuse").as_str(), dir, "--part-size", "5MiB"]);
     first.assert_ok();
     assert_eq!(first.transferred(), 51);
 
-    let second = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    let second = stager(&server, &["pull", server.uri("reuse").as_str(), dir, "--part-size", "5MiB"]);
     second.assert_ok();
     assert_eq!((second.transferred(), second.skipped()), (0, 51), "{:#}", second.summary);
     assert_eq!(second.summary["bytes"]["transferred"].as_u64(), Some(0));
@@ -173,7 +195,7 @@ async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
     std::fs::write(dst.path().join("f/0003.bin"), b"tampered").unwrap();
     files.insert("f/0001.bin".into(), changed);
 
-    let third = stager(&server, &["pull", "s3://reuse", dir, "--part-size", "5MiB"]);
+    let third = stager(&server, &["pull", server.uri("reuse").as_str(), dir, "--part-size", "5MiB"]);
     third.assert_ok();
     assert_eq!((third.transferred(), third.skipped()), (3, 48), "{:#}", third.summary);
     assert_eq!(read_tree(dst.path()), files);
@@ -189,16 +211,16 @@ async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed() {
     assert!(!dst.path().join(".ferry").exists());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing() {
-    let server = S3Server::minio();
+async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing(backend: Backend) {
+    let server = Store::start(backend);
     server.create_bucket("resume").await;
     let mut files = small_files("small", 400, 40);
     files.insert("big/a.bin".into(), pattern(41, 40 * MIB));
     files.insert("big/b.bin".into(), pattern(42, 40 * MIB + 1));
     let src = tempfile::tempdir().unwrap();
     write_tree(src.path(), &files);
-    stager(&server, &["push", src.path().to_str().unwrap(), "s3://resume/", "--part-size", "5MiB"]).assert_ok();
+    stager(&server, &["push", src.path().to_str().unwrap(), server.uri("resume/").as_str(), "--part-size", "5MiB"])
+        .assert_ok();
 
     let dst = tempfile::tempdir().unwrap();
     let dir = dst.path().to_str().unwrap();
@@ -208,7 +230,7 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
         &server,
         &[
             "pull",
-            "s3://resume",
+            server.uri("resume").as_str(),
             dir,
             "--part-size",
             "5MiB",
@@ -254,7 +276,7 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
         assert!(files.get(rel) == Some(data), "{rel} is under its final name but not complete and correct");
     }
 
-    let resumed = stager(&server, &["pull", "s3://resume", dir, "--part-size", "5MiB"]);
+    let resumed = stager(&server, &["pull", server.uri("resume").as_str(), dir, "--part-size", "5MiB"]);
     resumed.assert_ok();
     assert_eq!(resumed.skipped() as usize, partial.len(), "{:#}", resumed.summary);
     assert_eq!(resumed.transferred() as usize, files.len() - partial.len());
@@ -275,10 +297,13 @@ fn transferred_bytes(exposition: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn keys_that_would_escape_the_destination_are_refused() {
-    // MinIO refuses such keys itself; moto stores them, as real S3 does.
-    let server = S3Server::moto();
+async fn keys_that_would_escape_the_destination_are_refused(backend: Backend) {
+    // MinIO refuses such keys itself; moto stores them, as real S3 does, and
+    // so does fake-gcs-server, as real GCS does.
+    let server = match backend {
+        Backend::Minio => Store::S3(S3Server::moto()),
+        other => Store::start(other),
+    };
     server.create_bucket("hostile").await;
     let hostile =
         ["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
@@ -297,7 +322,7 @@ async fn keys_that_would_escape_the_destination_are_refused() {
     // A symlink planted inside the destination must not be followed out of it.
     std::os::unix::fs::symlink(outside.path(), dest.join("link")).unwrap();
 
-    let run = stager(&server, &["pull", "s3://hostile", dest.to_str().unwrap()]);
+    let run = stager(&server, &["pull", server.uri("hostile").as_str(), dest.to_str().unwrap()]);
     assert_eq!(run.code(), 1, "refused keys make the run incomplete:\n{}", run.stderr);
     assert!(run.stderr.contains("refused") || run.stderr.contains("symlink"), "{}", run.stderr);
     assert_eq!(std::fs::read(dest.join("ok.txt")).unwrap(), b"ok.txt");
@@ -313,16 +338,17 @@ async fn keys_that_would_escape_the_destination_are_refused() {
     assert_eq!(within, BTreeSet::from(["ok.txt".to_owned()]));
 }
 
+/// S3 only: the GCS emulator does not check credentials.
 #[tokio::test(flavor = "multi_thread")]
-async fn wrong_credentials_end_quickly_with_a_clear_message() {
-    let server = S3Server::minio();
+async fn s3_only_wrong_credentials_end_quickly_with_a_clear_message() {
+    let server = Store::S3(S3Server::minio());
     server.create_bucket("creds").await;
     let src = tempfile::tempdir().unwrap();
     std::fs::write(src.path().join("f"), b"x").unwrap();
     let dst = tempfile::tempdir().unwrap();
     for args in [
-        vec!["pull", "s3://creds", dst.path().to_str().unwrap()],
-        vec!["push", src.path().to_str().unwrap(), "s3://creds"],
+        vec!["pull", server.uri("creds").as_str(), dst.path().to_str().unwrap()],
+        vec!["push", src.path().to_str().unwrap(), server.uri("creds").as_str()],
     ] {
         let mut cmd = command(&server, &args);
         cmd.env("AWS_SECRET_ACCESS_KEY", "not-the-secret");
@@ -336,15 +362,14 @@ async fn wrong_credentials_end_quickly_with_a_clear_message() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_missing_bucket_ends_quickly_with_a_clear_message() {
-    let server = S3Server::minio();
+async fn a_missing_bucket_ends_quickly_with_a_clear_message(backend: Backend) {
+    let server = Store::start(backend);
     let src = tempfile::tempdir().unwrap();
     std::fs::write(src.path().join("f"), b"x").unwrap();
     let dst = tempfile::tempdir().unwrap();
     for args in [
-        vec!["pull", "s3://no-such-bucket/data", dst.path().to_str().unwrap()],
-        vec!["push", src.path().to_str().unwrap(), "s3://no-such-bucket/data"],
+        vec!["pull", server.uri("no-such-bucket/data").as_str(), dst.path().to_str().unwrap()],
+        vec!["push", src.path().to_str().unwrap(), server.uri("no-such-bucket/data").as_str()],
     ] {
         let run = stager(&server, &args);
         assert_eq!(run.code(), 4, "retrying cannot help: {}", run.stderr);
@@ -355,12 +380,11 @@ async fn a_missing_bucket_ends_quickly_with_a_clear_message() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message() {
-    let server = S3Server::minio();
+async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message(backend: Backend) {
+    let server = Store::start(backend);
     let dead_endpoint = format!("http://127.0.0.1:{}", ferry_testkit::free_port());
     let dst = tempfile::tempdir().unwrap();
-    let mut cmd = command(&server, &["pull", "s3://bucket/data", dst.path().to_str().unwrap()]);
+    let mut cmd = command(&server, &["pull", server.uri("bucket/data").as_str(), dst.path().to_str().unwrap()]);
     cmd.env("FERRY_ENDPOINT_URL", &dead_endpoint);
     let run = common::run(cmd);
     assert_eq!(run.code(), 3, "another attempt may succeed: {}", run.stderr);
@@ -369,3 +393,37 @@ async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message() {
     assert!(run.stderr.contains("cannot list"), "{}", run.stderr);
     assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
 }
+
+/// Runs each listed test against every backend, as `minio::NAME` and `gcs::NAME`.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod minio {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    super::$test(ferry_testkit::Backend::Minio).await;
+                }
+            )*
+        }
+        mod gcs {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    super::$test(ferry_testkit::Backend::FakeGcs).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    push_then_pull_is_byte_identical,
+    objects_uploaded_by_other_clients_are_verified_against_the_stores_checksum,
+    include_and_exclude_select_by_relative_key,
+    three_shards_partition_the_dataset_exactly,
+    a_second_pull_transfers_nothing_and_a_third_only_what_changed,
+    a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing,
+    keys_that_would_escape_the_destination_are_refused,
+    a_missing_bucket_ends_quickly_with_a_clear_message,
+    an_unreachable_endpoint_ends_quickly_with_a_clear_message,
+);

@@ -1,0 +1,224 @@
+//! fake-gcs-server, the GCS emulator, for the stager's `gs://` tests, and
+//! [`Store`]: one handle over every backend so a test can be written once
+//! and run against each (the conformance suite).
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::{S3Server, START_DEADLINE, free_port, http_get_status, tool_path};
+
+/// A running fake-gcs-server (in-memory backend), stopped on drop.
+#[derive(Debug)]
+pub struct GcsServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl GcsServer {
+    /// Starts the pinned fake-gcs-server on a free loopback port.
+    pub fn start() -> Self {
+        let binary = tool_path("fake-gcs-server");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let child = Command::new(binary)
+            .args(["-scheme", "http", "-host", "127.0.0.1", "-port", &port.to_string(), "-backend", "memory"])
+            // Upload sessions must point back at this address, not the real service.
+            .args(["-public-host", &format!("127.0.0.1:{port}"), "-external-url", &endpoint])
+            .args(["-log-level", "warn"])
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start fake-gcs-server");
+        let mut server = Self { child, endpoint, dir, http: reqwest::Client::new() };
+        let deadline = Instant::now() + START_DEADLINE;
+        while http_get_status(port, "/storage/v1/b") != Some(200) {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("fake-gcs-server exited with {status} during start-up:\n{}", server.log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fake-gcs-server not up within {START_DEADLINE:?}:\n{}",
+                server.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// The last lines of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Creates a bucket.
+    pub async fn create_bucket(&self, name: &str) {
+        let response = self
+            .http
+            .post(format!("{}/storage/v1/b", self.endpoint))
+            .json(&serde_json::json!({"name": name}))
+            .send()
+            .await
+            .expect("create bucket");
+        assert!(response.status().is_success(), "create bucket {name}: {}", response.status());
+    }
+
+    /// Uploads one object in one request.
+    pub async fn put(&self, bucket: &str, key: &str, body: Vec<u8>) {
+        let response = self
+            .http
+            .post(format!("{}/upload/storage/v1/b/{bucket}/o", self.endpoint))
+            .query(&[("uploadType", "media"), ("name", key)])
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("put {key}: {e}"));
+        assert!(response.status().is_success(), "put {key}: {}", response.status());
+    }
+
+    /// Reads one object.
+    pub async fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        let response = self
+            .http
+            .get(format!("{}/storage/v1/b/{bucket}/o/{}", self.endpoint, encode(key)))
+            .query(&[("alt", "media")])
+            .send()
+            .await
+            .expect("get object");
+        assert!(response.status().is_success(), "get {key}: {}", response.status());
+        response.bytes().await.expect("read body").to_vec()
+    }
+
+    /// Every key and size under `prefix`.
+    pub async fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut query = vec![("prefix", prefix.to_owned())];
+            if let Some(token) = &token {
+                query.push(("pageToken", token.clone()));
+            }
+            let page: serde_json::Value = self
+                .http
+                .get(format!("{}/storage/v1/b/{bucket}/o", self.endpoint))
+                .query(&query)
+                .send()
+                .await
+                .expect("list")
+                .json()
+                .await
+                .expect("list answer");
+            for item in page["items"].as_array().into_iter().flatten() {
+                let size = item["size"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+                out.push((item["name"].as_str().unwrap_or_default().to_owned(), size));
+            }
+            match page["nextPageToken"].as_str().filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next.to_owned()),
+                None => return out,
+            }
+        }
+    }
+
+    /// Environment for a stager that should talk to this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![("FERRY_ENDPOINT_URL", self.endpoint.clone()), ("FERRY_ANONYMOUS", "true".into())]
+    }
+}
+
+impl Drop for GcsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn encode(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The backends of the conformance suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// MinIO through `s3://`.
+    Minio,
+    /// fake-gcs-server through `gs://`.
+    FakeGcs,
+}
+
+/// A running store of either backend, with the same test-side operations.
+#[derive(Debug)]
+pub enum Store {
+    /// An S3-compatible server.
+    S3(S3Server),
+    /// A GCS emulator.
+    Gcs(GcsServer),
+}
+
+impl Store {
+    /// Starts a fresh server of `backend`.
+    pub fn start(backend: Backend) -> Self {
+        match backend {
+            Backend::Minio => Store::S3(S3Server::minio()),
+            Backend::FakeGcs => Store::Gcs(GcsServer::start()),
+        }
+    }
+
+    /// `s3://PATH` or `gs://PATH`.
+    pub fn uri(&self, path: &str) -> String {
+        match self {
+            Store::S3(_) => format!("s3://{path}"),
+            Store::Gcs(_) => format!("gs://{path}"),
+        }
+    }
+
+    /// Creates a bucket.
+    pub async fn create_bucket(&self, name: &str) {
+        match self {
+            Store::S3(s) => s.create_bucket(name).await,
+            Store::Gcs(g) => g.create_bucket(name).await,
+        }
+    }
+
+    /// Uploads one object (not through the code under test).
+    pub async fn put(&self, bucket: &str, key: &str, body: Vec<u8>) {
+        match self {
+            Store::S3(s) => s.put(bucket, key, body).await,
+            Store::Gcs(g) => g.put(bucket, key, body).await,
+        }
+    }
+
+    /// Reads one object.
+    pub async fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        match self {
+            Store::S3(s) => s.get(bucket, key).await,
+            Store::Gcs(g) => g.get(bucket, key).await,
+        }
+    }
+
+    /// Every key and size under `prefix`.
+    pub async fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+        match self {
+            Store::S3(s) => s.list(bucket, prefix).await,
+            Store::Gcs(g) => g.list(bucket, prefix).await,
+        }
+    }
+
+    /// Environment for a stager that should talk to this store.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::S3(s) => s.env(),
+            Store::Gcs(g) => g.env(),
+        }
+    }
+}
