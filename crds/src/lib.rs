@@ -112,7 +112,8 @@ pub struct DataStageSpec {
 /// One side of a transfer: object storage or a volume, never both.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(validation = Rule::new("has(self.uri) != has(self.volume)").message("set exactly one of uri (object storage) or volume"))]
-#[x_kube(validation = Rule::new("has(self.uri) || !(has(self.endpoint) || has(self.region) || has(self.credentials))").message("endpoint, region and credentials apply to object storage: set uri too"))]
+#[x_kube(validation = Rule::new("has(self.uri) || !(has(self.endpoint) || has(self.region) || has(self.credentials) || has(self.anonymous))").message("endpoint, region, credentials and anonymous apply to object storage: set uri too"))]
+#[x_kube(validation = Rule::new("!(has(self.anonymous) && self.anonymous && has(self.credentials))").message("anonymous sends no credentials: remove credentials or anonymous"))]
 #[serde(rename_all = "camelCase")]
 pub struct Location {
     /// Object storage location: `s3://bucket/prefix` or `gs://bucket/prefix`.
@@ -121,8 +122,10 @@ pub struct Location {
     #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$')").message("uri must look like s3://bucket/prefix or gs://bucket/prefix"))]
     pub uri: Option<String>,
 
-    /// S3-compatible endpoint URL (MinIO, a private endpoint), e.g.
-    /// `http://minio.storage:9000`. Default: the provider's public endpoint.
+    /// Endpoint URL: an S3-compatible server (MinIO, a private endpoint),
+    /// e.g. `http://minio.storage:9000`, or for `gs://` a GCS endpoint (an
+    /// emulator, Private Service Connect). Default: the provider's public
+    /// endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("endpoint must be an http:// or https:// URL"))]
     pub endpoint: Option<String>,
@@ -131,11 +134,17 @@ pub struct Location {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
 
-    /// A Secret in the DataStage's namespace with the store's credentials
-    /// (keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, optionally
-    /// `AWS_SESSION_TOKEN`). Without it, workers use their own identity.
+    /// A Secret in the DataStage's namespace with the store's credentials:
+    /// for `s3://`, keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`
+    /// (optionally `AWS_SESSION_TOKEN`); for `gs://`, key `key.json` holding
+    /// a service-account key. Without it, workers use their own identity
+    /// (IRSA, GKE Workload Identity through `serviceAccountName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<SecretReference>,
+
+    /// `gs://` only: send no credentials at all (public buckets, emulators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anonymous: Option<bool>,
 
     /// A volume: a path on each node (`hostPath`) or a claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -82,7 +82,7 @@ pub struct Invalid {
 }
 
 /// Checks what the schema cannot: the operator's hostPath allow-list and
-/// the stores the stager supports.
+/// options the chosen store does not support.
 ///
 /// # Errors
 /// [`Invalid`] with a reason and a message a user can act on.
@@ -99,10 +99,10 @@ pub fn validate(ds: &DataStage, config: &OperatorConfig) -> Result<(), Invalid> 
             ),
         });
     }
-    if store.uri.as_deref().is_some_and(|u| !u.starts_with("s3://")) {
+    if store.anonymous == Some(true) && store.uri.as_deref().is_some_and(|u| u.starts_with("s3://")) {
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
-            message: "only s3:// URIs are supported by this version of the stager (gs:// works through GCS's S3-compatible endpoint)".into(),
+            message: "anonymous applies to gs:// only; for s3:// give credentials or rely on the pod's identity".into(),
         });
     }
     Ok(())
@@ -143,8 +143,13 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     if let Some(secret) = &store.credentials {
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
         if secrets.get_metadata_opt(&secret.name).await?.is_none() {
+            let keys = if store.uri.as_deref().is_some_and(|u| u.starts_with("gs://")) {
+                "key key.json (a service-account key)"
+            } else {
+                "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            };
             let message = format!(
-                "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with {keys}",
                 secret.name
             );
             let status = status::blocked(ds, Phase::Pending, false, reasons::SECRET_NOT_FOUND, &message, &now());
@@ -460,6 +465,9 @@ mod tests {
         let invalid = validate(&ds("/etc/x", "s3://b/p"), &config).unwrap_err();
         assert_eq!(invalid.reason, reasons::HOST_PATH_NOT_ALLOWED);
         assert!(invalid.message.contains("/mnt, /data"), "{}", invalid.message);
-        assert_eq!(validate(&ds("/mnt/x", "gs://b/p"), &config).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+        assert_eq!(validate(&ds("/mnt/x", "gs://b/p"), &config), Ok(()));
+        let mut anonymous_s3 = ds("/mnt/x", "s3://b/p");
+        anonymous_s3.spec.source.anonymous = Some(true);
+        assert_eq!(validate(&anonymous_s3, &config).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
     }
 }

@@ -22,6 +22,8 @@ pub const WORKER_LABEL: &str = "ferry.dev/worker";
 pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 /// Where the volume is mounted in worker pods.
 pub const DATA_MOUNT: &str = "/ferry/data";
+/// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
+pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
 /// Which node label pins a per-node worker.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
@@ -103,6 +105,9 @@ pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
     };
     if let Some(endpoint) = &store.endpoint {
         args.extend(["--endpoint-url".to_owned(), endpoint.clone()]);
+    }
+    if store.anonymous == Some(true) {
+        args.push("--anonymous".to_owned());
     }
     if let Some(region) = &store.region {
         args.extend(["--region".to_owned(), region.clone()]);
@@ -212,17 +217,27 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
         mount["subPath"] = sub_path.into();
     }
 
-    let mut env = vec![json!({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})];
-    if let Some(secret) = &store.credentials {
-        for (key, optional) in
-            [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
-        {
-            env.push(json!({"name": key, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key, "optional": optional}}}));
+    let gcs = store.uri.as_deref().is_some_and(|u| u.starts_with("gs://"));
+    let mut env = Vec::new();
+    let mut volumes = vec![volume];
+    let mut mounts = vec![mount];
+    match &store.credentials {
+        // A service-account key: Application Default Credentials read the file.
+        Some(secret) if gcs => {
+            env.push(json!({"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": format!("{GCS_KEY_MOUNT}/key.json")}));
+            volumes.push(json!({"name": "gcs-key", "secret": {"secretName": secret.name, "items": [{"key": "key.json", "path": "key.json"}]}}));
+            mounts.push(json!({"name": "gcs-key", "mountPath": GCS_KEY_MOUNT, "readOnly": true}));
         }
-        env.retain(|e| e["name"] != "AWS_EC2_METADATA_DISABLED");
-    } else {
-        // Without a Secret the pod's own identity (IRSA, instance role) is the credential.
-        env.clear();
+        Some(secret) => {
+            for (key, optional) in
+                [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
+            {
+                env.push(json!({"name": key, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key, "optional": optional}}}));
+            }
+        }
+        // Without a Secret the pod's own identity (IRSA, GKE Workload
+        // Identity, instance role) is the credential.
+        None => {}
     }
 
     let placement = spec.placement.clone().unwrap_or_default();
@@ -297,7 +312,7 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
                         "args": args,
                         "env": env,
                         "resources": spec.resources,
-                        "volumeMounts": [mount],
+                        "volumeMounts": mounts,
                         "terminationMessagePolicy": "FallbackToLogsOnError",
                         "securityContext": {
                             "allowPrivilegeEscalation": false,
@@ -305,7 +320,7 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
                             "capabilities": {"drop": ["ALL"]},
                         },
                     }],
-                    "volumes": [volume],
+                    "volumes": volumes,
                 },
             },
         },
@@ -450,6 +465,32 @@ mod tests {
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
         let env = pod.containers[0].env.clone().unwrap_or_default();
         assert!(env.iter().all(|e| e.name != "AWS_ACCESS_KEY_ID"), "no Secret: the pod's identity is used");
+    }
+
+    #[test]
+    fn a_gcs_source_gets_its_key_file_mounted_or_goes_anonymous() {
+        let ds = datastage(json!({
+            "source": {"uri": "gs://datasets/imagenet", "credentials": {"name": "gcs"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let worker = Worker { name: "a".into(), node: Some("a".into()) };
+        let pod = build_job(&ds, &worker, "stager:1").spec.unwrap().template.spec.unwrap();
+        let env = pod.containers[0].env.clone().unwrap();
+        let adc = env.iter().find(|e| e.name == "GOOGLE_APPLICATION_CREDENTIALS").unwrap();
+        assert_eq!(adc.value.as_deref(), Some("/var/run/secrets/ferry/gcs/key.json"));
+        assert!(env.iter().all(|e| !e.name.starts_with("AWS_")));
+        let volumes = pod.volumes.unwrap();
+        assert_eq!(volumes[1].secret.as_ref().unwrap().secret_name.as_deref(), Some("gcs"));
+        let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+        assert_eq!((mounts[1].mount_path.as_str(), mounts[1].read_only), (GCS_KEY_MOUNT, Some(true)));
+
+        let emulator = datastage(json!({
+            "source": {"uri": "gs://datasets/imagenet", "endpoint": "http://gcs:4443", "anonymous": true},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let args = stager_args(&emulator.spec);
+        assert!(args.windows(2).any(|w| w == ["--endpoint-url", "http://gcs:4443"]), "{args:?}");
+        assert!(args.contains(&"--anonymous".to_owned()), "{args:?}");
     }
 
     #[test]

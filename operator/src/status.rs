@@ -35,7 +35,7 @@ pub mod reasons {
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// The hostPath is outside the operator's allow-list.
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
-    /// The stager cannot reach this kind of store yet.
+    /// The spec asks the store for something it does not support.
     pub const UNSUPPORTED_STORE: &str = "UnsupportedStore";
     /// The stager's reasons for a run that could not proceed, which become
     /// condition reasons as they are: `BucketNotFound`, `AccessDenied`,

@@ -108,6 +108,10 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
                       "reclaimPolicy": "Delete"});
     assert_refused(&raw, "push-delete", push, "reclaimPolicy Delete removes what a pull staged").await;
 
+    let mut both = pull_spec();
+    both["source"]["anonymous"] = json!(true);
+    assert_refused(&raw, "anonymous", both, "anonymous sends no credentials: remove credentials or anonymous").await;
+
     // Source and destination cannot change after creation.
     let mut changed = pull_spec();
     changed["source"]["uri"] = json!("s3://datasets/other");

@@ -375,6 +375,34 @@ async fn an_operator_killed_mid_transfer_is_replaced_without_duplicate_jobs() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_gcs_source_is_staged_onto_every_node() {
+    let setup = setup("gcs").await;
+    let gcs = ferry_testkit::GcsServer::start();
+    gcs.create_bucket("datasets").await;
+    for (key, data) in &setup.files {
+        gcs.put("datasets", &format!("demo/{key}"), data.clone()).await;
+    }
+    setup
+        .apply_spec(
+            "from-gcs",
+            json!({
+                // The emulator checks no credentials; a real bucket would name a key Secret or use Workload Identity.
+                "source": {"uri": "gs://datasets/demo", "endpoint": gcs.endpoint, "anonymous": true},
+                "destination": {"volume": {"hostPath": "/mnt/ferry/from-gcs"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+            }),
+        )
+        .await;
+    let status = setup.wait_status("from-gcs", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(status.nodes.as_deref(), Some("2/2"));
+    if let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) {
+        assert_eq!(read_tree(&a.join("mnt/ferry/from-gcs")), setup.files, "node-a's copy is byte-identical");
+        assert_eq!(read_tree(&b.join("mnt/ferry/from-gcs")), setup.files, "node-b's copy is byte-identical");
+    }
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_missing_secret_is_a_condition_that_recovers_once_the_secret_exists() {
     let setup = setup("secret").await;
     setup.apply("waiting", "/mnt/ferry/waiting").await;
