@@ -28,3 +28,9 @@ cargo build --release --workspace --locked --bins
 # the optimised build, which the demo and benchmarks share.
 # A hung test must fail CI, not stall it.
 timeout --kill-after=60 45m cargo test --release --workspace --locked "$@"
+
+# The benchmark harness in miniature (seconds of data, every tool once), so
+# neither Ferry's nor any peer's setup can rot unnoticed.
+bench_out="$(mktemp -d)"
+bench/run --smoke --out "$bench_out"
+rm -rf "$bench_out"

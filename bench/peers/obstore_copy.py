@@ -1,0 +1,39 @@
+"""obstore (Rust object_store underneath), driven with asyncio: list, then
+at most C concurrent whole-object transfers streamed to and from files."""
+
+import asyncio
+import os
+
+import obstore
+from common import ACCESS_KEY, ENDPOINT, REGION, SECRET_KEY, arguments, local_files, target_path
+from obstore.store import S3Store
+
+
+async def main():
+    args = arguments()
+    store = S3Store(args.bucket, endpoint=ENDPOINT, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
+                    region=REGION, virtual_hosted_style_request=False, client_options={"allow_http": True})
+    gate = asyncio.Semaphore(args.concurrency)
+
+    async def download(key):
+        async with gate:
+            result = await obstore.get_async(store, key)
+            with open(target_path(args.local, args.prefix, key), "wb") as f:
+                async for chunk in result.stream(min_chunk_size=8 << 20):
+                    f.write(chunk)
+
+    async def upload(rel, path):
+        async with gate:
+            await obstore.put_async(store, args.prefix + rel, path)
+
+    if args.direction == "download":
+        tasks = []
+        async for batch in obstore.list(store, prefix=args.prefix):
+            tasks += [asyncio.create_task(download(meta["path"])) for meta in batch]
+        await asyncio.gather(*tasks)
+    else:
+        await asyncio.gather(*(upload(rel, path) for rel, path in local_files(args.local)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
