@@ -61,6 +61,7 @@ class Minio:
     def __init__(self, data_dir):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.trash = Path(data_dir) / ".minio.sys" / "tmp" / ".trash"
         env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY,
                    MINIO_BROWSER="off", MINIO_UPDATE="off")
         self.log = open(Path(data_dir).parent / "minio.log", "wb")
@@ -76,6 +77,12 @@ class Minio:
             except OSError:
                 time.sleep(0.2)
         raise SystemExit("MinIO did not become healthy")
+
+    def empty_trash(self):
+        """MinIO moves deleted objects into a trash directory and frees it in
+        the background, far slower than a benchmark deletes hundreds of GiB
+        of uploads; what is in there is deleted data, so free it now."""
+        shutil.rmtree(self.trash, ignore_errors=True)
 
     def stop(self):
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -266,6 +273,10 @@ def one_run(t, direction, workload, source, scratch_root, concurrency, env, mini
     wall, cpu, rss, code = measured(cmd, env, log)
     ok = code == 0 and check(direction, source, local, prefix, env, minio, log)
     shutil.rmtree(local, ignore_errors=True)
+    if direction == "upload":
+        subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "rm", f"s3://{BUCKET}/{prefix}/*"],
+                       env=env, stdout=log, stderr=log)
+        minio.empty_trash()
     return {"tool": t, "direction": direction, "concurrency": concurrency, "seconds": wall, "cpu_seconds": cpu,
             "peak_rss_bytes": rss, "exit_code": code, "ok": ok}
 
