@@ -103,6 +103,10 @@ def python_peer(script):
     return [tool("bench-python"), str(HERE / "peers" / script)]
 
 
+# Extra ferry-stager arguments (`--ferry-args`), for ablations.
+FERRY_ARGS = []
+
+
 def commands(name, direction, prefix, local, concurrency, endpoint):
     """The command line of tool `name` for one run."""
     uri = f"s3://{BUCKET}/{prefix}"
@@ -110,8 +114,8 @@ def commands(name, direction, prefix, local, concurrency, endpoint):
     if name == "ferry":
         base = [tool("ferry-stager")]
         if direction == "download":
-            return base + ["pull", uri, local, "--concurrency", c, "--progress", "never"]
-        return base + ["push", local, uri, "--concurrency", c, "--progress", "never"]
+            return base + ["pull", uri, local, "--concurrency", c, "--progress", "never"] + FERRY_ARGS
+        return base + ["push", local, uri, "--concurrency", c, "--progress", "never"] + FERRY_ARGS
     if name == "s5cmd":
         base = [tool("s5cmd"), "--endpoint-url", endpoint, "--numworkers", c]
         if direction == "download":
@@ -137,13 +141,15 @@ def commands(name, direction, prefix, local, concurrency, endpoint):
 TOOLS = ["ferry", "s5cmd", "aws-crt", "boto3", "msc", "s3dlio", "rclone", "obstore"]
 
 
-def measured(cmd, env, log):
+def measured(cmd, env, log, timeout=None):
     """Runs `cmd` as a fresh process tree under bench/measure; returns wall
-    seconds, CPU seconds (user + sys of the tree), peak RSS bytes, exit code."""
+    seconds, CPU seconds (user + sys of the tree), peak RSS bytes, exit code
+    and whether it was stopped for running past `timeout` seconds."""
+    limit = ["-t", f"{timeout:.1f}"] if timeout else []
     with tempfile.NamedTemporaryFile("r", suffix=".measure") as result:
-        subprocess.run([tool("measure"), result.name] + cmd, env=env, stdout=log, stderr=log, check=True)
-        wall, cpu, rss_kib, code = result.read().split()
-    return float(wall), float(cpu), int(rss_kib) * 1024, int(code)
+        subprocess.run([tool("measure")] + limit + [result.name] + cmd, env=env, stdout=log, stderr=log, check=True)
+        wall, cpu, rss_kib, code, timed_out = result.read().split()
+    return float(wall), float(cpu), int(rss_kib) * 1024, int(code), timed_out == "1"
 
 
 def generate(root, name, count, size, seed):
@@ -180,7 +186,15 @@ def main():
     parser.add_argument("--scale", type=float, default=1.0, help="multiply object counts (large: object size)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32, help="the shared concurrency budget")
-    parser.add_argument("--sweep", default="8,32,128", help="concurrencies tried for each tool's own best ('' = none)")
+    parser.add_argument("--sweep", default="8,128",
+                        help="other concurrencies tried once for each tool's own best ('' = none)")
+    parser.add_argument("--sweep-within", type=float, default=1.3,
+                        help="sweep Ferry and the peers whose first run is within this factor of the fastest peer's")
+    parser.add_argument("--too-slow", type=float, default=4.0,
+                        help="stop a run after this many times the fastest run of its workload and direction")
+    parser.add_argument("--min-timeout", type=float, default=10.0, help="...but never before this many seconds")
+    parser.add_argument("--ferry-args", default="",
+                        help="extra ferry-stager arguments, for ablations (e.g. '--verify size')")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--tmpfs", action="store_true", help="sources and destinations on /dev/shm (no disk)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, no sweep (for tests)")
@@ -190,6 +204,7 @@ def main():
     args = parser.parse_args()
 
     tools = [t for t in args.tools.split(",") if t]
+    FERRY_ARGS.extend(args.ferry_args.split())
     workloads = {}
     for name in args.workloads.split(","):
         count, size = (SMOKE if args.smoke else WORKLOADS)[name]
@@ -199,8 +214,12 @@ def main():
             count = max(1, int(count * args.scale))
         workloads[name] = (count, size)
     reps = 1 if args.smoke else args.reps
-    sweep = [] if args.smoke else [int(c) for c in args.sweep.split(",") if c]
+    sweep = [] if args.smoke else [int(c) for c in args.sweep.split(",") if c and int(c) != args.concurrency]
+    # A loaded CI machine must not turn a smoke run into a "too slow" one.
+    min_timeout = max(args.min_timeout, 120.0) if args.smoke else args.min_timeout
+    args.min_timeout = min_timeout
 
+    started = time.monotonic()
     base = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     scratch_root = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir="/dev/shm")) if args.tmpfs else base / "scratch"
     data_root = scratch_root / "data" if args.tmpfs else base / "data"
@@ -211,6 +230,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "runs.log", "wb")
     results = []
+    hide = {str(scratch_root): "$WORK", str(base): "$WORK", minio.endpoint: "$ENDPOINT"}
     try:
         subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "mb", f"s3://{BUCKET}"], env=env,
                        check=True, stdout=log, stderr=log)
@@ -221,43 +241,98 @@ def main():
             subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "cp", f"{source}/",
                             f"s3://{BUCKET}/{name}/"], env=env, check=True, stdout=log, stderr=log)
             for direction in args.directions.split(","):
-                settings = {t: [("budget", args.concurrency)] for t in tools}
+                fastest = [None]  # the fastest successful run of this workload and direction so far
+                stopped = set()  # (tool, setting) recorded as too slow here: not run again
+
+                def run(t, setting, concurrency, rep):
+                    timeout = max(min_timeout, args.too_slow * fastest[0]) if fastest[0] else None
+                    r = one_run(t, direction, name, source, scratch_root, concurrency, env, minio, log, timeout)
+                    r.update(workload=name, setting=setting, rep=rep, objects=count, bytes=total,
+                             command=shown(r.pop("argv"), hide))
+                    results.append(r)
+                    if r["ok"]:
+                        fastest[0] = min(fastest[0] or r["seconds"], r["seconds"])
+                    if r["too_slow"]:
+                        stopped.add((t, setting))
+                    status = "ok" if r["ok"] else f"TOO SLOW (stopped at {timeout:.0f} s)" if r["too_slow"] else "FAILED"
+                    print(f"   {direction:8} {t:8} {setting:6} c={concurrency:<4} {r['seconds']:7.2f} s "
+                          f"{r['cpu_seconds']:6.2f} CPU-s {r['peak_rss_bytes'] / MIB:6.0f} MiB {status}", flush=True)
+                    return r
+
+                # Repetition 0: every tool at the shared budget.
+                settings = {t: {"budget": args.concurrency} for t in tools}
+                first = {t: run(t, "budget", args.concurrency, 0) for t in tools}
+                # The sweep, once per point, only where it can change the
+                # ranking: Ferry, and the peers whose first run is within
+                # --sweep-within of the fastest peer's (in the first full
+                # run no sweep point moved a tool by more than 10%, so a
+                # peer 30% behind the fastest would stay behind it). A point
+                # that beats the tool's budget run becomes its "best"
+                # setting, and that run counts as the best row's first
+                # repetition.
+                peers = [first[t]["seconds"] for t in tools if t != "ferry" and first[t]["ok"]]
                 for t in tools:
-                    best = best_concurrency(t, direction, name, sweep, source, scratch_root, env, minio, log)
-                    if best is not None and best != args.concurrency:
-                        settings[t].append(("best", best))
-                for rep in range(reps):
+                    if not sweep or not first[t]["ok"]:
+                        continue
+                    if t != "ferry" and first[t]["seconds"] > args.sweep_within * min(peers):
+                        continue
+                    best = first[t]
+                    for concurrency in sweep:
+                        r = run(t, "sweep", concurrency, 0)
+                        if r["ok"] and r["seconds"] < best["seconds"]:
+                            best = r
+                    if best is not first[t]:
+                        best["setting"] = "best"
+                        settings[t]["best"] = best["concurrency"]
+                for rep in range(1, reps):
                     order = tools if rep % 2 == 0 else list(reversed(tools))  # alternate order
                     for t in order:
-                        for label, concurrency in settings[t]:
-                            r = one_run(t, direction, name, source, scratch_root, concurrency, env, minio, log)
-                            r.update(workload=name, setting=label, rep=rep, objects=count, bytes=total)
-                            results.append(r)
-                            print(f"   {direction:8} {t:8} {label:6} c={concurrency:<4} {r['seconds']:7.2f} s "
-                                  f"{r['cpu_seconds']:6.2f} CPU-s {r['peak_rss_bytes'] / MIB:6.0f} MiB "
-                                  f"{'ok' if r['ok'] else 'FAILED'}", flush=True)
+                        for setting, concurrency in settings[t].items():
+                            if (t, setting) not in stopped:
+                                run(t, setting, concurrency, rep)
     finally:
         minio.stop()
         if args.tmpfs:
             shutil.rmtree(scratch_root, ignore_errors=True)
         if not args.work_dir:
             shutil.rmtree(base, ignore_errors=True)
+    elapsed = time.monotonic() - started
     summary = summarise(results)
     meta = machine(args)
+    meta["elapsed_seconds"] = round(elapsed)
     (out / "results.json").write_text(json.dumps({"machine": meta, "runs": results, "summary": summary}, indent=2))
-    report = markdown(meta, summary, workloads, reps, sys.argv[1:])
+    report = markdown(meta, summary, results, workloads, reps, sys.argv[1:], args)
     (out / "report.md").write_text(report)
     if args.report:
         Path(args.report).write_text(report)
     chart(summary, out / "chart.png")
-    failed = [r for r in results if not r["ok"]]
-    print(f"wrote {out}/results.json, report.md, chart.png; {len(failed)} failed runs (details in runs.log)")
+    failed = [r for r in results if not r["ok"] and not r["too_slow"]]
+    print(f"wrote {out}/results.json, report.md, chart.png in {elapsed / 60:.1f} min; "
+          f"{len(failed)} failed runs (details in runs.log)")
     # A failed run is a broken tool setup or a broken Ferry: either way the
-    # figures are incomplete, so the run fails.
+    # figures are incomplete, so the run fails. A run stopped as too slow is a
+    # result, not a failure.
     return 1 if failed else 0
 
 
-def one_run(t, direction, workload, source, scratch_root, concurrency, env, minio, log):
+def shown(argv, hide):
+    """The command line as the report shows it: the cache's tool paths as the
+    tool's name, the scratch directories and the endpoint as variables."""
+    words = []
+    for word in argv:
+        for path, name in ((os.environ.get(f"FERRY_BENCH_{k}", "\0"), v) for k, v in (
+                ("FERRY_STAGER", "ferry-stager"), ("S5CMD", "s5cmd"), ("RCLONE", "rclone"),
+                ("BENCH_PYTHON", "python"))):
+            if word == path:
+                word = name
+        word = word.replace(str(HERE), "bench")
+        for path, name in hide.items():
+            word = word.replace(path, name)
+        words.append(word)
+    return " ".join(words)
+
+
+def one_run(t, direction, workload, source, scratch_root, concurrency, env, minio, log, timeout=None):
     local = scratch_root / "target" / t
     shutil.rmtree(local, ignore_errors=True)
     if direction == "download":
@@ -270,15 +345,16 @@ def one_run(t, direction, workload, source, scratch_root, concurrency, env, mini
     cmd = commands(t, direction, prefix, str(path), concurrency, minio.endpoint)
     log.write(f"\n$ {' '.join(cmd)}\n".encode())
     log.flush()
-    wall, cpu, rss, code = measured(cmd, env, log)
-    ok = code == 0 and check(direction, source, local, prefix, env, minio, log)
+    wall, cpu, rss, code, too_slow = measured(cmd, env, log, timeout)
+    ok = code == 0 and not too_slow and check(direction, source, local, prefix, env, minio, log)
     shutil.rmtree(local, ignore_errors=True)
     if direction == "upload":
         subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "rm", f"s3://{BUCKET}/{prefix}/*"],
                        env=env, stdout=log, stderr=log)
         minio.empty_trash()
     return {"tool": t, "direction": direction, "concurrency": concurrency, "seconds": wall, "cpu_seconds": cpu,
-            "peak_rss_bytes": rss, "exit_code": code, "ok": ok}
+            "peak_rss_bytes": rss, "exit_code": code, "ok": ok, "too_slow": too_slow, "timeout": timeout,
+            "argv": cmd}
 
 
 def check(direction, source, local, prefix, env, minio, log):
@@ -292,24 +368,21 @@ def check(direction, source, local, prefix, env, minio, log):
     return got == want
 
 
-def best_concurrency(t, direction, workload, sweep, source, scratch_root, env, minio, log):
-    if not sweep:
-        return None
-    timings = {}
-    for c in sweep:
-        r = one_run(t, direction, workload, source, scratch_root, c, env, minio, log)
-        if r["ok"]:
-            timings[c] = r["seconds"]
-    return min(timings, key=timings.get) if timings else None
-
-
 def summarise(results):
     groups = {}
     for r in results:
-        groups.setdefault((r["workload"], r["direction"], r["tool"], r["setting"]), []).append(r)
+        if r["setting"] != "sweep":  # single runs that lost the sweep are in the JSON, not in the table
+            groups.setdefault((r["workload"], r["direction"], r["tool"], r["setting"]), []).append(r)
     rows = []
     for (workload, direction, t, setting), runs in sorted(groups.items()):
         ok = [r for r in runs if r["ok"]]
+        too_slow = [r for r in runs if r["too_slow"]]
+        if too_slow:
+            rows.append({"workload": workload, "direction": direction, "tool": t, "setting": setting, "ok": False,
+                         "too_slow": True, "concurrency": runs[0]["concurrency"], "timeout": too_slow[0]["timeout"],
+                         "cpu_seconds_per_gib": too_slow[0]["cpu_seconds"] / (runs[0]["bytes"] / GIB),
+                         "peak_rss_mib": max(r["peak_rss_bytes"] for r in runs) / MIB})
+            continue
         if not ok:
             rows.append({"workload": workload, "direction": direction, "tool": t, "setting": setting, "ok": False})
             continue
@@ -361,14 +434,26 @@ def machine(args):
     }
 
 
-def markdown(meta, summary, workloads, reps, argv):
+def sweep_text(args):
+    points = sorted({int(c) for c in args.sweep.split(",") if c} - {args.concurrency})
+    if args.smoke or not points:
+        return "No sweep. "
+    return (f"\"best\" is a tool's own best where a one-run sweep over {', '.join(map(str, points))} beat its "
+            f"budget run (the sweep covers Ferry and the peers within {args.sweep_within:g}× of the fastest "
+            "peer's first run; the winning sweep run is the best row's first repetition). ")
+
+
+def markdown(meta, summary, results, workloads, reps, argv, args):
+    minutes = meta["elapsed_seconds"] / 60
     lines = ["# Benchmarks", "",
-             "Generated by `bench/run " + " ".join(argv) + "`. Every tool moves the same objects to and from a "
-             "local MinIO on the same machine, alternating order, medians of "
+             f"Generated by `bench/run {' '.join(argv)}` in {minutes:.0f} minutes. Every tool moves the same objects "
+             "to and from a local MinIO on the same machine, alternating order, medians of "
              f"{reps} runs (min–max in brackets). CPU is user + sys of the tool's whole process tree per GiB moved; "
-             "RSS is the peak of the largest process. \"budget\" runs every tool at the same concurrency, "
-             "\"best\" at its own best from the sweep. Speed-up is Ferry's best median against the peer's best "
-             "(> 1: Ferry is faster).", "",
+             "RSS is the peak of the largest process. \"budget\" runs every tool at the same concurrency "
+             f"({args.concurrency}). " + sweep_text(args) + "A run longer than "
+             f"{args.too_slow:g}× the fastest run of its workload and direction (and {args.min_timeout:g} s) is "
+             "stopped and its tool recorded as too slow there. Speed-up is Ferry's best median against the "
+             "peer's best (> 1: Ferry is faster).", "",
              f"Machine: {meta['cpus']} CPUs ({meta['cpu_model']}), {meta['memory_gib']} GiB, {meta['platform']}, "
              f"data on {'tmpfs' if meta['tmpfs'] else 'disk'}. MinIO runs on the same CPUs.", "",
              "Versions: " + "; ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
@@ -381,6 +466,12 @@ def markdown(meta, summary, workloads, reps, argv):
                       "| tool | setting | concurrency | median s (min–max) | MiB/s | objects/s | CPU s/GiB | peak RSS MiB | Ferry speed-up |",
                       "|---|---|---|---|---|---|---|---|---|"]
             for r in sorted(rows, key=lambda r: r.get("median_seconds", 1e9)):
+                if r.get("too_slow"):
+                    ferry = best_row(summary, name, direction, "ferry")
+                    speedup = f"> {r['timeout'] / ferry['median_seconds']:.1f}×" if ferry else ""
+                    lines.append(f"| {r['tool']} | {r['setting']} | {r['concurrency']} | too slow: stopped at "
+                                 f"{r['timeout']:.0f} s | | | | {r['peak_rss_mib']:.0f} | {speedup} |")
+                    continue
                 if not r["ok"]:
                     lines.append(f"| {r['tool']} | {r['setting']} | | failed | | | | | |")
                     continue
@@ -390,6 +481,19 @@ def markdown(meta, summary, workloads, reps, argv):
                     f"({r['min_seconds']:.2f}–{r['max_seconds']:.2f}) | {r['mib_per_second']:.0f} | "
                     f"{r['objects_per_second']:.0f} | {r['cpu_seconds_per_gib']:.2f} | {r['peak_rss_mib']:.0f} | {speedup} |")
             lines.append("")
+    lines += ["## Command lines", "",
+              "One per tool and direction, as run (the first repetition of the last workload that ran it; only "
+              "the prefix, the directory and the concurrency change between runs). `$ENDPOINT` is the MinIO "
+              "the suite started, `$WORK` its scratch directory; the Python peers run the scripts in "
+              "`bench/peers/`, with the endpoint and credentials in the environment (`AWS_ENDPOINT_URL`, "
+              "`AWS_ACCESS_KEY_ID`, ...). `bench/results/runs.log` has every command line of a run with its output.",
+              "", "```"]
+    seen = {}
+    for r in results:
+        if r["setting"] == "budget" and r["rep"] == 0:
+            seen[(r["tool"], r["direction"])] = r["command"]
+    lines += [command for _, command in sorted(seen.items())]
+    lines += ["```", ""]
     return "\n".join(lines)
 
 
