@@ -103,9 +103,10 @@ struct TransferArgs {
     /// Requests in flight, shared by all objects.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     concurrency: u32,
-    /// Range size for downloads and part size for uploads (e.g. 8MiB).
-    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
-    part_size: u64,
+    /// Part size for uploads and range size for downloads (e.g. 16MiB) [default: 8MiB, with
+    /// download ranges growing for objects larger than concurrency x 8MiB, up to 64MiB].
+    #[arg(long, value_parser = parse_size)]
+    part_size: Option<u64>,
     /// Files above this size are uploaded as multipart uploads [default: the part size].
     #[arg(long, value_parser = parse_size)]
     multipart_threshold: Option<u64>,
@@ -177,13 +178,20 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 impl TransferArgs {
+    fn part_size(&self) -> u64 {
+        self.part_size.unwrap_or(TransferConfig::default().part_size)
+    }
+
     fn config(&self) -> Result<TransferConfig, TransferError> {
         let selection = Selection::new(&self.include, &self.exclude, self.shard)
             .map_err(|e| TransferError::Config(e.to_string()))?;
+        let part_size = self.part_size();
         Ok(TransferConfig {
             concurrency: self.concurrency as usize,
-            part_size: self.part_size,
-            multipart_threshold: self.multipart_threshold.unwrap_or(self.part_size),
+            part_size,
+            // A part size the user chose is taken as the range size too.
+            grow_ranges: self.part_size.is_none(),
+            multipart_threshold: self.multipart_threshold.unwrap_or(part_size),
             write_buffer: self.write_buffer,
             memory_limit: self.memory_limit,
             verify: self.verify,
@@ -233,7 +241,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             transfer(&cli, Transfer::Pull { source, destination }, options).await
         }
         Command::Push { source, destination, options } => {
-            if options.part_size < 5 << 20 {
+            if options.part_size() < 5 << 20 {
                 eprintln!("ferry-stager: push failed: --part-size must be at least 5MiB, the smallest part S3 accepts");
                 return ExitCode::from(2);
             }

@@ -15,6 +15,7 @@ pub mod bandwidth;
 pub mod buffers;
 #[cfg(test)]
 mod fault_tests;
+pub mod md5;
 pub mod pull;
 pub mod push;
 pub mod ranges;
@@ -95,8 +96,12 @@ impl RetryPolicy {
 pub struct TransferConfig {
     /// Requests in flight across all objects.
     pub concurrency: usize,
-    /// Range size for downloads and part size for uploads.
+    /// Part size for uploads; range size for downloads, the smallest one when
+    /// `grow_ranges` is set.
     pub part_size: u64,
+    /// Let download ranges grow beyond `part_size` for objects larger than
+    /// `concurrency` parts (see [`ranges::download_range_size`]).
+    pub grow_ranges: bool,
     /// Files larger than this are uploaded as multipart uploads.
     pub multipart_threshold: u64,
     /// Bytes buffered per request before they are written to disk.
@@ -120,6 +125,7 @@ impl Default for TransferConfig {
         Self {
             concurrency: 64,
             part_size: 8 << 20,
+            grow_ranges: true,
             multipart_threshold: 8 << 20,
             write_buffer: 1 << 20,
             memory_limit: 256 << 20,
@@ -339,6 +345,8 @@ pub struct Engine {
     pub bandwidth: Option<bandwidth::BandwidthLimit>,
     /// Recycled data buffers.
     pub buffers: buffers::BufferPool,
+    /// Hashes files whose checksum is an MD5, many at once.
+    pub md5: md5::Md5Hasher,
 }
 
 impl Engine {
@@ -362,6 +370,7 @@ impl Engine {
             tally: Arc::new(Tally::default()),
             bandwidth,
             buffers: buffers::BufferPool::default(),
+            md5: md5::Md5Hasher::default(),
         }))
     }
 

@@ -20,9 +20,9 @@ use futures::StreamExt as _;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use super::ranges::plan_ranges;
+use super::ranges::{download_range_size, plan_ranges};
 use super::tally::{Summary, Verified};
-use super::verify::{Digester, RangeDigest, Wanted, actual_checksum, md5_file};
+use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
     Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
 };
@@ -271,7 +271,13 @@ async fn download(
     let object = &planned.object;
     let size = object.size;
     let verify = engine.config.verify;
-    let ranges = plan_ranges(size, engine.config.part_size);
+    let config = &engine.config;
+    let range_size = if config.grow_ranges {
+        download_range_size(size, config.part_size, config.concurrency)
+    } else {
+        config.part_size
+    };
+    let ranges = plan_ranges(size, range_size);
     let key: Arc<str> = Arc::from(object.key.as_str());
     let if_match: Option<Arc<str>> = object.etag.as_deref().map(Arc::from);
 
@@ -304,38 +310,20 @@ async fn download(
             .map_err(ObjectError::io_error("creating a temporary file"))?
     };
     let file = temp.handle();
-    let wanted = Wanted { crc32: matches!(expected, Some(StoredChecksum::Crc32(_))), md5: false };
+    let wanted = Wanted::for_checksum(expected.as_ref());
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
         [whole] => {
-            let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, file, wanted).await?;
+            let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, Arc::clone(&file), wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum;
             }
             vec![fetched.digest]
         }
-        _ => fetch_ranges(engine, &key, ranges, if_match, file, wanted).await?,
+        _ => fetch_ranges(engine, &key, ranges, if_match, Arc::clone(&file), wanted).await?,
     };
 
-    let temp_path = temp.path().to_path_buf();
-    let verified = tokio::task::spawn_blocking(move || -> Result<Verified, ObjectError> {
-        if verify == VerifyMode::None {
-            return Ok(Verified::Unverified);
-        }
-        let written = std::fs::metadata(&temp_path).map_err(ObjectError::io_error("checking the size"))?.len();
-        if written != size {
-            return Err(ObjectError::Size { expected: size, actual: written });
-        }
-        let Some(expected) = expected else { return Ok(Verified::Size) };
-        let actual = actual_checksum(expected, &digests, || md5_file(&temp_path))
-            .map_err(ObjectError::io_error("reading back for MD5"))?;
-        if actual != expected {
-            return Err(ObjectError::Mismatch { expected, actual });
-        }
-        Ok(Verified::Checksum)
-    })
-    .await
-    .expect("verification panicked")?;
+    let verified = verify_file(engine, &file, size, expected, &digests).await?;
 
     let stamp = {
         let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
@@ -345,6 +333,39 @@ async fn download(
             .map_err(ObjectError::io_error("moving the file into place"))?
     };
     Ok((verified, expected, stamp))
+}
+
+/// Checks the written file against the object: its size, then (with
+/// `--verify checksum`) the store's checksum when there is one.
+async fn verify_file(
+    engine: &Engine,
+    file: &Arc<File>,
+    size: u64,
+    expected: Option<StoredChecksum>,
+    digests: &[RangeDigest],
+) -> Result<Verified, ObjectError> {
+    if engine.config.verify == VerifyMode::None {
+        return Ok(Verified::Unverified);
+    }
+    // One fstat of a file just written: no need for a blocking thread.
+    let written = file.metadata().map_err(ObjectError::io_error("checking the size"))?.len();
+    if written != size {
+        return Err(ObjectError::Size { expected: size, actual: written });
+    }
+    let Some(expected) = expected else { return Ok(Verified::Size) };
+    let actual = match expected {
+        StoredChecksum::Md5(_) => StoredChecksum::Md5(
+            engine.md5.digest(Arc::clone(file), size).await.map_err(ObjectError::io_error("reading back for MD5"))?,
+        ),
+        crc => combined_crc(crc, digests).ok_or_else(|| ObjectError::Io {
+            what: "combining range checksums",
+            source: std::io::Error::other("a range's CRC32 was not computed"),
+        })?,
+    };
+    if actual != expected {
+        return Err(ObjectError::Mismatch { expected, actual });
+    }
+    Ok(Verified::Checksum)
 }
 
 /// What one range delivered.
@@ -437,14 +458,8 @@ async fn fetch_attempt(
         .into());
     }
     let checksum = if whole && engine.config.verify == VerifyMode::Checksum { response.checksum } else { None };
-    let wanted = if whole {
-        Wanted {
-            crc32: matches!(checksum, Some(StoredChecksum::Crc32(_))),
-            md5: matches!(checksum, Some(StoredChecksum::Md5(_))),
-        }
-    } else {
-        wanted
-    };
+    // A whole-object read learns its checksum from the response itself.
+    let wanted = if whole { Wanted::for_checksum(checksum.as_ref()) } else { wanted };
 
     let mut digester = Digester::new(wanted);
     let mut body = response.body;

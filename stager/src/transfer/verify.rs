@@ -4,14 +4,9 @@
 //! CRCs are computed per range and combined (CRC32C and CRC32 can be
 //! concatenated arithmetically), so an object fetched as 128 concurrent
 //! ranges is verified against one whole-object checksum without a second
-//! pass. MD5 cannot be combined: a single-GET object is hashed in flight; a
-//! multi-range object whose only checksum is an MD5 ETag is read back once
-//! from the page cache.
-
-use std::io::Read as _;
-use std::path::Path;
-
-use md5::{Digest as _, Md5};
+//! pass. MD5 cannot be combined, and is expensive: a file whose only
+//! checksum is an MD5 ETag is read back once it is written, and hashed
+//! together with others in SIMD lanes (see `md5.rs`).
 
 use crate::store::StoredChecksum;
 
@@ -22,59 +17,67 @@ pub struct RangeDigest {
     pub offset: u64,
     /// Its length.
     pub len: u64,
-    /// CRC32C of the range.
-    pub crc32c: u32,
+    /// CRC32C of the range, when the object's checksum is a CRC32C.
+    pub crc32c: Option<u32>,
     /// CRC32 of the range, when the object's checksum is a CRC32.
     pub crc32: Option<crc32fast::Hasher>,
-    /// MD5 of the range, when it is the whole object and MD5 is needed.
-    pub md5: Option<[u8; 16]>,
 }
 
 /// Which digests to compute while streaming.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Wanted {
-    /// Compute CRC32 (CRC32C is always computed: it costs almost nothing).
+    /// Compute CRC32C. Only when the store has one to compare with: even
+    /// with the CPU's CRC instruction it was 14% of a large download's CPU.
+    pub crc32c: bool,
+    /// Compute CRC32.
     pub crc32: bool,
-    /// Compute MD5.
-    pub md5: bool,
+}
+
+impl Wanted {
+    /// The digests that can be checked against `checksum`.
+    pub fn for_checksum(checksum: Option<&StoredChecksum>) -> Self {
+        Self {
+            crc32c: matches!(checksum, Some(StoredChecksum::Crc32c(_))),
+            crc32: matches!(checksum, Some(StoredChecksum::Crc32(_))),
+        }
+    }
 }
 
 /// Running digests of one range.
 #[derive(Debug)]
 pub struct Digester {
-    crc32c: u32,
+    crc32c: Option<u32>,
     crc32: Option<crc32fast::Hasher>,
-    md5: Option<Md5>,
 }
 
 impl Digester {
     /// Starts digests for the wanted algorithms.
     pub fn new(wanted: Wanted) -> Self {
-        Self { crc32c: 0, crc32: wanted.crc32.then(crc32fast::Hasher::new), md5: wanted.md5.then(Md5::new) }
+        Self { crc32c: wanted.crc32c.then_some(0), crc32: wanted.crc32.then(crc32fast::Hasher::new) }
     }
 
     /// Feeds bytes in order.
     pub fn update(&mut self, bytes: &[u8]) {
-        self.crc32c = crc32c::crc32c_append(self.crc32c, bytes);
-        if let Some(h) = &mut self.crc32 {
-            h.update(bytes);
+        if let Some(crc) = &mut self.crc32c {
+            *crc = crc32c::crc32c_append(*crc, bytes);
         }
-        if let Some(h) = &mut self.md5 {
+        if let Some(h) = &mut self.crc32 {
             h.update(bytes);
         }
     }
 
     /// The digests of everything fed.
     pub fn finish(self, offset: u64, len: u64) -> RangeDigest {
-        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32, md5: self.md5.map(|h| h.finalize().into()) }
+        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32 }
     }
 }
 
-/// Combines per-range CRC32Cs (in any order) into the object's CRC32C.
-pub fn combine_crc32c(digests: &[RangeDigest]) -> u32 {
+/// Combines per-range CRC32Cs (in any order) into the object's CRC32C, if
+/// all were computed.
+pub fn combine_crc32c(digests: &[RangeDigest]) -> Option<u32> {
     let mut sorted: Vec<&RangeDigest> = digests.iter().collect();
     sorted.sort_by_key(|d| d.offset);
-    sorted.iter().fold(0, |acc, d| crc32c::crc32c_combine(acc, d.crc32c, d.len as usize))
+    sorted.iter().try_fold(0, |acc, d| Some(crc32c::crc32c_combine(acc, d.crc32c?, d.len as usize)))
 }
 
 /// Combines per-range CRC32s into the object's CRC32, if all were computed.
@@ -88,46 +91,15 @@ pub fn combine_crc32(digests: &[RangeDigest]) -> Option<u32> {
     Some(whole.finalize())
 }
 
-/// MD5 of a file, read sequentially.
-///
-/// # Errors
-/// Returns read errors.
-pub fn md5_file(path: &Path) -> std::io::Result<[u8; 16]> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Md5::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
+/// What the downloaded ranges hash to, in the algorithm of the `expected`
+/// CRC; `None` for an MD5 (which ranges cannot give, see `md5.rs`) or a CRC
+/// that was not computed for every range.
+pub fn combined_crc(expected: StoredChecksum, digests: &[RangeDigest]) -> Option<StoredChecksum> {
+    match expected {
+        StoredChecksum::Crc32c(_) => combine_crc32c(digests).map(StoredChecksum::Crc32c),
+        StoredChecksum::Crc32(_) => combine_crc32(digests).map(StoredChecksum::Crc32),
+        StoredChecksum::Md5(_) => None,
     }
-    Ok(hasher.finalize().into())
-}
-
-/// What the downloaded bytes hashed to, in the expected checksum's algorithm.
-///
-/// `read_back` is called only for an MD5 that could not be computed in flight.
-///
-/// # Errors
-/// Returns read errors from `read_back`.
-pub fn actual_checksum(
-    expected: StoredChecksum,
-    digests: &[RangeDigest],
-    read_back: impl FnOnce() -> std::io::Result<[u8; 16]>,
-) -> std::io::Result<StoredChecksum> {
-    Ok(match expected {
-        StoredChecksum::Crc32c(_) => StoredChecksum::Crc32c(combine_crc32c(digests)),
-        StoredChecksum::Crc32(_) => StoredChecksum::Crc32(
-            combine_crc32(digests).ok_or_else(|| std::io::Error::other("CRC32 was not computed for every range"))?,
-        ),
-        StoredChecksum::Md5(_) => match digests {
-            [single] if single.md5.is_some() => StoredChecksum::Md5(single.md5.unwrap_or_default()),
-            [] => StoredChecksum::Md5(Md5::digest(b"").into()),
-            _ => StoredChecksum::Md5(read_back()?),
-        },
-    })
 }
 
 #[cfg(test)]
@@ -152,17 +124,24 @@ mod tests {
         /// Combining range CRCs gives the CRC of the whole, wherever the cut.
         #[test]
         fn range_crcs_combine_to_the_whole_object_crc(data in proptest::collection::vec(any::<u8>(), 0..4096), cut in 0usize..4096) {
-            let digests = digest_ranges(&data, cut, Wanted { crc32: true, md5: false });
-            prop_assert_eq!(combine_crc32c(&digests), crc32c::crc32c(&data));
+            let digests = digest_ranges(&data, cut, Wanted { crc32c: true, crc32: true });
+            prop_assert_eq!(combine_crc32c(&digests), Some(crc32c::crc32c(&data)));
             prop_assert_eq!(combine_crc32(&digests), Some(crc32fast::hash(&data)));
         }
     }
 
     #[test]
-    fn md5_of_a_multi_range_object_is_read_back() {
+    fn an_md5_is_never_taken_from_range_crcs() {
+        let digests = digest_ranges(b"hello world", 5, Wanted { crc32c: true, crc32: true });
+        assert_eq!(combined_crc(StoredChecksum::Md5([0; 16]), &digests), None);
+        let crc = crc32c::crc32c(b"hello world");
+        assert_eq!(combined_crc(StoredChecksum::Crc32c(0), &digests), Some(StoredChecksum::Crc32c(crc)));
+    }
+
+    #[test]
+    fn a_crc_that_was_not_computed_is_never_taken_for_a_match() {
         let digests = digest_ranges(b"hello world", 5, Wanted::default());
-        let expected = StoredChecksum::Md5(Md5::digest(b"hello world").into());
-        let actual = actual_checksum(expected, &digests, || Ok(Md5::digest(b"hello world").into())).unwrap();
-        assert_eq!(actual, expected);
+        assert_eq!(combined_crc(StoredChecksum::Crc32c(0), &digests), None);
+        assert_eq!(combined_crc(StoredChecksum::Crc32(0), &digests), None);
     }
 }
