@@ -232,14 +232,10 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<S
     let bound = listener.local_addr()?;
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
-            let metrics = Arc::clone(&metrics);
-            async move {
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                    metrics.encode(),
-                )
-            }
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+            let (content_type, body) = ferry_exposition::render(&metrics.registry, accept);
+            async move { ([(axum::http::header::CONTENT_TYPE, content_type)], body) }
         }),
     );
     tokio::spawn(async move {
