@@ -33,10 +33,8 @@ pub fn render(registry: &Registry, accept: Option<&str>) -> (&'static str, Strin
 /// the `# UNIT` and `# EOF` lines, which that format lacks, are dropped.
 /// Sample lines are the same in both formats.
 pub fn to_prometheus_text(openmetrics: &str) -> String {
-    let counters: std::collections::BTreeSet<&str> = openmetrics
-        .lines()
-        .filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
+    let counters: std::collections::BTreeSet<&str> =
+        openmetrics.lines().filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {
@@ -87,7 +85,9 @@ mod tests {
     fn the_text_format_names_counter_families_by_their_samples_and_drops_units() {
         let (_, text) = render(&registry(), None);
         assert!(text.contains("# HELP ferry_test_transferred_bytes_total Bytes moved"), "{text}");
-        assert!(text.contains("# TYPE ferry_test_transferred_bytes_total counter\nferry_test_transferred_bytes_total 42\n"));
+        assert!(
+            text.contains("# TYPE ferry_test_transferred_bytes_total counter\nferry_test_transferred_bytes_total 42\n")
+        );
         assert!(text.contains("# TYPE ferry_test_request_duration_seconds histogram"));
         assert!(text.contains("ferry_test_request_duration_seconds_bucket{le=\"1.0\"} 1"));
         assert!(!text.contains("# UNIT") && !text.contains("# EOF"), "{text}");

@@ -3,6 +3,8 @@
 
 use std::net::SocketAddr;
 
+use crate::jobs::WorkerDefaults;
+
 /// Flags of `ferry-operator`.
 #[derive(Clone, Debug, clap::Parser)]
 #[command(name = "ferry-operator", version, about = "The DataStage controller")]
@@ -28,6 +30,17 @@ pub struct OperatorConfig {
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub leader_election_namespace: String,
 
+    /// ServiceAccount of worker pods whose DataStage names none (the Helm
+    /// chart creates `ferry-stager`, allowed to report progress). Without it
+    /// workers run as their namespace's `default` account.
+    #[arg(long, env = "FERRY_STAGER_SERVICE_ACCOUNT")]
+    pub stager_service_account: Option<String>,
+
+    /// Port on which worker pods serve their Prometheus metrics (the
+    /// container port is named `metrics`); 0 turns it off.
+    #[arg(long, env = "FERRY_STAGER_METRICS_PORT", default_value_t = 9464)]
+    pub stager_metrics_port: u16,
+
     /// How long a leader's Lease lasts without renewal (renewed every third of it).
     #[arg(long, env = "FERRY_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: std::time::Duration,
@@ -41,8 +54,19 @@ impl OperatorConfig {
             allowed_host_paths: vec!["/mnt".into(), "/data".into()],
             http_addr: ([127, 0, 0, 1], 0).into(),
             watch_namespace: None,
+            stager_service_account: None,
+            stager_metrics_port: 9464,
             leader_election_namespace: "default".into(),
             lease_duration: std::time::Duration::from_secs(15),
+        }
+    }
+
+    /// What worker pods get unless their DataStage says otherwise.
+    pub fn worker_defaults(&self) -> WorkerDefaults {
+        WorkerDefaults {
+            image: self.stager_image.clone(),
+            service_account: self.stager_service_account.clone().filter(|s| !s.is_empty()),
+            metrics_port: Some(self.stager_metrics_port).filter(|p| *p != 0),
         }
     }
 

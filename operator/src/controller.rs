@@ -9,6 +9,7 @@
 //! one clean-up Job per worker runs `ferry-stager clean` on the same volume
 //! and node, and only when all succeeded is the finalizer removed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use crate::jobs::{
     CLEANUP_LABEL, DATASTAGE_LABEL, Direction, WORKER_LABEL, Worker, build_cleanup_job, build_job, per_node,
     plan_workers, sides,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{DataStageProgress, Metrics};
 use crate::status::{self, Observed, StagerSummary, reasons};
 
 /// The one field manager of everything the operator applies.
@@ -46,9 +47,23 @@ pub enum Error {
 }
 
 impl Error {
-    /// A static category for metrics and events.
+    /// A static category for metrics and events: the API's status reason
+    /// where there is one (a `Forbidden` says the RBAC is short), else
+    /// whether the API server could be reached at all. Always one of
+    /// [`crate::metrics::RECONCILE_ERROR_REASONS`].
     pub fn category(&self) -> &'static str {
         match self {
+            Error::Kube(kube::Error::Api(status)) => match status.code {
+                401 => "Unauthorized",
+                403 => "Forbidden",
+                404 => "NotFound",
+                409 => "Conflict",
+                422 => "Invalid",
+                429 => "TooManyRequests",
+                500..=599 => "ServerError",
+                _ => "KubeApi",
+            },
+            Error::Kube(kube::Error::HyperError(_) | kube::Error::Service(_)) => "Unreachable",
             Error::Kube(_) => "KubeApi",
         }
     }
@@ -116,16 +131,15 @@ fn now() -> Time {
 async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = reconcile_inner(&ds, &ctx).await;
-    ctx.metrics.reconciled(result.is_ok(), started.elapsed());
+    ctx.metrics.reconciled(result.as_ref().map(|_| ()).map_err(Error::category), started.elapsed());
     result
 }
 
 async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let namespace = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
-    let key = format!("{namespace}/{name}");
     if ds.metadata.deletion_timestamp.is_some() {
-        ctx.metrics.observe(&key, None);
+        ctx.metrics.observe(&namespace, &name, None);
         return if has_finalizer(ds) { clean_up(ds, ctx).await } else { Ok(Action::await_change()) };
     }
     let wants_finalizer = needs_cleanup(ds);
@@ -142,7 +156,19 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     let (_, store, _) = sides(&ds.spec);
     if let Some(secret) = &store.credentials {
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        if secrets.get_metadata_opt(&secret.name).await?.is_none() {
+        // The check is a courtesy, not a gate: where the operator may not
+        // read Secrets (the chart grants it only in the namespaces it was
+        // told DataStages use) it goes ahead, and a missing Secret shows up
+        // as the worker pod's failure instead.
+        let missing = match secrets.get_metadata_opt(&secret.name).await {
+            Ok(found) => found.is_none(),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                tracing::debug!(%namespace, secret = %secret.name, "may not read Secrets here; not checking");
+                false
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if missing {
             let keys = if store.uri.as_deref().is_some_and(|u| u.starts_with("gs://")) {
                 "key key.json (a service-account key)"
             } else {
@@ -175,7 +201,7 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     for worker in &workers {
-        let job = build_job(ds, worker, &ctx.config.stager_image);
+        let job = build_job(ds, worker, &ctx.config.worker_defaults());
         let job_name = job.name_any();
         // Existing Jobs are left alone: their pod template is immutable and
         // the spec's inputs to it (source, destination) are immutable too.
@@ -203,7 +229,7 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
         .collect();
     let status = status::aggregate(ds, &observed, &now());
     let phase = status.phase.unwrap_or(Phase::Pending);
-    ctx.metrics.observe(&key, Some((phase, status.totals.as_ref().map_or(0, |t| t.bytes_done))));
+    ctx.metrics.observe(&namespace, &name, Some(DataStageProgress::of(&status)));
     update_status(ds, ctx, status).await?;
     Ok(match phase {
         Phase::Pending | Phase::Running => Action::requeue(Duration::from_secs(3)),
@@ -211,19 +237,35 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     })
 }
 
-/// The summary (or, failing that, the message) of the worker's most
-/// recently finished pod.
+/// Label (and, on older clusters, annotation) that carries an Indexed Job
+/// pod's completion index.
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// What the worker's pods reported: for each completion index (one for a
+/// per-node Job, one per shard of an Indexed Job) the most recently
+/// finished pod's summary, combined over the shards; or, failing that, a
+/// message.
 fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<String>) {
-    let mut finished: Vec<(&Time, String)> = pods
-        .iter()
-        .filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker))
-        .filter_map(|p| {
-            let status = p.status.as_ref()?;
-            let terminated = status.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref()?;
-            Some((terminated.finished_at.as_ref()?, terminated.message.clone().unwrap_or_default()))
-        })
-        .collect();
-    if finished.is_empty() {
+    let mut latest: BTreeMap<Option<String>, (&Time, String)> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker)) {
+        let Some(terminated) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref())
+        else {
+            continue;
+        };
+        let Some(at) = terminated.finished_at.as_ref() else { continue };
+        let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX)).cloned();
+        let message = terminated.message.clone().unwrap_or_default();
+        match latest.get(&index) {
+            Some((seen, _)) if seen.0 >= at.0 => {}
+            _ => {
+                latest.insert(index, (at, message));
+            }
+        }
+    }
+    if latest.is_empty() {
         // A pod refused by the node (or still waiting) explains itself in its status.
         let message = pods
             .iter()
@@ -231,12 +273,14 @@ fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<Str
             .find_map(|p| p.status.as_ref()?.message.clone());
         return (None, message);
     }
-    finished.sort_by_key(|(at, _)| at.0);
-    let (_, message) = finished.pop().expect("not empty");
-    match serde_json::from_str::<StagerSummary>(&message) {
-        Ok(summary) => (Some(summary), None),
-        Err(_) => (None, Some(message.lines().rev().take(3).collect::<Vec<_>>().join(" / "))),
+    let mut summaries = Vec::new();
+    for (_, message) in latest.into_values() {
+        match serde_json::from_str::<StagerSummary>(&message) {
+            Ok(summary) => summaries.push(summary),
+            Err(_) => return (None, Some(message.lines().rev().take(3).collect::<Vec<_>>().join(" / "))),
+        }
     }
+    (StagerSummary::combine(summaries), None)
 }
 
 /// Server-side applies the status (only apiVersion, kind and status) and
@@ -345,7 +389,7 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let targets = cleanup_targets(ds, &nodes);
     let mut done = 0;
     for target in &targets {
-        let job = build_cleanup_job(ds, target, &ctx.config.stager_image);
+        let job = build_cleanup_job(ds, target, &ctx.config.worker_defaults());
         let job_name = job.name_any();
         let Some(existing) = jobs.get_opt(&job_name).await? else {
             jobs.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &job).await?;
@@ -437,6 +481,45 @@ mod tests {
             "spec": {"source": {"uri": uri}, "destination": {"volume": {"hostPath": host_path}}},
         }))
         .unwrap()
+    }
+
+    fn finished_pod(index: &str, finished: &str, bytes: i64) -> Pod {
+        let summary = json!({"complete": true, "bytes": {"selected": bytes, "transferred": bytes}}).to_string();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("p-{index}-{finished}"), "labels": {WORKER_LABEL: "shared", COMPLETION_INDEX: index}},
+            "status": {"containerStatuses": [{"name": "stager", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "finishedAt": finished, "message": summary}}}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn every_shard_counts_once_with_its_latest_pod() {
+        let pods = [
+            finished_pod("0", "2026-01-01T00:00:01Z", 7),
+            // Shard 1 was retried: only its second pod counts.
+            finished_pod("1", "2026-01-01T00:00:02Z", 1),
+            finished_pod("1", "2026-01-01T00:00:05Z", 5),
+        ];
+        let (summary, message) = last_report(&pods, "shared");
+        assert_eq!(message, None);
+        assert_eq!(summary.unwrap().bytes.transferred, 12);
+    }
+
+    #[test]
+    fn api_errors_are_categorised_by_status_into_the_pre_registered_reasons() {
+        let api = |code: u16| {
+            Error::Kube(kube::Error::Api(
+                serde_json::from_value(json!({"status": "Failure", "message": "m", "reason": "r", "code": code}))
+                    .unwrap(),
+            ))
+        };
+        assert_eq!(api(403).category(), "Forbidden");
+        assert_eq!(api(409).category(), "Conflict");
+        assert_eq!(api(503).category(), "ServerError");
+        for code in [400, 401, 403, 404, 409, 422, 429, 500, 504] {
+            assert!(crate::metrics::RECONCILE_ERROR_REASONS.contains(&api(code).category()), "{code}");
+        }
     }
 
     #[test]

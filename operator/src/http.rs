@@ -30,9 +30,10 @@ pub async fn serve(
         )
         .route(
             "/metrics",
-            get(move || {
-                let body = metrics.encode();
-                async move { ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body) }
+            get(move |headers: axum::http::HeaderMap| {
+                let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+                let (content_type, body) = metrics.render(accept);
+                async move { ([(axum::http::header::CONTENT_TYPE, content_type)], body) }
             }),
         );
     tokio::spawn(async move {

@@ -166,14 +166,38 @@ enum Role {
     Cleanup,
 }
 
+/// Name of the worker container port that serves the stager's metrics
+/// (what a PodMonitor selects).
+pub const METRICS_PORT_NAME: &str = "metrics";
+
+/// What worker pods get from the operator's configuration unless their
+/// DataStage says otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerDefaults {
+    /// The stager image (`spec.image` overrides it).
+    pub image: String,
+    /// The ServiceAccount (`spec.serviceAccountName` overrides it); `None`:
+    /// the namespace's `default`.
+    pub service_account: Option<String>,
+    /// Where transfer workers serve Prometheus metrics; `None`: nowhere.
+    pub metrics_port: Option<u16>,
+}
+
+impl WorkerDefaults {
+    /// Defaults with only an image: no ServiceAccount, no metrics port.
+    pub fn image(image: &str) -> Self {
+        Self { image: image.to_owned(), service_account: None, metrics_port: None }
+    }
+}
+
 /// The worker Job for `worker`, owned by the DataStage.
-pub fn build_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
-    pod_job(ds, worker, default_image, Role::Transfer)
+pub fn build_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults) -> Job {
+    pod_job(ds, worker, defaults, Role::Transfer)
 }
 
 /// The Job that removes what `worker` staged, for `reclaimPolicy: Delete`.
-pub fn build_cleanup_job(ds: &DataStage, worker: &Worker, default_image: &str) -> Job {
-    pod_job(ds, worker, default_image, Role::Cleanup)
+pub fn build_cleanup_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults) -> Job {
+    pod_job(ds, worker, defaults, Role::Cleanup)
 }
 
 /// The name of the clean-up Job of a worker: the worker Job's name, cut to
@@ -188,7 +212,7 @@ pub fn cleanup_job_name(datastage: &str, worker: &Worker) -> String {
 /// refused the run): its Job fails at once instead of burning retries.
 const STAGER_EXIT_PERMANENT: [i32; 2] = [2, 4];
 
-fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> Job {
+fn pod_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults, role: Role) -> Job {
     let spec = &ds.spec;
     let name = ds.name_any();
     let (_, store, volume_side) = sides(spec);
@@ -251,10 +275,18 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
         Role::Transfer => spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1),
         Role::Cleanup => 1,
     };
+    // Transfer workers serve metrics on a named port for a PodMonitor to
+    // find; the wildcard address because the pod IP is the pod's own.
+    let metrics_port = defaults.metrics_port.filter(|_| role == Role::Transfer);
+    let mut transfer_args = stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker);
+    if let Some(port) = metrics_port {
+        transfer_args.push(format!("--metrics-addr=0.0.0.0:{port}"));
+    }
+    let ports = metrics_port.map(|port| json!([{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}]));
     let (job_name, args, env, owners, backoff_limit, deadline, ttl, failure_policy) = match role {
         Role::Transfer => (
             job_name(&name, worker),
-            stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker),
+            transfer_args,
             env_with_node(env),
             json!([ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid")]),
             spec.backoff_limit.unwrap_or(3),
@@ -298,7 +330,7 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": spec.service_account_name,
+                    "serviceAccountName": spec.service_account_name.clone().or_else(|| defaults.service_account.clone()),
                     "nodeSelector": node_selector,
                     "tolerations": placement.tolerations,
                     "affinity": if worker.node.is_none() { serde_json::to_value(&placement.affinity).unwrap_or_default() } else { serde_json::Value::Null },
@@ -308,8 +340,9 @@ fn pod_job(ds: &DataStage, worker: &Worker, default_image: &str, role: Role) -> 
                     },
                     "containers": [{
                         "name": "stager",
-                        "image": spec.image.clone().unwrap_or_else(|| default_image.to_owned()),
+                        "image": spec.image.clone().unwrap_or_else(|| defaults.image.clone()),
                         "args": args,
+                        "ports": ports,
                         "env": env,
                         "resources": spec.resources,
                         "volumeMounts": mounts,
@@ -383,7 +416,7 @@ mod tests {
         let workers = plan_workers(&ds.spec, &nodes);
         assert_eq!(workers.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["a", "c"]);
 
-        let job = build_job(&ds, &workers[1], "stager:1");
+        let job = build_job(&ds, &workers[1], &WorkerDefaults::image("stager:1"));
         assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c"));
         assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].kind, "DataStage");
         let pod = job.spec.unwrap().template.spec.unwrap();
@@ -416,9 +449,39 @@ mod tests {
     }
 
     #[test]
+    fn workers_get_the_operators_service_account_and_metrics_port_unless_the_spec_names_its_own() {
+        let defaults = WorkerDefaults {
+            image: "stager:1".into(),
+            service_account: Some("ferry-stager".into()),
+            metrics_port: Some(9464),
+        };
+        let worker = Worker { name: "a".into(), node: Some("a".into()) };
+        let mut ds = pull_to_host_path();
+        let pod = build_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("ferry-stager"));
+        let container = &pod.containers[0];
+        let port = &container.ports.as_ref().unwrap()[0];
+        assert_eq!((port.name.as_deref(), port.container_port), (Some(METRICS_PORT_NAME), 9464));
+        assert!(container.args.as_ref().unwrap().contains(&"--metrics-addr=0.0.0.0:9464".to_owned()));
+
+        ds.spec.service_account_name = Some("trainer".into());
+        let pod = build_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("trainer"));
+
+        // Clean-up Jobs move no data: nothing to scrape.
+        let pod = build_cleanup_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
+        assert!(pod.containers[0].ports.is_none());
+        assert!(!pod.containers[0].args.as_ref().unwrap().iter().any(|a| a.starts_with("--metrics-addr")));
+
+        let pod = build_job(&ds, &worker, &WorkerDefaults::image("stager:1")).spec.unwrap().template.spec.unwrap();
+        assert!(pod.containers[0].ports.is_none());
+    }
+
+    #[test]
     fn a_refused_run_fails_the_job_at_once_and_an_eviction_is_not_counted() {
         let ds = pull_to_host_path();
-        let job = build_job(&ds, &Worker { name: "a".into(), node: Some("a".into()) }, "stager:1");
+        let job =
+            build_job(&ds, &Worker { name: "a".into(), node: Some("a".into()) }, &WorkerDefaults::image("stager:1"));
         let rules = job.spec.unwrap().pod_failure_policy.unwrap().rules;
         assert_eq!(rules[0].action, "FailJob");
         let codes = rules[0].on_exit_codes.as_ref().unwrap();
@@ -431,7 +494,7 @@ mod tests {
         let ds = pull_to_host_path();
         let worker =
             Worker { name: "node-with-a-rather-long-name-that-goes-on-and-on-and-on".into(), node: Some("n".into()) };
-        let job = build_cleanup_job(&ds, &worker, "stager:1");
+        let job = build_cleanup_job(&ds, &worker, &WorkerDefaults::image("stager:1"));
         let name = job.metadata.name.clone().unwrap();
         assert!(name.ends_with("-clean") && name.len() <= 63, "{name}");
         assert!(job.metadata.owner_references.is_none(), "not collected while the DataStage goes away");
@@ -455,7 +518,7 @@ mod tests {
         }));
         let workers = plan_workers(&ds.spec, &[]);
         assert_eq!(workers, [Worker { name: "shared".into(), node: None }]);
-        let job = build_job(&ds, &workers[0], "stager:1").spec.unwrap();
+        let job = build_job(&ds, &workers[0], &WorkerDefaults::image("stager:1")).spec.unwrap();
         assert_eq!(job.completion_mode.as_deref(), Some("Indexed"));
         assert_eq!((job.completions, job.parallelism), (Some(3), Some(3)));
         let pod = job.template.spec.unwrap();
@@ -474,7 +537,7 @@ mod tests {
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
         }));
         let worker = Worker { name: "a".into(), node: Some("a".into()) };
-        let pod = build_job(&ds, &worker, "stager:1").spec.unwrap().template.spec.unwrap();
+        let pod = build_job(&ds, &worker, &WorkerDefaults::image("stager:1")).spec.unwrap().template.spec.unwrap();
         let env = pod.containers[0].env.clone().unwrap();
         let adc = env.iter().find(|e| e.name == "GOOGLE_APPLICATION_CREDENTIALS").unwrap();
         assert_eq!(adc.value.as_deref(), Some("/var/run/secrets/ferry/gcs/key.json"));

@@ -1,5 +1,11 @@
 //! The operator's Prometheus metrics, every name defined here
 //! (`ferry_operator_` prefix, base units, bounded labels).
+//!
+//! Per-DataStage series (`ferry_operator_datastage_*`) carry the
+//! DataStage's namespace and name, as kube-state-metrics does for its
+//! objects: one series per DataStage and state, removed when it is
+//! deleted, never one per object or file. Throughput per node comes from the
+//! stagers' own metrics, labelled by the scrape (see the chart's PodMonitor).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -23,6 +29,65 @@ struct PhaseLabels {
     phase: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DataStageLabels {
+    namespace: String,
+    datastage: String,
+    state: &'static str,
+}
+
+/// What the metrics show of one DataStage: its phase and its totals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataStageProgress {
+    /// Its phase.
+    pub phase: Phase,
+    /// Bytes selected over all workers.
+    pub bytes_total: i64,
+    /// Bytes in place.
+    pub bytes_done: i64,
+    /// Objects selected.
+    pub objects_total: i64,
+    /// Objects in place.
+    pub objects_done: i64,
+    /// Objects that failed.
+    pub objects_failed: i64,
+}
+
+impl DataStageProgress {
+    /// The phase and totals of a computed status.
+    pub fn of(status: &ferry_crds::DataStageStatus) -> Self {
+        let totals = status.totals.clone().unwrap_or_default();
+        Self {
+            phase: status.phase.unwrap_or(Phase::Pending),
+            bytes_total: totals.bytes_total,
+            bytes_done: totals.bytes_done,
+            objects_total: totals.objects_total,
+            objects_done: totals.objects_done,
+            objects_failed: totals.objects_failed,
+        }
+    }
+}
+
+/// Every reason a reconciliation can fail with (the controller's error
+/// categories). Their series exist from the start at 0, so a dashboard
+/// shows "no errors" rather than "no data".
+pub const RECONCILE_ERROR_REASONS: [&str; 9] = [
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "Invalid",
+    "TooManyRequests",
+    "ServerError",
+    "Unreachable",
+    "KubeApi",
+];
+
 fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
 }
@@ -32,10 +97,13 @@ fn reconcile_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     reconciles: Family<ResultLabels, Counter>,
+    errors: Family<ReasonLabels, Counter>,
     duration: Histogram,
     by_phase: Family<PhaseLabels, Gauge>,
     staged_bytes: Gauge,
-    phases: Mutex<BTreeMap<String, (Phase, i64)>>,
+    datastage_bytes: Family<DataStageLabels, Gauge>,
+    datastage_objects: Family<DataStageLabels, Gauge>,
+    known: Mutex<BTreeMap<(String, String), DataStageProgress>>,
 }
 
 impl Default for Metrics {
@@ -43,9 +111,17 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("ferry_operator");
         let reconciles = Family::<ResultLabels, Counter>::default();
         let duration = reconcile_histogram();
+        let errors = Family::<ReasonLabels, Counter>::default();
         let by_phase = Family::<PhaseLabels, Gauge>::default();
         let staged_bytes = Gauge::default();
+        let datastage_bytes = Family::<DataStageLabels, Gauge>::default();
+        let datastage_objects = Family::<DataStageLabels, Gauge>::default();
         registry.register("reconciles", "Reconciliations, by result", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciliations, by reason (Forbidden, Conflict, Unreachable, ...)",
+            errors.clone(),
+        );
         registry.register_with_unit(
             "reconcile_duration",
             "Time spent in one reconciliation",
@@ -54,10 +130,37 @@ impl Default for Metrics {
         );
         registry.register("datastages", "DataStages, by phase", by_phase.clone());
         registry.register_with_unit("staged", "Bytes in place over all DataStages", Unit::Bytes, staged_bytes.clone());
+        registry.register_with_unit(
+            "datastage",
+            "Bytes of one DataStage, by state (total: selected, done: in place)",
+            Unit::Bytes,
+            datastage_bytes.clone(),
+        );
+        registry.register(
+            "datastage_objects",
+            "Objects of one DataStage, by state (total, done, failed)",
+            datastage_objects.clone(),
+        );
         for result in ["ok", "error"] {
             let _ = reconciles.get_or_create(&ResultLabels { result });
         }
-        Self { registry, reconciles, duration, by_phase, staged_bytes, phases: Mutex::default() }
+        for phase in [Phase::Pending, Phase::Running, Phase::Succeeded, Phase::Failed] {
+            let _ = by_phase.get_or_create(&PhaseLabels { phase: phase_name(phase) });
+        }
+        for reason in RECONCILE_ERROR_REASONS {
+            let _ = errors.get_or_create(&ReasonLabels { reason });
+        }
+        Self {
+            registry,
+            reconciles,
+            errors,
+            duration,
+            by_phase,
+            staged_bytes,
+            datastage_bytes,
+            datastage_objects,
+            known: Mutex::default(),
+        }
     }
 }
 
@@ -71,30 +174,110 @@ fn phase_name(phase: Phase) -> &'static str {
 }
 
 impl Metrics {
-    /// Records one reconciliation.
-    pub fn reconciled(&self, ok: bool, elapsed: Duration) {
-        self.reconciles.get_or_create(&ResultLabels { result: if ok { "ok" } else { "error" } }).inc();
+    /// Records one reconciliation: `Err` carries the error's static category.
+    pub fn reconciled(&self, outcome: Result<(), &'static str>, elapsed: Duration) {
+        self.reconciles.get_or_create(&ResultLabels { result: if outcome.is_ok() { "ok" } else { "error" } }).inc();
+        if let Err(reason) = outcome {
+            self.errors.get_or_create(&ReasonLabels { reason }).inc();
+        }
         self.duration.observe(elapsed.as_secs_f64());
     }
 
-    /// Records the phase and staged bytes of one DataStage (`None` when deleted).
-    pub fn observe(&self, key: &str, state: Option<(Phase, i64)>) {
-        let mut phases = self.phases.lock().expect("metrics lock");
-        match state {
-            Some(state) => phases.insert(key.to_owned(), state),
-            None => phases.remove(key),
+    /// Records the phase and totals of DataStage `namespace/name`; `None`
+    /// when it is deleted, which removes its series.
+    pub fn observe(&self, namespace: &str, name: &str, progress: Option<DataStageProgress>) {
+        let mut known = self.known.lock().expect("metrics lock");
+        let key = (namespace.to_owned(), name.to_owned());
+        let labels = |state: &'static str| DataStageLabels {
+            namespace: namespace.to_owned(),
+            datastage: name.to_owned(),
+            state,
         };
+        match progress {
+            Some(progress) => {
+                known.insert(key, progress);
+                self.datastage_bytes.get_or_create(&labels("total")).set(progress.bytes_total);
+                self.datastage_bytes.get_or_create(&labels("done")).set(progress.bytes_done);
+                self.datastage_objects.get_or_create(&labels("total")).set(progress.objects_total);
+                self.datastage_objects.get_or_create(&labels("done")).set(progress.objects_done);
+                self.datastage_objects.get_or_create(&labels("failed")).set(progress.objects_failed);
+            }
+            None => {
+                known.remove(&key);
+                for state in ["total", "done"] {
+                    self.datastage_bytes.remove(&labels(state));
+                }
+                for state in ["total", "done", "failed"] {
+                    self.datastage_objects.remove(&labels(state));
+                }
+            }
+        }
         for phase in [Phase::Pending, Phase::Running, Phase::Succeeded, Phase::Failed] {
-            let count = phases.values().filter(|(p, _)| *p == phase).count() as i64;
+            let count = known.values().filter(|p| p.phase == phase).count() as i64;
             self.by_phase.get_or_create(&PhaseLabels { phase: phase_name(phase) }).set(count);
         }
-        self.staged_bytes.set(phases.values().map(|(_, bytes)| *bytes).sum());
+        self.staged_bytes.set(known.values().map(|p| p.bytes_done).sum());
     }
 
-    /// The exposition text.
+    /// The exposition for a scrape that sent `accept`: content type and body.
+    pub fn render(&self, accept: Option<&str>) -> (&'static str, String) {
+        ferry_exposition::render(&self.registry, accept)
+    }
+
+    /// The exposition in OpenMetrics.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(phase: Phase, done: i64) -> DataStageProgress {
+        DataStageProgress {
+            phase,
+            bytes_total: 100,
+            bytes_done: done,
+            objects_total: 4,
+            objects_done: 2,
+            objects_failed: 0,
+        }
+    }
+
+    #[test]
+    fn datastage_series_follow_the_datastage_and_go_with_it() {
+        let metrics = Metrics::default();
+        metrics.observe("ml", "imagenet", Some(progress(Phase::Running, 40)));
+        metrics.observe("ml", "coco", Some(progress(Phase::Succeeded, 100)));
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"ferry_operator_datastage_bytes{namespace="ml",datastage="imagenet",state="done"} 40"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"ferry_operator_datastage_objects{namespace="ml",datastage="imagenet",state="total"} 4"#)
+        );
+        assert!(text.contains(r#"ferry_operator_datastages{phase="Running"} 1"#));
+        assert!(text.contains("ferry_operator_staged_bytes 140"));
+
+        metrics.observe("ml", "imagenet", None);
+        let text = metrics.encode();
+        assert!(!text.contains(r#"datastage="imagenet""#), "{text}");
+        assert!(text.contains(r#"ferry_operator_datastages{phase="Running"} 0"#));
+        assert!(text.contains("ferry_operator_staged_bytes 100"));
+    }
+
+    #[test]
+    fn failed_reconciliations_are_counted_by_reason() {
+        let metrics = Metrics::default();
+        metrics.reconciled(Ok(()), Duration::from_millis(3));
+        metrics.reconciled(Err("Forbidden"), Duration::from_millis(3));
+        let text = metrics.encode();
+        assert!(text.contains(r#"ferry_operator_reconciles_total{result="error"} 1"#), "{text}");
+        assert!(text.contains(r#"ferry_operator_reconcile_errors_total{reason="Forbidden"} 1"#), "{text}");
+        assert!(text.contains("ferry_operator_reconcile_duration_seconds_count 2"));
     }
 }

@@ -98,6 +98,36 @@ pub struct Counts {
     pub failed: i64,
 }
 
+impl Counts {
+    fn add(&mut self, other: &Counts) {
+        self.selected += other.selected;
+        self.transferred += other.transferred;
+        self.skipped += other.skipped;
+        self.failed += other.failed;
+    }
+}
+
+impl StagerSummary {
+    /// One summary for the shards of an Indexed Job (one summary per
+    /// completion index): objects, bytes and throughput add up because the
+    /// shards ran side by side; it is complete only when every shard is; the
+    /// first shard with a reason gives it, and failures are listed in shard
+    /// order. `None` for no shards.
+    pub fn combine(shards: Vec<StagerSummary>) -> Option<StagerSummary> {
+        let mut shards = shards.into_iter();
+        let mut total = shards.next()?;
+        for shard in shards {
+            total.complete &= shard.complete;
+            total.objects.add(&shard.objects);
+            total.bytes.add(&shard.bytes);
+            total.throughput_bytes_per_second += shard.throughput_bytes_per_second;
+            total.reason = total.reason.take().or(shard.reason);
+            total.failures.extend(shard.failures);
+        }
+        Some(total)
+    }
+}
+
 /// One failure in a summary.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct SummaryFailure {
@@ -373,6 +403,26 @@ fn failure_message(workers: &[WorkerStatus]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shard_summaries_add_up_and_are_complete_only_together() {
+        let shard = |bytes: i64, complete: bool, reason: Option<&str>| StagerSummary {
+            complete,
+            objects: Counts { selected: 2, transferred: 2, ..Counts::default() },
+            bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
+            throughput_bytes_per_second: 10.0,
+            reason: reason.map(String::from),
+            ..StagerSummary::default()
+        };
+        let total = StagerSummary::combine(vec![shard(100, true, None), shard(50, true, None)]).unwrap();
+        assert_eq!((total.bytes.transferred, total.objects.selected), (150, 4));
+        assert_eq!(total.throughput_bytes_per_second, 20.0);
+        assert!(total.complete);
+        let total = StagerSummary::combine(vec![shard(1, true, None), shard(1, false, Some("AccessDenied"))]).unwrap();
+        assert!(!total.complete);
+        assert_eq!(total.reason.as_deref(), Some("AccessDenied"));
+        assert_eq!(StagerSummary::combine(Vec::new()), None);
+    }
+
     use super::*;
     use serde_json::json;
 
