@@ -11,6 +11,7 @@
 //! still judges every pod, but processes run as the test's user.
 
 pub mod images;
+pub mod network;
 pub mod paths;
 pub mod pod;
 

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::AgentContext;
+use super::network::{bind_to_pod, pod_ip};
 use super::paths::{PathMap, node_path};
 
 /// Termination messages are cut to this size, as the kubelet does.
@@ -194,8 +195,8 @@ impl PodRunner {
             "message": self.message,
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": pod_ip(&self.uid).to_string(),
+            "podIPs": [{"ip": pod_ip(&self.uid).to_string()}],
             "startTime": self.started,
             "conditions": conditions,
             "initContainerStatuses": self.init.iter().map(ContainerReport::json).collect::<Vec<_>>(),
@@ -507,7 +508,9 @@ impl PodRunner {
             env.retain(|(k, _)| k != &var.name);
             env.push((var.name.clone(), value));
         }
-        let mut env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k, paths.translate(&v))).collect();
+        let ip = pod_ip(&pod.uid().unwrap_or_default());
+        let mut env: Vec<(String, String)> =
+            env.into_iter().map(|(k, v)| (k, bind_to_pod(&paths.translate(&v), ip))).collect();
         if let Some(kubeconfig) = kubeconfig {
             env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
         }
@@ -527,10 +530,10 @@ impl PodRunner {
                         container.name
                     )));
                 }
-                argv.extend(rest.iter().map(|a| paths.translate(&expand(a, &env))));
+                argv.extend(rest.iter().map(|a| bind_to_pod(&paths.translate(&expand(a, &env)), ip)));
             }
         }
-        argv.extend(container.args.iter().flatten().map(|a| paths.translate(&expand(a, &env))));
+        argv.extend(container.args.iter().flatten().map(|a| bind_to_pod(&paths.translate(&expand(a, &env)), ip)));
         let working_dir = match container.working_dir.as_deref() {
             Some(dir) => paths
                 .host_path(dir)
@@ -784,7 +787,8 @@ fn field_value(pod: &Pod, field: &str) -> Option<String> {
         "metadata.uid" => meta.uid.clone(),
         "spec.nodeName" => pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()),
-        "status.podIP" | "status.hostIP" | "status.podIPs" | "status.hostIPs" => Some("127.0.0.1".into()),
+        "status.podIP" | "status.podIPs" => Some(pod_ip(&meta.uid.clone().unwrap_or_default()).to_string()),
+        "status.hostIP" | "status.hostIPs" => Some("127.0.0.1".into()),
         f if f.starts_with("metadata.labels['") => lookup(&meta.labels, "metadata.labels['"),
         f if f.starts_with("metadata.annotations['") => lookup(&meta.annotations, "metadata.annotations['"),
         _ => None,
