@@ -384,19 +384,25 @@ pub fn crd_yaml() -> String {
 /// Where the generated CRD lives, relative to the repository root.
 pub const CRD_PATH: &str = "crds/generated/ferry.dev_datastages.yaml";
 
+/// Every place the generated CRD is committed, relative to the repository
+/// root: [`CRD_PATH`] for `kubectl apply`, and the Helm chart's `crds/`
+/// (Helm installs what is there before the templates, and never deletes it).
+pub const CRD_PATHS: [&str; 2] = [CRD_PATH, "charts/ferry/crds/ferry.dev_datastages.yaml"];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_committed_crd_matches_the_types() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(CRD_PATH);
-        let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            committed == crd_yaml(),
-            "{} is out of date: run `cargo run -p ferry-crds --bin crdgen` and commit the result",
-            CRD_PATH
-        );
+    fn every_committed_crd_copy_matches_the_types() {
+        for relative in CRD_PATHS {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == crd_yaml(),
+                "{relative} is out of date: run `cargo run -p ferry-crds --bin crdgen` and commit the result"
+            );
+        }
     }
 
     #[test]

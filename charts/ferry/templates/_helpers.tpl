@@ -1,0 +1,55 @@
+{{/* The release's full name, cut to 63 characters (a DNS label). */}}
+{{- define "ferry.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object of the release. */}}
+{{- define "ferry.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ferry
+{{- end -}}
+
+{{/* What selects the operator's pods (immutable in a Deployment: never add
+     to it). The pods' labels are ferry.labels plus the name, a superset. */}}
+{{- define "ferry.operatorSelector" -}}
+app.kubernetes.io/name: ferry-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "ferry.operatorServiceAccount" -}}
+{{- default (include "ferry.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "ferry.operatorImage" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "ferry.stagerImage" -}}
+{{- printf "%s:%s" .Values.stager.image.repository (default .Chart.AppVersion .Values.stager.image.tag) -}}
+{{- end -}}
+
+{{/* The stager ServiceAccount workers run as, or "" for the namespace's default. */}}
+{{- define "ferry.stagerServiceAccount" -}}
+{{- if .Values.stager.serviceAccount.create -}}
+{{- default "ferry-stager" .Values.stager.serviceAccount.name -}}
+{{- else -}}
+{{- .Values.stager.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces DataStages live in, as a JSON list: the watched namespace,
+     or the ones listed in dataStageNamespaces. */}}
+{{- define "ferry.dataStageNamespaces" -}}
+{{- if .Values.watchNamespace -}}
+{{- list .Values.watchNamespace | toJson -}}
+{{- else -}}
+{{- .Values.dataStageNamespaces | default list | toJson -}}
+{{- end -}}
+{{- end -}}
