@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ferry's main job, end to end on one machine, with nothing but this repo:
 # brings up a real Kubernetes control plane with two process-running nodes
-# (tests/e2e), a local MinIO with a sample dataset, and the Ferry operator;
+# (tests/e2e), a local MinIO with a sample dataset, and Ferry installed with
+# its Helm chart (the operator runs as a pod under the chart's RBAC);
 # applies examples/datastage-pull.yaml; watches the DataStage progress to
 # Ready; shows that each node's disk holds the dataset byte for byte; and
 # tears everything down. Pinned servers are built into the cache on the
@@ -14,18 +15,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
-say "Installing pinned MinIO, etcd and Kubernetes (cached) and building Ferry"
-hack/tools.sh install minio etcd kube-apiserver kubectl
+say "Installing pinned MinIO, etcd, Kubernetes and helm (cached) and building Ferry"
+hack/tools.sh install minio etcd kube-apiserver kubectl helm
 minio="$(hack/tools.sh path minio)"
 kubectl="$(hack/tools.sh path kubectl)"
+helm="$(hack/tools.sh path helm)"
 cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
 bin="$CARGO_TARGET_DIR/release"
 stager="$bin/ferry-stager"
 
 work="$(mktemp -d -t ferry-demo.XXXXXX)"
-minio_pid="" cluster_pid="" operator_pid=""
+# helm keeps its caches and repository list with the demo, not in $HOME.
+export HELM_CACHE_HOME="$work/helm/cache" HELM_CONFIG_HOME="$work/helm/config" HELM_DATA_HOME="$work/helm/data"
+minio_pid="" cluster_pid=""
 cleanup() {
-  for pid in $operator_pid $cluster_pid $minio_pid; do
+  for pid in $cluster_pid $minio_pid; do
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
@@ -83,15 +87,15 @@ done
 export KUBECONFIG="$(cat "$work/kubeconfig-path")"
 "$kubectl" get nodes
 
-say "Installing the DataStage CRD and starting the operator"
-"$kubectl" apply -f crds/generated/ferry.dev_datastages.yaml
-"$kubectl" wait --for=condition=Established crd/datastages.ferry.dev --timeout=60s
+say "helm install ferry charts/ferry (CRD, operator Deployment, RBAC, metrics Service)"
+# The node agents map the images ferry-operator:dev and ferry-stager:dev to
+# this checkout's binaries.
+"$helm" install ferry charts/ferry --namespace ferry-system --create-namespace --wait --timeout 3m \
+  --set image.tag=dev --set stager.image.tag=dev \
+  --set allowedHostPaths='{/mnt/ferry}' --set dataStageNamespaces='{default}'
+"$kubectl" -n ferry-system get pods -o wide
 "$kubectl" create secret generic s3 \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY"
-FERRY_STAGER_IMAGE=ghcr.io/ferry-dev/ferry-stager:dev FERRY_ALLOWED_HOST_PATHS=/mnt/ferry \
-  FERRY_HTTP_ADDR="127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')" \
-  "$bin/ferry-operator" >"$work/operator.log" 2>&1 &
-operator_pid=$!
 
 say "kubectl apply -f examples/datastage-pull.yaml (endpoint pointed at the local MinIO)"
 sed "s#http://minio.storage.svc:9000#$FERRY_ENDPOINT_URL#" examples/datastage-pull.yaml | "$kubectl" apply -f -

@@ -1,0 +1,918 @@
+//! The Helm chart (`charts/ferry`) on the real control plane.
+//!
+//! * It lints strictly, refuses bad values with the path of the bad value,
+//!   and renders for the default values and non-default combinations, each
+//!   of which passes server-side dry-run admission on the real API server.
+//! * It installs, upgrades and uninstalls; uninstalling leaves nothing but
+//!   the CRDs. The operator it installs runs as a pod (through the node
+//!   agent) under the chart's ServiceAccount and stages a DataStage end to
+//!   end, in namespaces that enforce the `restricted` Pod Security Standard:
+//!   that proves the RBAC suffices. A `kubectl auth can-i` matrix proves it
+//!   grants no more than that.
+//! * A real Prometheus scrapes the operator and the stager pods through the
+//!   chart's ServiceMonitor and PodMonitor during the staging; the series
+//!   are there with sensible values, `promtool check metrics` passes on both
+//!   expositions, and every Grafana panel's query returns data for the
+//!   staging that just ran.
+//!
+//! There is no prometheus-operator here: the test turns the monitors the
+//! chart installed into the scrape configuration prometheus-operator would
+//! generate from them (Kubernetes service discovery, keep-relabelling on
+//! the selectors and port names, the monitors' own relabelings).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ferry_crds::{DataStage, Phase};
+use ferry_e2e::{Cluster, create_namespace, image, object_store, wait_for};
+use ferry_testkit::{free_port, pattern, read_tree, repo_root, tool_path};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt as _};
+use serde_json::{Value, json};
+
+const RELEASE: &str = "ferry";
+const SYSTEM_NS: &str = "ferry-system";
+const DATA_NS: &str = "ml";
+const OTHER_NS: &str = "research";
+/// Every pod of the test runs under this Pod Security Standard.
+const RESTRICTED: [(&str, &str); 2] =
+    [("pod-security.kubernetes.io/enforce", "restricted"), ("pod-security.kubernetes.io/enforce-version", "latest")];
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/ferry")
+}
+
+/// Runs a command-line tool; `Ok(stdout)` on success, `Err(stdout + stderr)`.
+fn run_tool(program: &Path, args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Result<String, String> {
+    let mut command = Command::new(program);
+    command.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    if let Some(input) = stdin {
+        use std::io::Write as _;
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    }
+    let output = child.wait_with_output().expect("wait for the tool");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)))
+    }
+}
+
+/// helm and kubectl against one cluster, with helm's state in a temporary
+/// directory rather than the user's home.
+struct Tools {
+    helm: PathBuf,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Tools {
+    fn new(kubeconfig: &Path) -> Self {
+        Self {
+            helm: tool_path("helm"),
+            kubectl: tool_path("kubectl"),
+            kubeconfig: kubeconfig.to_owned(),
+            home: tempfile::tempdir().expect("helm home"),
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, PathBuf)> {
+        let home = self.home.path();
+        vec![
+            ("KUBECONFIG", self.kubeconfig.clone()),
+            ("HELM_CACHE_HOME", home.join("cache")),
+            ("HELM_CONFIG_HOME", home.join("config")),
+            ("HELM_DATA_HOME", home.join("data")),
+        ]
+    }
+
+    fn helm(&self, args: &[&str]) -> Result<String, String> {
+        let env = self.env();
+        let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        run_tool(&self.helm, args, &env, None)
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        run_tool(&self.kubectl, args, &[("KUBECONFIG", &self.kubeconfig)], stdin)
+    }
+}
+
+/// `--set` arguments for the chart's images: the ones the node agent maps
+/// to this workspace's binaries, or `FERRY_E2E_IMAGE_*` on a real cluster.
+fn image_values() -> Vec<String> {
+    let split = |reference: String| -> (String, String) {
+        match reference.rfind(':').filter(|at| !reference[*at..].contains('/')) {
+            Some(at) => (reference[..at].to_owned(), reference[at + 1..].to_owned()),
+            None => (reference, "latest".to_owned()),
+        }
+    };
+    let (operator_repo, operator_tag) = split(image("ferry-operator"));
+    let (stager_repo, stager_tag) = split(image("ferry-stager"));
+    vec![
+        format!("image.repository={operator_repo}"),
+        format!("image.tag={operator_tag}"),
+        format!("stager.image.repository={stager_repo}"),
+        format!("stager.image.tag={stager_tag}"),
+    ]
+}
+
+fn set_args(values: &[String]) -> Vec<String> {
+    values.iter().flat_map(|v| ["--set".to_owned(), v.clone()]).collect()
+}
+
+/// The objects of a multi-document YAML stream, as JSON.
+fn documents(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    serde_yaml::Deserializer::from_str(yaml)
+        .filter_map(|doc| Value::deserialize(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect()
+}
+
+/// Stand-ins for prometheus-operator's CRDs (ServiceMonitor, PodMonitor) so
+/// the API server accepts the chart's monitors: same group, kinds and
+/// scope, with the schema left open (the real ones cannot be fetched here).
+async fn install_monitoring_crds(tools: &Tools) {
+    for (kind, plural) in [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors")] {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_ascii_lowercase(), "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]},
+        });
+        tools.kubectl(&["apply", "--server-side", "-f", "-"], Some(&crd.to_string())).expect("monitoring CRD");
+    }
+    tools
+        .kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                "crd/servicemonitors.monitoring.coreos.com",
+                "crd/podmonitors.monitoring.coreos.com",
+            ],
+            None,
+        )
+        .expect("monitoring CRDs established");
+}
+
+async fn install_datastage_crd(tools: &Tools) {
+    let crd = chart_dir().join("crds/ferry.dev_datastages.yaml");
+    tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");
+    tools
+        .kubectl(&["wait", "--for=condition=Established", "--timeout=30s", "crd/datastages.ferry.dev"], None)
+        .expect("CRD established");
+}
+
+/// Every RBAC rule of a rendering: no wildcards anywhere.
+fn assert_no_wildcards(objects: &[Value], what: &str) {
+    for object in objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Role" | "ClusterRole"))) {
+        for rule in object["rules"].as_array().into_iter().flatten() {
+            for field in ["verbs", "resources", "apiGroups", "resourceNames"] {
+                for item in rule[field].as_array().into_iter().flatten() {
+                    assert_ne!(
+                        item, "*",
+                        "{what}: {} {} grants a wildcard in {field}",
+                        object["kind"], object["metadata"]["name"]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_chart_lints_strictly_and_refuses_bad_values_with_a_message_naming_them() {
+    let tools = Tools::new(Path::new("/nonexistent"));
+    let chart = chart_dir();
+    let chart = chart.to_str().unwrap();
+    tools.helm(&["lint", "--strict", chart]).unwrap_or_else(|e| panic!("helm lint --strict:\n{e}"));
+    tools
+        .helm(&["lint", "--strict", chart, "--set", "watchNamespace=ml", "--set", "metrics.podMonitor.enabled=true"])
+        .unwrap_or_else(|e| panic!("helm lint --strict with values:\n{e}"));
+    for (bad, names) in [
+        ("replicaCount=-1", "replicaCount"),
+        ("watchNamespace=Not_A_Namespace", "watchNamespace"),
+        ("leaseDuration=soon", "leaseDuration"),
+        ("metrics.port=70000", "port"),
+        ("allowedHostPaths[0]=relative/path", "allowedHostPaths"),
+        ("stager.imagee.tag=x", "imagee"),
+    ] {
+        let error = tools.helm(&["template", RELEASE, chart, "--set", bad]).expect_err(bad);
+        assert!(error.contains("values don't meet the specifications of the schema"), "{bad}: {error}");
+        assert!(error.contains(names), "{bad}: the message should name {names}:\n{error}");
+    }
+}
+
+#[test]
+fn the_committed_dashboard_is_the_one_hack_dashboard_py_generates() {
+    let output = Command::new("python3")
+        .arg(repo_root().join("hack/dashboard.py"))
+        .arg("--check")
+        .output()
+        .expect("run python3 hack/dashboard.py --check");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn the_chart_runs_the_binaries_the_dockerfile_builds_with_flags_they_accept() {
+    let tools = Tools::new(Path::new("/nonexistent"));
+    let dockerfile = std::fs::read_to_string(repo_root().join("images/Dockerfile")).expect("images/Dockerfile");
+    let rendered = tools.helm(&["template", RELEASE, chart_dir().to_str().unwrap()]).expect("helm template");
+    let objects = documents(&rendered);
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let command = container["command"][0].as_str().expect("a command");
+    assert!(
+        dockerfile.contains(&format!("ENTRYPOINT [\"{command}\"]")),
+        "the chart runs {command}, which the Dockerfile's operator image does not have as its entrypoint"
+    );
+    assert!(dockerfile.contains("ENTRYPOINT [\"/usr/local/bin/ferry-stager\"]"), "worker Jobs pass only arguments");
+    let port = container["ports"][0]["containerPort"].as_u64().unwrap();
+    assert!(dockerfile.contains(&format!("EXPOSE {port}")), "the operator image exposes {port}");
+    assert!(dockerfile.contains("EXPOSE 9464"), "the stager image exposes its default metrics port");
+    // The rendered arguments parse: clap rejects an unknown flag before it
+    // honours --help.
+    let mut args: Vec<String> =
+        container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    args.push("--help".into());
+    let binary = ferry_e2e::workspace_binary("ferry-operator");
+    let output = Command::new(&binary).args(&args).output().expect("run ferry-operator");
+    assert!(
+        output.status.success(),
+        "ferry-operator refuses the chart's arguments {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_wildcards() {
+    let cluster = Cluster::start().await.expect("cluster");
+    let tools = Tools::new(cluster.kubeconfig());
+    for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS] {
+        create_namespace(&cluster, namespace, &RESTRICTED).await;
+    }
+    install_datastage_crd(&tools).await;
+    install_monitoring_crds(&tools).await;
+    let combinations: [(&str, Vec<&str>); 4] = [
+        ("the default values", vec![]),
+        (
+            "one watched namespace, two replicas, monitors and the dashboard elsewhere",
+            vec![
+                "watchNamespace=ml",
+                "replicaCount=2",
+                "metrics.serviceMonitor.enabled=true",
+                "metrics.podMonitor.enabled=true",
+                "grafana.dashboard.enabled=true",
+                "grafana.dashboard.namespace=research",
+            ],
+        ),
+        (
+            "two DataStage namespaces, existing accounts, no stager metrics, a NodePort",
+            vec![
+                "dataStageNamespaces={ml,research}",
+                "serviceAccount.create=false",
+                "serviceAccount.name=ops-operator",
+                "stager.serviceAccount.create=false",
+                "stager.serviceAccount.name=team-stager",
+                "stager.metricsPort=0",
+                "metrics.podMonitor.enabled=true",
+                "metrics.service.type=NodePort",
+            ],
+        ),
+        (
+            "custom images, host paths, scheduling and monitor labels",
+            vec![
+                "image.repository=registry.example/ferry/operator",
+                "image.tag=1.2.3",
+                "stager.image.repository=registry.example/ferry/stager",
+                "allowedHostPaths={/scratch,/nvme}",
+                "nodeSelector.pool=system",
+                "tolerations[0].key=dedicated",
+                "tolerations[0].operator=Exists",
+                "metrics.serviceMonitor.enabled=true",
+                "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
+                "dataStageNamespaces={ml}",
+                "logLevel=debug",
+            ],
+        ),
+    ];
+    for (what, values) in combinations {
+        let mut args = vec!["template", RELEASE, "--namespace", SYSTEM_NS];
+        let chart = chart_dir();
+        args.push(chart.to_str().unwrap());
+        for value in &values {
+            args.extend(["--set", value]);
+        }
+        let rendered = tools.helm(&args).unwrap_or_else(|e| panic!("{what}: helm template:\n{e}"));
+        let objects = documents(&rendered);
+        assert!(objects.iter().any(|o| o["kind"] == "Deployment"), "{what}: no Deployment");
+        assert_no_wildcards(&objects, what);
+        tools
+            .kubectl(
+                &["apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-"],
+                Some(&rendered),
+            )
+            .unwrap_or_else(|e| panic!("{what}: the API server refuses the rendering:\n{e}"));
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        match what {
+            w if w.starts_with("one watched") => {
+                assert!(args.contains("--watch-namespace=ml"), "{args}");
+                assert!(
+                    !objects.iter().any(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "ferry-operator")
+                );
+                assert!(objects.iter().any(|o| o["kind"] == "ConfigMap" && o["metadata"]["namespace"] == "research"));
+            }
+            w if w.starts_with("two DataStage") => {
+                assert!(
+                    !args.contains("--stager-service-account=ferry-stager") && args.contains("team-stager"),
+                    "{args}"
+                );
+                assert!(!objects.iter().any(|o| o["kind"] == "PodMonitor"), "no PodMonitor without a metrics port");
+                let secret_roles: Vec<&Value> = objects
+                    .iter()
+                    .filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "ferry-operator-secrets")
+                    .collect();
+                assert_eq!(secret_roles.len(), 2, "Secret access in each DataStage namespace, nowhere else");
+            }
+            w if w.starts_with("custom") => {
+                assert!(args.contains("--allowed-host-paths=/scratch,/nvme"), "{args}");
+                assert!(args.contains("registry.example/ferry/stager:0.1.0"), "{args}");
+            }
+            _ => {}
+        }
+    }
+    cluster.stop().await;
+}
+
+/// prometheus-operator's translation of a ServiceMonitor or PodMonitor into
+/// a scrape configuration (the parts the chart uses).
+///
+/// A ServiceMonitor is resolved to the pods behind its Services here,
+/// rather than discovered through EndpointSlices as prometheus-operator
+/// does: the node agent's pods have loopback addresses, which the API
+/// server does not allow in an EndpointSlice, so the slices stay empty.
+/// The chain it checks is the same: monitor selector → Service labels,
+/// Service selector → pod labels, monitor port → Service port → the
+/// container port it targets.
+fn scrape_config(monitor: &Value, services: &[Value], kubeconfig: &Path, interval: &str) -> Value {
+    let kind = monitor["kind"].as_str().unwrap();
+    let sanitize =
+        |label: &str| label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect::<String>();
+    let keep_labels = |labels: &Value| -> Vec<Value> {
+        labels
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| json!({"action": "keep", "source_labels": [format!("__meta_kubernetes_pod_label_{}", sanitize(key))], "regex": value}))
+            .collect()
+    };
+    let selector = &monitor["spec"]["namespaceSelector"];
+    let mut sd = json!({"role": "pod", "kubeconfig_file": kubeconfig});
+    if let Some(names) = selector["matchNames"].as_array() {
+        sd["namespaces"] = json!({"names": names});
+    }
+    let (endpoint, mut relabel) = match kind {
+        "PodMonitor" => {
+            let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+            let mut relabel = keep_labels(&monitor["spec"]["selector"]["matchLabels"]);
+            relabel.push(json!({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": endpoint["port"]}));
+            (endpoint, relabel)
+        }
+        "ServiceMonitor" => {
+            let endpoint = &monitor["spec"]["endpoints"][0];
+            let wanted = monitor["spec"]["selector"]["matchLabels"].as_object().cloned().unwrap_or_default();
+            let matching: Vec<&Value> =
+                services.iter().filter(|svc| wanted.iter().all(|(k, v)| &svc["metadata"]["labels"][k] == v)).collect();
+            assert_eq!(matching.len(), 1, "the ServiceMonitor selects exactly one Service: {matching:?}");
+            let service = matching[0];
+            let port = service["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == endpoint["port"])
+                .unwrap_or_else(|| panic!("the Service has no port named {}", endpoint["port"]));
+            let mut relabel = keep_labels(&service["spec"]["selector"]);
+            relabel.push(json!({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": port["targetPort"]}));
+            relabel.push(json!({"target_label": "service", "replacement": service["metadata"]["name"]}));
+            (endpoint, relabel)
+        }
+        other => panic!("not a monitor: {other}"),
+    };
+    relabel.push(json!({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}));
+    relabel.push(json!({"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}));
+    for rule in endpoint["relabelings"].as_array().into_iter().flatten() {
+        let mut translated = json!({"source_labels": rule["sourceLabels"], "target_label": rule["targetLabel"]});
+        for (from, to) in [("regex", "regex"), ("action", "action"), ("replacement", "replacement")] {
+            if !rule[from].is_null() {
+                translated[to] = rule[from].clone();
+            }
+        }
+        relabel.push(translated);
+    }
+    let namespace = monitor["metadata"]["namespace"].as_str().unwrap();
+    let name = monitor["metadata"]["name"].as_str().unwrap();
+    json!({
+        "job_name": format!("{}/{namespace}/{name}/0", kind.to_ascii_lowercase()),
+        "honor_labels": endpoint["honorLabels"].as_bool().unwrap_or(false),
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "metrics_path": endpoint["path"].as_str().unwrap_or("/metrics"),
+        "kubernetes_sd_configs": [sd],
+        "relabel_configs": relabel,
+    })
+}
+
+/// A real Prometheus on loopback, and its HTTP API.
+struct Prometheus {
+    /// Stopped when dropped.
+    _process: ferry_e2e::process::ManagedProcess,
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, scrape_configs: Vec<Value>) -> Self {
+        let config =
+            json!({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape_configs});
+        let config_path = dir.join("prometheus.yml");
+        // JSON is YAML.
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let port = free_port();
+        let mut command = Command::new(tool_path("prometheus"));
+        command.args([
+            format!("--config.file={}", config_path.display()),
+            format!("--storage.tsdb.path={}", dir.join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--log.level=warn".into(),
+        ]);
+        let process = ferry_e2e::process::ManagedProcess::spawn("prometheus", command, &dir.join("prometheus.log"))
+            .expect("start prometheus");
+        Self { _process: process, url: format!("http://127.0.0.1:{port}"), http: reqwest::Client::new() }
+    }
+
+    async fn api(&self, path: &str, params: &[(&str, String)]) -> Option<Value> {
+        let response = self.http.get(format!("{}{path}", self.url)).query(params).send().await.ok()?;
+        let body: Value = response.json().await.ok()?;
+        (body["status"] == "success").then(|| body["data"].clone())
+    }
+
+    /// An instant query's result vector.
+    async fn query(&self, promql: &str) -> Vec<Value> {
+        let data = self.api("/api/v1/query", &[("query", promql.to_owned())]).await;
+        data.and_then(|d| d["result"].as_array().cloned()).unwrap_or_default()
+    }
+
+    /// The single value of an instant query, if it has exactly one series.
+    async fn scalar(&self, promql: &str) -> Option<f64> {
+        let result = self.query(promql).await;
+        match result.as_slice() {
+            [one] => one["value"][1].as_str()?.parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// A range query's series, `start..now` at 1 s steps.
+    async fn range(&self, promql: &str, start: f64) -> Result<Vec<Value>, String> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let params = [
+            ("query", promql.to_owned()),
+            ("start", format!("{start:.3}")),
+            ("end", format!("{now:.3}")),
+            ("step", "1".into()),
+        ];
+        let response = self
+            .http
+            .get(format!("{}/api/v1/query_range", self.url))
+            .query(&params)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: Value = response.json().await.map_err(|e| e.to_string())?;
+        if body["status"] != "success" {
+            return Err(body.to_string());
+        }
+        Ok(body["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Targets of one scrape job that are up.
+    async fn up_targets(&self, job_prefix: &str) -> Vec<Value> {
+        let data = self.api("/api/v1/targets", &[("state", "active".into())]).await.unwrap_or_default();
+        data["activeTargets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["scrapePool"].as_str().is_some_and(|p| p.starts_with(job_prefix)) && t["health"] == "up")
+            .cloned()
+            .collect()
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// Runs `promtool check metrics` on an exposition.
+fn promtool_check(exposition: &str, what: &str) {
+    let result = run_tool(&tool_path("promtool"), &["check", "metrics"], &[], Some(exposition));
+    if let Err(problems) = result {
+        panic!("promtool check metrics fails on the {what} exposition:\n{problems}\n--- exposition ---\n{exposition}");
+    }
+}
+
+/// `kubectl auth can-i` as a ServiceAccount: true for "yes".
+fn can(tools: &Tools, account: &str, args: &[&str]) -> bool {
+    let mut full = vec!["auth", "can-i"];
+    full.extend_from_slice(args);
+    let subject = format!("--as=system:serviceaccount:{account}");
+    full.push(&subject);
+    match tools.kubectl(&full, None) {
+        Ok(out) => out.trim() == "yes",
+        Err(out) if out.trim_start().starts_with("no") => false,
+        Err(other) => panic!("kubectl auth can-i {args:?}: {other}"),
+    }
+}
+
+const DATASET_OBJECTS: u64 = 48;
+const OBJECT_BYTES: usize = 1 << 20;
+/// Each stager's bandwidth cap: each of the two shards takes about 12 s,
+/// long enough for several scrapes even though Prometheus's discovery
+/// passes new targets on only every 5 s.
+const BANDWIDTH: u64 = 2 << 20;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prometheus_sees_it_all() {
+    // The data: 48 MiB in 1 MiB objects.
+    let s3 = object_store();
+    s3.create_bucket("datasets").await;
+    let mut files = BTreeMap::new();
+    for i in 0..DATASET_OBJECTS {
+        files.insert(format!("shard-{i:03}.bin"), pattern(100 + i, OBJECT_BYTES));
+    }
+    for (key, data) in &files {
+        s3.put("datasets", &format!("corpus/{key}"), data.clone()).await;
+    }
+    let dataset_bytes = (DATASET_OBJECTS as usize * OBJECT_BYTES) as f64;
+
+    let cluster = Cluster::start().await.expect("cluster");
+    let client = cluster.client().await.unwrap();
+    let tools = Tools::new(cluster.kubeconfig());
+    for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS] {
+        create_namespace(&cluster, namespace, &RESTRICTED).await;
+    }
+    install_monitoring_crds(&tools).await;
+
+    // helm install: CRDs from the chart's crds/, then the templates.
+    let mut values = image_values();
+    values.extend(
+        [
+            "dataStageNamespaces={ml}",
+            "leaseDuration=4s",
+            "allowedHostPaths={/mnt/ferry}",
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.serviceMonitor.interval=1s",
+            "metrics.serviceMonitor.scrapeTimeout=1s",
+            "metrics.podMonitor.enabled=true",
+            "metrics.podMonitor.interval=1s",
+            "metrics.podMonitor.scrapeTimeout=1s",
+            "grafana.dashboard.enabled=true",
+        ]
+        .map(String::from),
+    );
+    let chart = chart_dir();
+    let mut args: Vec<String> =
+        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
+            .map(String::from)
+            .to_vec();
+    args.extend(set_args(&values));
+    let notes = tools
+        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
+    assert!(
+        notes.contains("rollout status deployment/ferry-operator"),
+        "NOTES tell the user what to do next:\n{notes}"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let ready_replicas = |want: i32| {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get("ferry-operator").await.ok()?;
+            (d.status?.ready_replicas.unwrap_or(0) == want).then_some(())
+        }
+    };
+    wait_for(&cluster, "the operator Deployment to be ready", Duration::from_secs(60), || ready_replicas(1)).await;
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let operator_pod = operator_pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=ferry-operator"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    assert_eq!(operator_pod.spec.as_ref().unwrap().service_account_name.as_deref(), Some("ferry"));
+
+    // Prometheus, configured from the monitors the chart installed.
+    let monitors: Vec<Value> = ["servicemonitors", "podmonitors"]
+        .iter()
+        .flat_map(|kind| {
+            let out = tools.kubectl(&["get", kind, "-n", SYSTEM_NS, "-o", "json"], None).expect("monitors");
+            serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(monitors.len(), 2, "one ServiceMonitor and one PodMonitor");
+    let prometheus_dir = tempfile::tempdir().unwrap();
+    let services = tools.kubectl(&["get", "services", "-n", SYSTEM_NS, "-o", "json"], None).expect("services");
+    let services = serde_json::from_str::<Value>(&services).unwrap()["items"].as_array().cloned().unwrap_or_default();
+    let prometheus = Prometheus::start(
+        prometheus_dir.path(),
+        monitors.iter().map(|m| scrape_config(m, &services, cluster.kubeconfig(), "1s")).collect(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while prometheus.up_targets("servicemonitor/").await.is_empty() {
+        if std::time::Instant::now() > deadline {
+            let targets = prometheus.api("/api/v1/targets", &[]).await;
+            let slices = tools.kubectl(&["get", "endpointslices,pods", "-n", SYSTEM_NS, "-o", "wide"], None);
+            panic!(
+                "Prometheus does not scrape the operator through its Service\ntargets: {targets:?}\n{slices:?}\n{}",
+                ferry_e2e::process::tail(&prometheus_dir.path().join("prometheus.log"), 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // A DataStage sharded over two workers onto a claim (hostPath volumes
+    // are not allowed under the restricted standard; claims are).
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "corpus-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/mnt/ferry/corpus"}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "corpus"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": "corpus-pv",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), DATA_NS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    let secret: Secret =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &secret).await.unwrap();
+    let datastages: Api<DataStage> = Api::namespaced(client.clone(), DATA_NS);
+    let staging_started = unix_now();
+    let datastage: DataStage = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "corpus"},
+        "spec": {
+            "source": {"uri": "s3://datasets/corpus", "endpoint": s3.endpoint, "credentials": {"name": "s3"}},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "corpus", "subPath": "v1"}}},
+            "workers": 2,
+            "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+            "transfer": {"maxBandwidth": BANDWIDTH.to_string()},
+        },
+    }))
+    .unwrap();
+    datastages.create(&PostParams::default(), &datastage).await.unwrap();
+
+    // While it runs: one stager's exposition, straight from its pod.
+    let data_pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
+    let stager_exposition = wait_for(&cluster, "a running stager serving /metrics", Duration::from_secs(60), || {
+        let data_pods = data_pods.clone();
+        async move {
+            let pods = data_pods.list(&ListParams::default().labels("ferry.dev/datastage=corpus")).await.ok()?;
+            for pod in pods.items {
+                let status = pod.status.clone()?;
+                if status.phase.as_deref() != Some("Running") {
+                    continue;
+                }
+                assert_eq!(pod.spec.as_ref()?.service_account_name.as_deref(), Some("ferry-stager"));
+                let ip = status.pod_ip?;
+                let url = format!("http://{ip}:9464/metrics");
+                if let Ok(response) = reqwest::get(&url).await
+                    && let Ok(text) = response.text().await
+                    && text.contains("ferry_stager_transferred_bytes_total")
+                {
+                    return Some(text);
+                }
+            }
+            None
+        }
+    })
+    .await;
+    let succeeded = wait_for(&cluster, "the DataStage to succeed", Duration::from_secs(120), || {
+        let datastages = datastages.clone();
+        async move {
+            let ds = datastages.get("corpus").await.ok()?;
+            let status = ds.status?;
+            assert_ne!(status.phase, Some(Phase::Failed), "the DataStage failed: {status:?}");
+            (status.phase == Some(Phase::Succeeded)).then_some(status)
+        }
+    })
+    .await;
+    assert_eq!(succeeded.totals.as_ref().unwrap().bytes_done as f64, dataset_bytes);
+    if let Some(node_b) = cluster.node_dir("node-b") {
+        assert_eq!(read_tree(&node_b.join("mnt/ferry/corpus/v1")), files, "the claim holds the dataset byte for byte");
+    }
+
+    // The operator's view reaches Prometheus (it scrapes every second).
+    let done = r#"ferry_operator_datastage_bytes{namespace="ml",datastage="corpus",state="done"}"#;
+    let succeeded_count = r#"sum(ferry_operator_datastages{phase="Succeeded"})"#;
+    wait_for(&cluster, "the operator's final totals and phase in Prometheus", Duration::from_secs(30), || async {
+        (prometheus.scalar(done).await == Some(dataset_bytes) && prometheus.scalar(succeeded_count).await == Some(1.0))
+            .then_some(())
+    })
+    .await;
+    let window = format!("{}s", (unix_now() - staging_started).ceil() as u64 + 5);
+    let raw = format!(r#"ferry_stager_transferred_bytes_total{{datastage="corpus"}}[{window}]"#);
+    let scalar = |promql: String| {
+        let (prometheus, raw) = (&prometheus, &raw);
+        async move {
+            match prometheus.scalar(&promql).await {
+                Some(value) => value,
+                None => panic!("no single value for {promql}; the stagers' samples: {:?}", prometheus.query(raw).await),
+            }
+        }
+    };
+    // Bytes: every stager's counter was scraped mid-flight or at the end; together no more than the dataset.
+    let scraped_bytes = scalar(format!(
+        r#"sum(max_over_time(ferry_stager_transferred_bytes_total{{namespace="ml",datastage="corpus",direction="download"}}[{window}]))"#
+    ))
+    .await;
+    assert!(scraped_bytes > 0.0 && scraped_bytes <= dataset_bytes, "stager bytes {scraped_bytes} of {dataset_bytes}");
+    // Throughput: positive and within what two capped workers can do.
+    let peak = scalar(format!(
+        r#"max_over_time(sum(rate(ferry_stager_transferred_bytes_total{{namespace="ml",datastage="corpus"}}[5s]))[{window}:1s])"#
+    ))
+    .await;
+    assert!(
+        peak > 0.0 && peak <= 4.0 * 2.0 * BANDWIDTH as f64,
+        "peak throughput {peak} B/s with two workers capped at {BANDWIDTH}"
+    );
+    // The series carry the DataStage, the worker's node and pod.
+    // (The stagers have exited: their series are stale now, so look back.)
+    let by_node = prometheus
+        .query(&format!(r#"count by (node, worker) (last_over_time(ferry_stager_transferred_bytes_total{{datastage="corpus"}}[{window}]))"#))
+        .await;
+    assert!(!by_node.is_empty() && by_node.iter().all(|s| s["metric"]["node"] == "node-b"), "{by_node:?}");
+    let objects = scalar(format!(
+        r#"sum(max_over_time(ferry_stager_objects_total{{datastage="corpus",result="transferred"}}[{window}]))"#
+    ))
+    .await;
+    assert!(objects > 0.0 && objects <= DATASET_OBJECTS as f64, "objects {objects}");
+    assert!(scalar(r#"sum(ferry_operator_reconciles_total{result="ok"})"#.into()).await >= 1.0);
+    assert!(scalar("sum(ferry_operator_reconcile_duration_seconds_count)".into()).await >= 1.0);
+    assert_eq!(
+        scalar(r#"sum(ferry_operator_reconcile_errors_total{reason="Forbidden"})"#.into()).await,
+        0.0,
+        "the chart's RBAC is enough"
+    );
+
+    // Both expositions pass promtool's lint.
+    promtool_check(&stager_exposition, "stager");
+    let operator_ip = operator_pods.get(&operator_pod.name_any()).await.unwrap().status.unwrap().pod_ip.unwrap();
+    let operator_exposition =
+        reqwest::get(format!("http://{operator_ip}:8080/metrics")).await.unwrap().text().await.unwrap();
+    promtool_check(&operator_exposition, "operator");
+
+    // Every panel of the dashboard returns data for this staging.
+    let dashboard_config = tools
+        .kubectl(&["get", "configmap", "ferry-dashboard", "-n", SYSTEM_NS, "-o", "json"], None)
+        .expect("the dashboard ConfigMap");
+    let configmap: Value = serde_json::from_str(&dashboard_config).unwrap();
+    assert_eq!(configmap["metadata"]["labels"]["grafana_dashboard"], "1", "the Grafana sidecar's label");
+    let dashboard: Value = serde_json::from_str(configmap["data"]["ferry.json"].as_str().unwrap()).unwrap();
+    let mut panels = 0;
+    for panel in dashboard["panels"].as_array().unwrap().iter().filter(|p| p["type"] != "row") {
+        panels += 1;
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$namespace", DATA_NS)
+                .replace("$datastage", "corpus")
+                .replace("$__rate_interval", "10s");
+            let series = prometheus
+                .range(&expr, staging_started - 5.0)
+                .await
+                .unwrap_or_else(|e| panic!("panel {:?}: {expr} fails: {e}", panel["title"]));
+            let finite = series.iter().any(|s| {
+                s["values"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v[1].as_str().is_some_and(|x| x.parse::<f64>().is_ok_and(f64::is_finite)))
+            });
+            assert!(finite, "panel {:?} shows no data for the staging: {expr}", panel["title"]);
+        }
+    }
+    assert!(panels >= 12, "the dashboard has {panels} panels");
+
+    // The RBAC is exactly what the operator and stagers need.
+    let operator = format!("{SYSTEM_NS}:ferry");
+    let stager = format!("{DATA_NS}:ferry-stager");
+    for (account, allowed, args) in [
+        (&operator, true, vec!["watch", "datastages.ferry.dev", "--all-namespaces"]),
+        (&operator, true, vec!["patch", "datastages.ferry.dev", "--subresource=status", "-n", DATA_NS]),
+        (&operator, true, vec!["create", "jobs.batch", "-n", DATA_NS]),
+        (&operator, true, vec!["list", "pods", "-n", OTHER_NS]),
+        (&operator, true, vec!["list", "nodes"]),
+        (&operator, true, vec!["get", "secrets", "-n", DATA_NS]),
+        (&operator, true, vec!["create", "events.events.k8s.io", "-n", DATA_NS]),
+        (&operator, true, vec!["update", "leases/ferry-operator-leader", "-n", SYSTEM_NS]),
+        (&operator, false, vec!["get", "secrets", "-n", OTHER_NS]),
+        (&operator, false, vec!["get", "secrets", "--all-namespaces"]),
+        (&operator, false, vec!["list", "secrets", "-n", DATA_NS]),
+        (&operator, false, vec!["delete", "datastages.ferry.dev", "-n", DATA_NS]),
+        (&operator, false, vec!["create", "pods", "-n", DATA_NS]),
+        (&operator, false, vec!["get", "configmaps", "-n", DATA_NS]),
+        (&operator, false, vec!["update", "leases", "-n", DATA_NS]),
+        (&operator, false, vec!["update", "leases/someone-elses", "-n", SYSTEM_NS]),
+        (&operator, false, vec!["create", "rolebindings.rbac.authorization.k8s.io", "-n", DATA_NS]),
+        (&operator, false, vec!["delete", "nodes"]),
+        (&stager, true, vec!["get", "datastages.ferry.dev", "-n", DATA_NS]),
+        (&stager, true, vec!["patch", "datastages.ferry.dev", "--subresource=status", "-n", DATA_NS]),
+        (&stager, false, vec!["list", "datastages.ferry.dev", "-n", DATA_NS]),
+        (&stager, false, vec!["patch", "datastages.ferry.dev", "-n", DATA_NS]),
+        (&stager, false, vec!["get", "datastages.ferry.dev", "-n", OTHER_NS]),
+        (&stager, false, vec!["get", "secrets", "-n", DATA_NS]),
+        (&stager, false, vec!["create", "jobs.batch", "-n", DATA_NS]),
+    ] {
+        assert_eq!(can(&tools, account, &args), allowed, "{account} can-i {args:?} should be {allowed}");
+    }
+
+    // helm upgrade with changed values: two replicas, debug logs.
+    let mut args: Vec<String> =
+        ["upgrade", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
+            .map(String::from)
+            .to_vec();
+    let mut upgraded = values.clone();
+    upgraded.extend(["replicaCount=2".to_owned(), "logLevel=debug".to_owned()]);
+    args.extend(set_args(&upgraded));
+    tools.helm(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("helm upgrade:\n{e}"));
+    wait_for(&cluster, "two operator replicas after the upgrade", Duration::from_secs(90), || ready_replicas(2)).await;
+    let deployment = deployments.get("ferry-operator").await.unwrap();
+    let env = deployment.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap_or_default();
+    assert!(env.iter().any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")));
+    // The upgraded operator still stages (a second, small DataStage).
+    let again: DataStage = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "corpus-again"},
+        "spec": {
+            "source": {"uri": "s3://datasets/corpus", "endpoint": s3.endpoint, "credentials": {"name": "s3"}},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "corpus", "subPath": "v2"}}},
+            "include": ["shard-00*"],
+            "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+        },
+    }))
+    .unwrap();
+    datastages.create(&PostParams::default(), &again).await.unwrap();
+    wait_for(&cluster, "a DataStage staged by the upgraded release", Duration::from_secs(120), || {
+        let datastages = datastages.clone();
+        async move { (datastages.get("corpus-again").await.ok()?.status?.phase == Some(Phase::Succeeded)).then_some(()) }
+    })
+    .await;
+
+    // helm uninstall leaves nothing behind but the CRDs.
+    tools
+        .helm(&["uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout", "2m"])
+        .unwrap_or_else(|e| panic!("helm uninstall:\n{e}"));
+    let kinds = "deployments,replicasets,pods,services,serviceaccounts,configmaps,leases,roles,rolebindings,servicemonitors,podmonitors";
+    wait_for(&cluster, "every namespaced object of the release to be gone", Duration::from_secs(60), || async {
+        let left = tools
+            .kubectl(&["get", kinds, "--all-namespaces", "-l", "app.kubernetes.io/instance=ferry", "-o", "name"], None)
+            .ok()?;
+        let in_system = tools.kubectl(&["get", "pods,leases", "-n", SYSTEM_NS, "-o", "name"], None).ok()?;
+        (left.trim().is_empty() && in_system.trim().is_empty()).then_some(())
+    })
+    .await;
+    let cluster_scoped = tools
+        .kubectl(
+            &["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=ferry", "-o", "name"],
+            None,
+        )
+        .unwrap();
+    assert!(cluster_scoped.trim().is_empty(), "left behind: {cluster_scoped}");
+    let stager_accounts = tools.kubectl(&["get", "serviceaccounts", "-n", DATA_NS, "-o", "name"], None).unwrap();
+    assert!(!stager_accounts.contains("ferry-stager"), "{stager_accounts}");
+    tools.kubectl(&["get", "crd", "datastages.ferry.dev"], None).expect("Helm keeps the CRDs it installed");
+
+    drop(prometheus);
+    cluster.stop().await;
+}
