@@ -421,7 +421,9 @@ def machine(args):
         except Exception:  # noqa: BLE001 - a missing version is not fatal
             return "unknown"
     return {
-        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        # The kernel's major.minor only: its full release string names the build host.
+        "cpus": os.cpu_count(), "python": platform.python_version(),
+        "platform": f"{platform.system()} {'.'.join(platform.release().split('.')[:2])} {platform.machine()}",
         "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
         "tmpfs": args.tmpfs,
