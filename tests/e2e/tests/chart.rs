@@ -913,6 +913,63 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     assert!(!stager_accounts.contains("ferry-stager"), "{stager_accounts}");
     tools.kubectl(&["get", "crd", "datastages.ferry.dev"], None).expect("Helm keeps the CRDs it installed");
 
+    // A release scoped to one namespace (namespaced Roles, no cluster-wide
+    // access but listing nodes) stages there and leaves other namespaces alone.
+    let mut args: Vec<String> =
+        ["install", "scoped", chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
+            .map(String::from)
+            .to_vec();
+    let mut scoped = image_values();
+    scoped.extend(["watchNamespace=research".to_owned(), "leaseDuration=4s".to_owned()]);
+    args.extend(set_args(&scoped));
+    tools
+        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("helm install scoped:\n{e}"));
+    let scoped_operator = format!("{SYSTEM_NS}:scoped-ferry");
+    assert!(can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "-n", OTHER_NS]));
+    assert!(!can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "--all-namespaces"]));
+    assert!(!can(&tools, &scoped_operator, &["create", "jobs.batch", "-n", DATA_NS]));
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "research-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/mnt/ferry/research"}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "research"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": "research-pv",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), OTHER_NS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), OTHER_NS).create(&PostParams::default(), &secret).await.unwrap();
+    let small = |claim: &str| -> DataStage {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "subset"},
+            "spec": {
+                "source": {"uri": "s3://datasets/corpus", "endpoint": s3.endpoint, "credentials": {"name": "s3"}},
+                "destination": {"volume": {"persistentVolumeClaim": {"claimName": claim, "subPath": "subset"}}},
+                "include": ["shard-00*"],
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+            },
+        }))
+        .unwrap()
+    };
+    let research: Api<DataStage> = Api::namespaced(client.clone(), OTHER_NS);
+    research.create(&PostParams::default(), &small("research")).await.unwrap();
+    datastages.create(&PostParams::default(), &small("corpus")).await.unwrap();
+    wait_for(&cluster, "the scoped release to stage in its namespace", Duration::from_secs(120), || {
+        let research = research.clone();
+        async move { (research.get("subset").await.ok()?.status?.phase == Some(Phase::Succeeded)).then_some(()) }
+    })
+    .await;
+    let ignored = datastages.get("subset").await.unwrap();
+    assert!(ignored.status.is_none(), "a DataStage outside the watched namespace is left alone: {:?}", ignored.status);
+
     drop(prometheus);
     cluster.stop().await;
 }
