@@ -547,6 +547,30 @@ fn can(tools: &Tools, account: &str, args: &[&str]) -> bool {
     }
 }
 
+/// A claim `name` in `namespace` bound to a hostPath PersistentVolume
+/// (hostPath volumes themselves are not allowed under the restricted Pod
+/// Security Standard; claims are). On the harness it is `/mnt/ferry/NAME`
+/// on the node that mounts it.
+async fn create_claim(client: &kube::Client, namespace: &str, name: &str) {
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{name}-pv")},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": format!("/mnt/ferry/{name}")}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": format!("{name}-pv"),
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+}
+
 const DATASET_OBJECTS: u64 = 48;
 const OBJECT_BYTES: usize = 1 << 20;
 /// Each stager's bandwidth cap: each of the two shards takes about 12 s,
@@ -655,23 +679,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
 
     // A DataStage sharded over two workers onto a claim (hostPath volumes
     // are not allowed under the restricted standard; claims are).
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "corpus-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/mnt/ferry/corpus"}},
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "corpus"},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": "corpus-pv",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .unwrap();
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), DATA_NS)
-        .create(&PostParams::default(), &pvc)
-        .await
-        .unwrap();
+    create_claim(&client, DATA_NS, "corpus").await;
     let secret: Secret =
         serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
         "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
@@ -929,23 +937,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     assert!(can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "-n", OTHER_NS]));
     assert!(!can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "--all-namespaces"]));
     assert!(!can(&tools, &scoped_operator, &["create", "jobs.batch", "-n", DATA_NS]));
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "research-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/mnt/ferry/research"}},
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "research"},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": "research-pv",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .unwrap();
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), OTHER_NS)
-        .create(&PostParams::default(), &pvc)
-        .await
-        .unwrap();
+    create_claim(&client, OTHER_NS, "research").await;
     Api::<Secret>::namespaced(client.clone(), OTHER_NS).create(&PostParams::default(), &secret).await.unwrap();
     let small = |claim: &str| -> DataStage {
         serde_json::from_value(json!({
