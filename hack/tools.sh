@@ -68,86 +68,67 @@ py_env() {
   echo "$dir/bin/python"
 }
 
-# etcd refuses `go install` (its go.mod has replace directives): build it
-# from a throw-away wrapper module that requires the pinned server module.
-etcd_tool() {
-  local dir="$cache/etcd/$ETCD_VERSION"
-  if [[ ! -x "$dir/bin/etcd" ]]; then
-    log "building etcd $ETCD_VERSION (first run only; takes minutes)"
+# wrapper_tool DIR BINARY WHAT BUILD: for modules that refuse `go install`
+# (their go.mod has replace directives). Unless DIR/bin/BINARY exists, runs
+# the function BUILD inside a throw-away wrapper module, with $out naming the
+# directory its binaries go to, then moves them into DIR. Prints the path.
+wrapper_tool() {
+  local dir=$1 binary=$2 what=$3 build=$4
+  if [[ ! -x "$dir/bin/$binary" ]]; then
+    log "building $what (first run only; takes minutes)"
     local src; src="$(mktemp -d)"
     rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
     (
       cd "$src"
-      go mod init ferry.dev/build/etcd >/dev/null 2>&1
-      go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$dir.partial/bin/etcd" go.etcd.io/etcd/server/v3 >&2
+      go mod init ferry.dev/build/wrapper >/dev/null 2>&1
+      out="$dir.partial/bin" "$build"
     )
     rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
   fi
-  echo "$dir/bin/etcd"
+  echo "$dir/bin/$binary"
 }
 
-# Kubernetes refuses `go install` too: a wrapper module requires
-# k8s.io/kubernetes and points every staging module (`k8s.io/api`, ...) at its
-# published v0.X.Y twin, as the main module's own replace directives do. The
-# version is stamped into the binaries so clients that check it (helm) work.
-kube_tool() {
-  local name=$1
-  local dir="$cache/kubernetes/$KUBERNETES_VERSION"
-  if [[ ! -x "$dir/bin/$name" ]]; then
-    log "building Kubernetes $KUBERNETES_VERSION control plane (first run only; ~15 minutes)"
-    local src; src="$(mktemp -d)"
-    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
-    local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-    local staging_version="v0.${KUBERNETES_VERSION#v1.}"
-    (
-      cd "$src"
-      go mod init ferry.dev/build/kubernetes >/dev/null 2>&1
-      local gomod
-      gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
-      {
-        echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
-        grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
-          awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
-      } >>go.mod
-      local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-                  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
-      # Each package at the pinned version: a bare `go get` would move
-      # k8s.io/kubernetes to the newest release, whose packages the pinned
-      # staging modules do not have.
-      go get "${pkgs[@]/%/@$KUBERNETES_VERSION}" >&2
-      local vpkg=k8s.io/component-base/version
-      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$dir.partial/bin/" \
-        -ldflags "-s -w -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor" \
-        "${pkgs[@]}" >&2
-    )
-    rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
-  fi
-  echo "$dir/bin/$name"
+# etcd: the wrapper module requires the pinned server module.
+build_etcd() {
+  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
+  CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$out/etcd" go.etcd.io/etcd/server/v3 >&2
 }
 
-# Prometheus's go.mod has replace directives too. Its optional service
-# discovery plugins are compiled in by build tags: all are removed but
-# Kubernetes, which the chart tests use to find the pods to scrape.
-prometheus_tool() {
-  local name=$1
-  local dir="$cache/prometheus/$PROMETHEUS_VERSION"
-  if [[ ! -x "$dir/bin/$name" ]]; then
-    log "building Prometheus $PROMETHEUS_VERSION (first run only; takes minutes)"
-    local src; src="$(mktemp -d)"
-    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
-    (
-      cd "$src"
-      go mod init ferry.dev/build/prometheus >/dev/null 2>&1
-      echo "require github.com/prometheus/prometheus $PROMETHEUS_VERSION" >>go.mod
-      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/prometheus/prometheus/cmd/prometheus"\n\t_ "github.com/prometheus/prometheus/cmd/promtool"\n)\n' >tools.go
-      go mod tidy -e >&2 || true
-      CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -tags remove_all_sd,enable_kubernetes_sd,netgo \
-        -o "$dir.partial/bin/" github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool >&2
-    )
-    rm -rf "$src" "$dir" && mv "$dir.partial" "$dir"
-  fi
-  echo "$dir/bin/$name"
+# Kubernetes: the wrapper module requires k8s.io/kubernetes and points every
+# staging module (`k8s.io/api`, ...) at its published v0.X.Y twin, as the
+# main module's own replace directives do. The version is stamped into the
+# binaries so clients that check it (helm) work.
+build_kubernetes() {
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  local gomod
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  {
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
+      awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } >>go.mod
+  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  # Each package at the pinned version: a bare `go get` would move
+  # k8s.io/kubernetes to the newest release, whose packages the pinned
+  # staging modules do not have.
+  go get "${pkgs[@]/%/@$KUBERNETES_VERSION}" >&2
+  local vpkg=k8s.io/component-base/version
+  CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -o "$out/" \
+    -ldflags "-s -w -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor" \
+    "${pkgs[@]}" >&2
+}
+
+# Prometheus (and promtool): its optional service discovery plugins are
+# compiled in by build tags; all are removed but Kubernetes, which the chart
+# tests use to find the pods to scrape.
+build_prometheus() {
+  echo "require github.com/prometheus/prometheus $PROMETHEUS_VERSION" >>go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/prometheus/prometheus/cmd/prometheus"\n\t_ "github.com/prometheus/prometheus/cmd/promtool"\n)\n' >tools.go
+  go mod tidy -e >&2 || true
+  CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -tags remove_all_sd,enable_kubernetes_sd,netgo \
+    -o "$out/" github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool >&2
 }
 
 tool_path() {
@@ -159,9 +140,10 @@ tool_path() {
     rclone) go_tool rclone github.com/rclone/rclone "$RCLONE_VERSION" rclone ;;
     bench-python) py_env bench-python "$BENCH_PY_PACKAGES" ;;
     helm)  go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm ;;
-    prometheus|promtool) prometheus_tool "$1" ;;
-    etcd)  etcd_tool ;;
-    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) kube_tool "$1" ;;
+    prometheus|promtool) wrapper_tool "$cache/prometheus/$PROMETHEUS_VERSION" "$1" "Prometheus $PROMETHEUS_VERSION" build_prometheus ;;
+    etcd)  wrapper_tool "$cache/etcd/$ETCD_VERSION" etcd "etcd $ETCD_VERSION" build_etcd ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)
+      wrapper_tool "$cache/kubernetes/$KUBERNETES_VERSION" "$1" "the Kubernetes $KUBERNETES_VERSION control plane" build_kubernetes ;;
     *) log "unknown tool '$1' (see the header of $0)"; exit 2 ;;
   esac
 }
