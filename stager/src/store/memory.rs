@@ -63,6 +63,13 @@ impl MemoryStore {
         self.state.lock().unwrap().objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Crc32c(crc))));
     }
 
+    /// Adds an object whose only checksum is its MD5 (its ETag), like a
+    /// single PUT that sent no checksum.
+    pub fn insert_md5_only(&self, key: &str, data: Vec<u8>) {
+        let md5 = Md5::digest(&data).into();
+        self.state.lock().unwrap().objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Md5(md5))));
+    }
+
     /// Queues faults for the next GETs of `key`, in order.
     pub fn fail_gets(&self, key: &str, faults: impl IntoIterator<Item = Fault>) {
         self.state.lock().unwrap().get_faults.entry(key.into()).or_default().extend(faults);

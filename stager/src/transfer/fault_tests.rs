@@ -77,6 +77,29 @@ async fn a_persistent_mismatch_fails_the_object_and_leaves_no_file() {
 }
 
 #[tokio::test]
+async fn md5_only_objects_are_verified_in_memory_and_on_disk_and_corruption_is_caught() {
+    let store = Arc::new(MemoryStore::default());
+    // One object small enough to be received into memory (hashed as it
+    // streams), one larger than the write buffer (read back and hashed by
+    // the hasher thread), one corrupted on every attempt.
+    store.insert_md5_only("small", data(8, 4096));
+    store.insert_md5_only("larger", data(9, 3 * MIB));
+    store.insert_md5_only("bad", data(10, 4096));
+    store.fail_gets("small", [Fault::Corrupt]);
+    store.fail_gets("larger", [Fault::Corrupt]);
+    store.fail_gets("bad", std::iter::repeat_n(Fault::Corrupt, 3));
+    let dir = tempfile::tempdir().unwrap();
+    let summary = pull(engine(&store), "", dir.path()).await.unwrap();
+    assert_eq!(summary.verified.checksum, 2, "{summary:?}");
+    assert_eq!(summary.retries, 4, "one retry each for small and larger, two for bad");
+    assert_eq!(summary.objects.failed, 1);
+    assert!(summary.failures[0].error.contains("checksum mismatch"), "{:?}", summary.failures);
+    assert_eq!(std::fs::read(dir.path().join("small")).unwrap(), data(8, 4096));
+    assert_eq!(std::fs::read(dir.path().join("larger")).unwrap(), data(9, 3 * MIB));
+    assert!(!dir.path().join("bad").exists(), "a file that failed verification never appears");
+}
+
+#[tokio::test]
 async fn a_failed_multipart_upload_is_aborted() {
     let store = Arc::new(MemoryStore::default());
     let dir = tempfile::tempdir().unwrap();

@@ -125,12 +125,28 @@ async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result
 }
 
 /// Size and mtime, to notice a file that changes while it is uploaded.
-fn stamp(path: &Path) -> std::io::Result<(u64, Option<SystemTime>)> {
-    let meta = std::fs::metadata(path)?;
-    Ok((meta.len(), meta.modified().ok()))
+type Stamp = (u64, Option<SystemTime>);
+
+fn stamp(path: &Path) -> std::io::Result<Stamp> {
+    Ok(stamp_of(&std::fs::metadata(path)?))
+}
+
+fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
+    (meta.len(), meta.modified().ok())
+}
+
+/// The file changed between the two stamps.
+fn changed() -> ObjectError {
+    ObjectError::Io {
+        what: "uploading",
+        source: std::io::Error::other("the file changed while it was being uploaded; run the push again"),
+    }
 }
 
 async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(), ObjectError> {
+    if file.size <= engine.config.multipart_threshold && upload_small(engine, file, key).await? {
+        return Ok(());
+    }
     let path = file.path.clone();
     let (handle, before) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
         let handle = File::open(&path)?;
@@ -160,12 +176,49 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
         .expect("stat panicked")
         .map_err(ObjectError::io_error("checking the file after upload"))?;
     if after != before {
-        return Err(ObjectError::Io {
-            what: "uploading",
-            source: std::io::Error::other("the file changed while it was being uploaded; run the push again"),
-        });
+        return Err(changed());
     }
     Ok(())
+}
+
+/// Uploads a file of at most one part with a single hop to a blocking
+/// thread (open, stamp, read and CRC32C together) instead of three: with
+/// 10,000 × 64 KiB files the hops were the largest cost the client itself
+/// added per file. The stamp after the upload is an fstat of the open file.
+/// Returns `false`, having sent nothing, when the file is no longer the size
+/// the walk saw; the general path then takes it.
+async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<bool, ObjectError> {
+    let size = file.size;
+    let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
+    let mut buffer = engine.buffers.take(size as usize);
+    let path = file.path.clone();
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        let handle = File::open(&path)?;
+        let before = stamp_of(&handle.metadata()?);
+        if before.0 != size {
+            return Ok(None);
+        }
+        handle.read_exact_at(&mut buffer, 0)?;
+        let crc = crc32c::crc32c(&buffer);
+        Ok(Some((handle, before, Bytes::from(buffer), crc)))
+    })
+    .await
+    .expect("reading a small file panicked")
+    .map_err(ObjectError::io_error("reading the file"))?;
+    let Some((handle, before, body, crc)) = read else { return Ok(false) };
+
+    engine.pace(size).await;
+    let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
+    engine.buffers.give_bytes(body);
+    put?;
+    engine.tally.bytes(size);
+    engine.metrics.add_bytes(Direction::Upload, size);
+    // One fstat of an open file: no need for a blocking thread.
+    let after = stamp_of(&handle.metadata().map_err(ObjectError::io_error("checking the file after upload"))?);
+    if after != before {
+        return Err(changed());
+    }
+    Ok(true)
 }
 
 /// Reads `len` bytes at `offset` and their CRC32C on a blocking thread.

@@ -6,7 +6,9 @@
 //! ranges is verified against one whole-object checksum without a second
 //! pass. MD5 cannot be combined, and is expensive: a file whose only
 //! checksum is an MD5 ETag is read back once it is written, and hashed
-//! together with others in SIMD lanes (see `md5.rs`).
+//! together with others in SIMD lanes (see `md5.rs`). Only a small object
+//! received into memory in one piece is MD5-hashed as it streams past: it is
+//! one range, and a hand-off to the hasher would cost it more than hashing.
 
 use crate::store::StoredChecksum;
 
@@ -21,6 +23,9 @@ pub struct RangeDigest {
     pub crc32c: Option<u32>,
     /// CRC32 of the range, when the object's checksum is a CRC32.
     pub crc32: Option<crc32fast::Hasher>,
+    /// MD5 of the range, when it was asked for (whole objects only: MD5s
+    /// cannot be combined).
+    pub md5: Option<[u8; 16]>,
 }
 
 /// Which digests to compute while streaming.
@@ -31,6 +36,8 @@ pub struct Wanted {
     pub crc32c: bool,
     /// Compute CRC32.
     pub crc32: bool,
+    /// Compute MD5.
+    pub md5: bool,
 }
 
 impl Wanted {
@@ -39,7 +46,13 @@ impl Wanted {
         Self {
             crc32c: matches!(checksum, Some(StoredChecksum::Crc32c(_))),
             crc32: matches!(checksum, Some(StoredChecksum::Crc32(_))),
+            md5: false,
         }
+    }
+
+    /// Also MD5, when `checksum` is one (for a whole object in one piece).
+    pub fn with_md5_for(self, checksum: Option<&StoredChecksum>) -> Self {
+        Self { md5: matches!(checksum, Some(StoredChecksum::Md5(_))), ..self }
     }
 }
 
@@ -48,12 +61,17 @@ impl Wanted {
 pub struct Digester {
     crc32c: Option<u32>,
     crc32: Option<crc32fast::Hasher>,
+    md5: Option<md5_many::Md5State>,
 }
 
 impl Digester {
     /// Starts digests for the wanted algorithms.
     pub fn new(wanted: Wanted) -> Self {
-        Self { crc32c: wanted.crc32c.then_some(0), crc32: wanted.crc32.then(crc32fast::Hasher::new) }
+        Self {
+            crc32c: wanted.crc32c.then_some(0),
+            crc32: wanted.crc32.then(crc32fast::Hasher::new),
+            md5: wanted.md5.then(md5_many::Md5State::new),
+        }
     }
 
     /// Feeds bytes in order.
@@ -64,11 +82,14 @@ impl Digester {
         if let Some(h) = &mut self.crc32 {
             h.update(bytes);
         }
+        if let Some(md5) = &mut self.md5 {
+            md5.update(bytes);
+        }
     }
 
     /// The digests of everything fed.
     pub fn finish(self, offset: u64, len: u64) -> RangeDigest {
-        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32 }
+        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32, md5: self.md5.map(|md5| md5.finalize()) }
     }
 }
 
@@ -124,7 +145,7 @@ mod tests {
         /// Combining range CRCs gives the CRC of the whole, wherever the cut.
         #[test]
         fn range_crcs_combine_to_the_whole_object_crc(data in proptest::collection::vec(any::<u8>(), 0..4096), cut in 0usize..4096) {
-            let digests = digest_ranges(&data, cut, Wanted { crc32c: true, crc32: true });
+            let digests = digest_ranges(&data, cut, Wanted { crc32c: true, crc32: true, md5: false });
             prop_assert_eq!(combine_crc32c(&digests), Some(crc32c::crc32c(&data)));
             prop_assert_eq!(combine_crc32(&digests), Some(crc32fast::hash(&data)));
         }
@@ -132,10 +153,23 @@ mod tests {
 
     #[test]
     fn an_md5_is_never_taken_from_range_crcs() {
-        let digests = digest_ranges(b"hello world", 5, Wanted { crc32c: true, crc32: true });
+        let digests = digest_ranges(b"hello world", 5, Wanted { crc32c: true, crc32: true, md5: false });
         assert_eq!(combined_crc(StoredChecksum::Md5([0; 16]), &digests), None);
         let crc = crc32c::crc32c(b"hello world");
         assert_eq!(combined_crc(StoredChecksum::Crc32c(0), &digests), Some(StoredChecksum::Crc32c(crc)));
+    }
+
+    proptest! {
+        /// A streamed MD5 is the MD5 of the whole, however the bytes arrive.
+        #[test]
+        fn a_streamed_md5_matches_one_shot_md5(data in proptest::collection::vec(any::<u8>(), 0..4096), piece in 1usize..200) {
+            let mut digester = Digester::new(Wanted::default().with_md5_for(Some(&StoredChecksum::Md5([0; 16]))));
+            for bytes in data.chunks(piece) {
+                digester.update(bytes);
+            }
+            let expected: [u8; 16] = <md5::Md5 as md5::Digest>::digest(&data).into();
+            prop_assert_eq!(digester.finish(0, data.len() as u64).md5, Some(expected));
+        }
     }
 
     #[test]
