@@ -58,13 +58,13 @@ def free_port():
 class Minio:
     """A throw-away MinIO on loopback."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, log_path):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.trash = Path(data_dir) / ".minio.sys" / "tmp" / ".trash"
         env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY,
                    MINIO_BROWSER="off", MINIO_UPDATE="off")
-        self.log = open(Path(data_dir).parent / "minio.log", "wb")
+        self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [tool("minio"), "server", str(data_dir), "--address", f"127.0.0.1:{self.port}",
              "--console-address", f"127.0.0.1:{free_port()}", "--quiet"],
@@ -197,6 +197,9 @@ def main():
                         help="extra ferry-stager arguments, for ablations (e.g. '--verify size')")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--tmpfs", action="store_true", help="sources and destinations on /dev/shm (no disk)")
+    parser.add_argument("--minio-store", choices=("auto", "ram", "disk"), default="auto",
+                        help="where MinIO keeps objects: /dev/shm, or the work dir's disk; "
+                             "auto (default): /dev/shm when the run fits there")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition, no sweep (for tests)")
     parser.add_argument("--work-dir", default=None, help="where data and MinIO live (default: a temp dir)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -219,21 +222,47 @@ def main():
     min_timeout = max(args.min_timeout, 120.0) if args.smoke else args.min_timeout
     args.min_timeout = min_timeout
 
+    # MinIO's store lives in RAM by default: on disk, each small object
+    # costs MinIO a synchronous write, and 10,000 of them made every tool's
+    # upload time MinIO's disk time (20 s a run on disk, 5 s in RAM, for
+    # the two fastest tools), hiding the clients the suite compares.
+    if args.minio_store != "disk":
+        need = sum(count * size for count, size in workloads.values()) + max(
+            count * size for count, size in workloads.values())
+        if args.tmpfs:
+            need *= 2  # sources and one destination beside the store
+        need = need * 1.1 + 64 * MIB
+        free = shutil.disk_usage("/dev/shm").free
+        if free < need:
+            advice = (f"/dev/shm has {free / GIB:.1f} GiB free, MinIO's store needs {need / GIB:.1f} GiB there "
+                      f"{'(with --tmpfs) ' if args.tmpfs else ''}")
+            if args.minio_store == "ram":
+                raise SystemExit(advice + "; pass --minio-store disk, or a smaller --scale")
+            print(advice + "; it goes on disk", flush=True)
+            args.minio_store = "disk"
+        else:
+            args.minio_store = "ram"
     started = time.monotonic()
     base = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     scratch_root = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir="/dev/shm")) if args.tmpfs else base / "scratch"
     data_root = scratch_root / "data" if args.tmpfs else base / "data"
-    (base / "minio").mkdir(parents=True, exist_ok=True)
-    minio = Minio(base / "minio" / "store")
-    env = peer_env(minio)
+    if args.minio_store == "ram":
+        minio_root = Path(tempfile.mkdtemp(prefix="ferry-bench-minio-", dir="/dev/shm"))
+    else:
+        minio_root = base / "minio"
+        minio_root.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    minio = Minio(minio_root / "store", out / "minio.log")
+    env = peer_env(minio)
     log = open(out / "runs.log", "wb")
     results = []
     hide = {str(scratch_root): "$WORK", str(base): "$WORK", minio.endpoint: "$ENDPOINT"}
     try:
-        subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "mb", f"s3://{BUCKET}"], env=env,
-                       check=True, stdout=log, stderr=log)
+        # A reused --work-dir keeps MinIO's store, bucket included.
+        if not (minio_root / "store" / BUCKET).is_dir():
+            subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "mb", f"s3://{BUCKET}"], env=env,
+                           check=True, stdout=log, stderr=log)
         for name, (count, size) in workloads.items():
             source = generate(data_root, name, count, size, args.seed)
             total = count * size
@@ -292,6 +321,8 @@ def main():
                                 run(t, setting, concurrency, rep)
     finally:
         minio.stop()
+        if args.minio_store == "ram":
+            shutil.rmtree(minio_root, ignore_errors=True)
         if args.tmpfs:
             shutil.rmtree(scratch_root, ignore_errors=True)
         if not args.work_dir:
@@ -426,7 +457,7 @@ def machine(args):
         "platform": f"{platform.system()} {'.'.join(platform.release().split('.')[:2])} {platform.machine()}",
         "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
-        "tmpfs": args.tmpfs,
+        "tmpfs": args.tmpfs, "minio_store": args.minio_store,
         "versions": {
             "ferry-stager": version([tool("ferry-stager"), "--version"]),
             "s5cmd": version([tool("s5cmd"), "version"]),
@@ -457,7 +488,8 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
              "stopped and its tool recorded as too slow there. Speed-up is Ferry's best median against the "
              "peer's best (> 1: Ferry is faster).", "",
              f"Machine: {meta['cpus']} CPUs ({meta['cpu_model']}), {meta['memory_gib']} GiB, {meta['platform']}, "
-             f"data on {'tmpfs' if meta['tmpfs'] else 'disk'}. MinIO runs on the same CPUs.", "",
+             f"data on {'tmpfs' if meta['tmpfs'] else 'disk'}. MinIO runs on the same CPUs, its store "
+             f"{'in RAM (tmpfs)' if meta.get('minio_store') == 'ram' else 'on disk'}.", "",
              "Versions: " + "; ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
     for name, (count, size) in workloads.items():
         for direction in ("download", "upload"):
