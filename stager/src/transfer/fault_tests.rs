@@ -1,6 +1,7 @@
 //! Engine tests with injected faults: retries, verification and cleanup
-//! behave as promised when the store misbehaves. (The same paths run against
-//! real servers in `tests/`; here failures happen on demand.)
+//! behave as promised when the store misbehaves, and the bandwidth cap holds
+//! back requests. (The same paths run against real servers in `tests/`; here
+//! failures happen on demand.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,4 +124,35 @@ async fn throttled_part_uploads_are_retried_and_the_object_is_complete() {
     assert_eq!(summary.retries, 2);
     assert_eq!(store.calls().completes, 1);
     assert_eq!(store.object("big").unwrap(), data(7, 12 * MIB + 1));
+}
+
+#[tokio::test]
+async fn the_bandwidth_cap_holds_back_the_gets_of_small_objects_not_only_their_writes() {
+    // 16 × 64 KiB at 1 MiB/s: about a second. Small objects are received
+    // into memory; if only their disk writes were paced, every GET would be
+    // done within milliseconds, the whole dataset read at full speed.
+    let store = Arc::new(MemoryStore::default());
+    for i in 0..16 {
+        store.insert(&format!("o{i:02}"), data(i, 64 << 10));
+    }
+    let config = TransferConfig {
+        concurrency: 2,
+        max_bandwidth: Some(1 << 20),
+        retry: RetryPolicy { base_delay: Duration::from_millis(1), ..RetryPolicy::default() },
+        ..TransferConfig::default()
+    };
+    let engine = Engine::new(Arc::clone(&store) as _, config, Arc::new(Metrics::new())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pulling = tokio::spawn({
+        let destination = dir.path().to_path_buf();
+        async move { pull(engine, "", &destination).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = store.calls().gets;
+    // 300 ms at 1 MiB/s is under 5 objects' worth, plus the two requests
+    // whose slots are waiting.
+    assert!(early <= 8, "{early} of 16 GETs done after 300 ms at 1 MiB/s");
+    let summary = pulling.await.unwrap().unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(store.calls().gets, 16);
 }

@@ -366,7 +366,6 @@ async fn download_in_memory(
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
     let verified = check_received(engine, Written::Memory(&chunks), size, expected, &[fetched.digest]).await?;
 
-    engine.pace(size).await;
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
     let stamp = tokio::task::spawn_blocking(move || -> Result<FileStamp, ObjectError> {
@@ -586,11 +585,16 @@ async fn fetch_attempt(
                 flushed += std::mem::take(&mut pending_len);
             }
         }
-        if let Sink::File(file) = &sink
-            && pending_len > 0
-        {
-            flush(&engine, file, &mut pending, range.start + flushed).await?;
-            flushed += std::mem::take(&mut pending_len);
+        match &sink {
+            Sink::File(file) if pending_len > 0 => {
+                flush(&engine, file, &mut pending, range.start + flushed).await?;
+                flushed += std::mem::take(&mut pending_len);
+            }
+            // Paced here, inside the request, as a flush is: the request
+            // slot is held while waiting, so `--max-bandwidth` bounds what
+            // is read from the network, not only what reaches the disk.
+            Sink::Memory => engine.pace(pending_len).await,
+            Sink::File(_) => {}
         }
         if received != len {
             return Err(StoreError::transient(
