@@ -7,11 +7,6 @@ use ferry_stager::cli::{Cli, LogFormat, run};
 use ferry_stager::progress::LogWriter;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of the system allocator: a pull of many small objects
-/// allocates and frees per request, and glibc malloc was 9% of its CPU.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env()
