@@ -160,12 +160,7 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
     if size <= engine.config.multipart_threshold {
         let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
         let (body, crc) = read_part(engine, Arc::clone(&handle), 0, size).await?;
-        engine.pace(size).await;
-        let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
-        engine.buffers.give_bytes(body);
-        put?;
-        engine.tally.bytes(size);
-        engine.metrics.add_bytes(Direction::Upload, size);
+        put_whole(engine, key, body, crc).await?;
     } else {
         upload_multipart(engine, &handle, key, size).await?;
     }
@@ -206,19 +201,25 @@ async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Resu
     .expect("reading a small file panicked")
     .map_err(ObjectError::io_error("reading the file"))?;
     let Some((handle, before, body, crc)) = read else { return Ok(false) };
-
-    engine.pace(size).await;
-    let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
-    engine.buffers.give_bytes(body);
-    put?;
-    engine.tally.bytes(size);
-    engine.metrics.add_bytes(Direction::Upload, size);
+    put_whole(engine, key, body, crc).await?;
     // One fstat of an open file: no need for a blocking thread.
     let after = stamp_of(&handle.metadata().map_err(ObjectError::io_error("checking the file after upload"))?);
     if after != before {
         return Err(changed());
     }
     Ok(true)
+}
+
+/// Sends `body` as one PUT with its CRC32C, paced, and recycles its buffer.
+async fn put_whole(engine: &Engine, key: &str, body: Bytes, crc: u32) -> Result<(), ObjectError> {
+    let size = body.len() as u64;
+    engine.pace(size).await;
+    let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
+    engine.buffers.give_bytes(body);
+    put?;
+    engine.tally.bytes(size);
+    engine.metrics.add_bytes(Direction::Upload, size);
+    Ok(())
 }
 
 /// Reads `len` bytes at `offset` and their CRC32C on a blocking thread.
