@@ -179,7 +179,10 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
 /// Uploads a file of at most one part with a single hop to a blocking
 /// thread (open, stamp, read and CRC32C together) instead of three: with
 /// 10,000 × 64 KiB files the hops were the largest cost the client itself
-/// added per file. The stamp after the upload is an fstat of the open file.
+/// added per file. The stamp after the upload is an fstat of the open file,
+/// so it notices writes to the file that was read, but not a new file renamed
+/// over its path meanwhile (the general path stats the path): what was sent
+/// is then still one whole version of the file.
 /// Returns `false`, having sent nothing, when the file is no longer the size
 /// the walk saw; the general path then takes it.
 async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<bool, ObjectError> {
