@@ -224,8 +224,8 @@ def main():
 
     # MinIO's store lives in RAM by default: on disk, each small object
     # costs MinIO a synchronous write, and 10,000 of them made every tool's
-    # upload time MinIO's disk time (20 s a run on disk, 5 s in RAM, for
-    # the two fastest tools), hiding the clients the suite compares.
+    # upload time MinIO's disk time (10 to 20 s a run on disk, 5 to 6 s in
+    # RAM, for the two fastest tools), hiding the clients the suite compares.
     if args.minio_store != "disk":
         need = sum(count * size for count, size in workloads.values()) + max(
             count * size for count, size in workloads.values())
