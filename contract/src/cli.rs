@@ -1,0 +1,533 @@
+//! The stager's command line as types. The stager parses it
+//! ([`StagerCli`] is its `clap` definition) and the operator renders it
+//! ([`StagerCli::to_args`]), so a flag cannot be spelled two ways: a
+//! property test checks that parsing what `to_args` writes gives back the
+//! same value for every field.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use crate::location::ObjectLocation;
+use crate::size::ByteSize;
+
+/// Requests in flight per worker unless told otherwise.
+pub const DEFAULT_CONCURRENCY: u32 = 64;
+/// Bound on a worker's transfer buffers unless told otherwise.
+pub const DEFAULT_MEMORY_LIMIT: &str = "256MiB";
+/// Environment variable an Indexed Job sets to a pod's completion index;
+/// with `--shards N` it picks the pod's shard.
+pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+
+/// Parallel, verified, resumable copies between object storage and local disks.
+#[derive(Clone, Debug, PartialEq, Parser)]
+#[command(name = "ferry-stager", version, about, max_term_width = 100)]
+pub struct StagerCli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: StagerCommand,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "FERRY_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Progress bar: auto draws one when stderr is a terminal.
+    #[arg(long, global = true, value_enum, default_value = "auto")]
+    pub progress: ProgressMode,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// When to draw the progress bar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProgressMode {
+    /// When stderr is a terminal.
+    Auto,
+    /// Always: a bar on a terminal, periodic log lines otherwise.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// How much checking a pull does before a file is renamed into place.
+/// In a DataStage it is written `None`, `Size` or `Checksum`; on the
+/// command line in lower case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum VerifyMode {
+    /// Trust the transport (bodies are still length-checked by HTTP).
+    None,
+    /// Check every file's size against the store's.
+    Size,
+    /// Check size, and the store's checksum (CRC32C/CRC32, or the MD5 ETag of
+    /// a single-part object) whenever it offers one.
+    #[default]
+    Checksum,
+}
+
+/// The stager's subcommands.
+#[derive(Clone, Debug, PartialEq, Subcommand)]
+pub enum StagerCommand {
+    /// Copy every object under s3://BUCKET/PREFIX or gs://BUCKET/PREFIX into DIR (keys become relative paths).
+    Pull {
+        /// Source, e.g. s3://datasets/imagenet/train
+        source: ObjectLocation,
+        /// Destination directory (created if missing).
+        destination: PathBuf,
+        /// How to copy.
+        #[command(flatten)]
+        options: TransferOptions,
+    },
+    /// Copy every file below DIR to s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (relative paths become keys).
+    Push {
+        /// Source directory.
+        source: PathBuf,
+        /// Destination, e.g. s3://checkpoints/run-42
+        destination: ObjectLocation,
+        /// How to copy.
+        #[command(flatten)]
+        options: TransferOptions,
+    },
+    /// Wait until a DataStage's data is in place on this node (for init containers).
+    Wait {
+        /// The DataStage, as NAMESPACE/NAME.
+        target: String,
+        /// This node's name [default: $NODE_NAME]; without one, wait for the whole DataStage.
+        #[arg(long, env = "NODE_NAME")]
+        node: Option<String>,
+        /// Wait until the data in place is this snapshot (its digest, from the DataStage's status.snapshot).
+        #[arg(long, value_name = "DIGEST")]
+        snapshot: Option<String>,
+        /// Give up after this long (e.g. 30m); default: wait indefinitely.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Remove what earlier pulls staged into DIR (files changed since are kept).
+    Clean {
+        /// The directory pulls staged into.
+        directory: PathBuf,
+    },
+}
+
+/// Options of a pull or a push.
+#[derive(Clone, Debug, PartialEq, Args)]
+pub struct TransferOptions {
+    /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing);
+    /// for gs://, a GCS endpoint such as an emulator's.
+    #[arg(long, env = "FERRY_ENDPOINT_URL")]
+    pub endpoint_url: Option<String>,
+    /// gs:// only: send no credentials (public buckets, emulators). Implied by
+    /// STORAGE_EMULATOR_HOST, which also sets the endpoint.
+    #[arg(long, env = "FERRY_ANONYMOUS")]
+    pub anonymous: bool,
+    /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
+    #[arg(long, env = "AWS_REGION")]
+    pub region: Option<String>,
+    /// Requests in flight, shared by all objects.
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: u32,
+    /// Part size for uploads and range size for downloads (e.g. 16MiB) [default: 8MiB, with
+    /// download ranges growing for objects larger than concurrency x 8MiB, up to 64MiB].
+    #[arg(long)]
+    pub part_size: Option<ByteSize>,
+    /// Files above this size are uploaded as multipart uploads [default: the part size].
+    #[arg(long)]
+    pub multipart_threshold: Option<ByteSize>,
+    /// Only copy keys matching this glob (relative to the prefix; `*` crosses `/`). Repeatable.
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Skip keys matching this glob. Repeatable; wins over --include.
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Copy only partition INDEX of COUNT (e.g. 0/3), for sharding one transfer over workers.
+    #[arg(long, value_name = "INDEX/COUNT", conflicts_with = "shards")]
+    pub shard: Option<Shard>,
+    /// Copy only this pod's partition of COUNT, its index taken from $JOB_COMPLETION_INDEX
+    /// (the pods of an Indexed Job).
+    #[arg(long, value_name = "COUNT", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub shards: Option<u32>,
+    /// How to verify pulled files before they are renamed into place.
+    #[arg(long, value_enum, default_value = "checksum")]
+    pub verify: VerifyMode,
+    /// Upper bound for transfer buffers (e.g. 256MiB).
+    #[arg(long, default_value = DEFAULT_MEMORY_LIMIT)]
+    pub memory_limit: ByteSize,
+    /// Bytes buffered per download request between disk writes.
+    #[arg(long, default_value = "1MiB")]
+    pub write_buffer: ByteSize,
+    /// Pull only: remove files that earlier pulls staged from objects no longer in the
+    /// store (files changed since they were staged, and files Ferry did not write, stay).
+    #[arg(long)]
+    pub delete_removed: bool,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Write a JSON summary (objects, bytes, seconds, throughput, failures) here.
+    #[arg(long)]
+    pub summary_file: Option<PathBuf>,
+    /// Write the summary as compact JSON that fits a pod's termination message (4 KiB) here.
+    #[arg(long, value_name = "PATH")]
+    pub termination_log: Option<PathBuf>,
+    /// Cap on bytes per second for the whole run (e.g. 200MiB); unlimited by default.
+    #[arg(long)]
+    pub max_bandwidth: Option<ByteSize>,
+    /// Write live progress into this DataStage's status (NAMESPACE/NAME), as worker --worker.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "worker")]
+    pub report_to: Option<String>,
+    /// This worker's name in the DataStage's status (with --report-to).
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// This worker's node, reported with its progress.
+    #[arg(long, env = "NODE_NAME", hide = true)]
+    pub node_name: Option<String>,
+    /// Attempts per request, including the first.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_attempts: u32,
+    /// Time allowed to connect to the store.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// Time allowed for one request until its response headers arrive.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Abort (and retry) a response body that delivers no data for this long.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub stall_timeout: Duration,
+}
+
+impl Default for TransferOptions {
+    /// What the command line means when no option is given.
+    fn default() -> Self {
+        Self {
+            endpoint_url: None,
+            anonymous: false,
+            region: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            part_size: None,
+            multipart_threshold: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            shard: None,
+            shards: None,
+            verify: VerifyMode::Checksum,
+            memory_limit: DEFAULT_MEMORY_LIMIT.parse().expect("a valid default"),
+            write_buffer: "1MiB".parse().expect("a valid default"),
+            delete_removed: false,
+            metrics_addr: None,
+            summary_file: None,
+            termination_log: None,
+            max_bandwidth: None,
+            report_to: None,
+            worker: None,
+            node_name: None,
+            max_attempts: 6,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One partition of a dataset: worker `index` of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// Zero-based index of this worker.
+    pub index: u32,
+    /// Number of workers.
+    pub count: u32,
+}
+
+/// A `--shard` value that is not `INDEX/COUNT` with `INDEX < COUNT`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid shard '{0}': expected INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/3")]
+pub struct ShardError(pub String);
+
+impl std::str::FromStr for Shard {
+    type Err = ShardError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ShardError(s.to_owned());
+        let (index, count) = s.split_once('/').ok_or_else(err)?;
+        let index: u32 = index.trim().parse().map_err(|_| err())?;
+        let count: u32 = count.trim().parse().map_err(|_| err())?;
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// Adds `--flag=value` when there is a value; the `=` keeps a value that
+/// starts with `-` (a glob, a worker name) from being read as a flag.
+fn option(args: &mut Vec<String>, flag: &str, value: Option<impl ToString>) {
+    if let Some(value) = value {
+        args.push(format!("{flag}={}", value.to_string()));
+    }
+}
+
+/// Adds `--flag` when set.
+fn switch(args: &mut Vec<String>, flag: &str, on: bool) {
+    if on {
+        args.push(flag.to_owned());
+    }
+}
+
+fn value_name(value: impl ValueEnum) -> String {
+    value.to_possible_value().expect("no skipped variants").get_name().to_owned()
+}
+
+impl StagerCli {
+    /// The arguments (without the program name) that parse back into
+    /// `self`. Every option is written out, defaults included, so the
+    /// stager's defaults cannot drift from what the operator meant.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        option(&mut args, "--log-format", Some(value_name(self.log_format)));
+        option(&mut args, "--progress", Some(value_name(self.progress)));
+        // Options first, then `--` and the positionals, so that no value
+        // (a path, a URI) is ever taken for a flag.
+        let positionals = match &self.command {
+            StagerCommand::Pull { source, destination, options } => {
+                args.push("pull".to_owned());
+                options.write_args(&mut args);
+                vec![source.to_string(), destination.display().to_string()]
+            }
+            StagerCommand::Push { source, destination, options } => {
+                args.push("push".to_owned());
+                options.write_args(&mut args);
+                vec![source.display().to_string(), destination.to_string()]
+            }
+            StagerCommand::Wait { target, node, snapshot, timeout } => {
+                args.push("wait".to_owned());
+                option(&mut args, "--node", node.as_ref());
+                option(&mut args, "--snapshot", snapshot.as_ref());
+                option(&mut args, "--timeout", timeout.map(humantime::format_duration));
+                vec![target.clone()]
+            }
+            StagerCommand::Clean { directory } => {
+                args.push("clean".to_owned());
+                vec![directory.display().to_string()]
+            }
+        };
+        args.push("--".to_owned());
+        args.extend(positionals);
+        args
+    }
+}
+
+impl TransferOptions {
+    fn write_args(&self, args: &mut Vec<String>) {
+        let o = self;
+        option(args, "--endpoint-url", o.endpoint_url.as_ref());
+        switch(args, "--anonymous", o.anonymous);
+        option(args, "--region", o.region.as_ref());
+        option(args, "--concurrency", Some(o.concurrency));
+        option(args, "--part-size", o.part_size.as_ref());
+        option(args, "--multipart-threshold", o.multipart_threshold.as_ref());
+        for glob in &o.include {
+            option(args, "--include", Some(glob));
+        }
+        for glob in &o.exclude {
+            option(args, "--exclude", Some(glob));
+        }
+        option(args, "--shard", o.shard);
+        option(args, "--shards", o.shards);
+        option(args, "--verify", Some(value_name(o.verify)));
+        option(args, "--memory-limit", Some(&o.memory_limit));
+        option(args, "--write-buffer", Some(&o.write_buffer));
+        switch(args, "--delete-removed", o.delete_removed);
+        option(args, "--metrics-addr", o.metrics_addr);
+        option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
+        option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
+        option(args, "--max-bandwidth", o.max_bandwidth.as_ref());
+        option(args, "--report-to", o.report_to.as_ref());
+        option(args, "--worker", o.worker.as_ref());
+        option(args, "--node-name", o.node_name.as_ref());
+        option(args, "--max-attempts", Some(o.max_attempts));
+        option(args, "--connect-timeout", Some(humantime::format_duration(o.connect_timeout)));
+        option(args, "--request-timeout", Some(humantime::format_duration(o.request_timeout)));
+        option(args, "--stall-timeout", Some(humantime::format_duration(o.stall_timeout)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        StagerCli::command().debug_assert();
+    }
+
+    /// Parses like the stager does, but ignoring the environment: a
+    /// variable set on the test machine must not stand in for a flag.
+    fn parse(args: &[String]) -> Result<StagerCli, clap::Error> {
+        let command =
+            StagerCli::command().mut_args(|arg| arg.env(None)).mut_subcommands(|sub| sub.mut_args(|arg| arg.env(None)));
+        let matches =
+            command.try_get_matches_from(std::iter::once("ferry-stager".to_owned()).chain(args.iter().cloned()))?;
+        StagerCli::from_arg_matches(&matches)
+    }
+
+    fn size() -> impl Strategy<Value = ByteSize> {
+        ("[1-9][0-9]{0,5}", prop_oneof!["", "k", "Ki", "KiB", "M", "Mi", "MiB", "MB", "G", "GiB", "T"])
+            .prop_map(|(digits, unit)| format!("{digits}{unit}").parse().unwrap())
+    }
+
+    fn duration() -> impl Strategy<Value = Duration> {
+        (0u64..100_000, 0u32..1000).prop_map(|(s, ms)| Duration::from_secs(s) + Duration::from_millis(u64::from(ms)))
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        // Values as users write them, including ones that look like flags.
+        "[-a-zA-Z0-9_./*?{},:=]{1,20}"
+    }
+
+    fn location() -> impl Strategy<Value = ObjectLocation> {
+        (prop_oneof!["s3", "gs"], "[a-z0-9][a-z0-9.-]{1,10}[a-z0-9]", "([a-z0-9_]{1,8}/){0,3}")
+            .prop_map(|(scheme, bucket, prefix)| format!("{scheme}://{bucket}/{prefix}").parse().unwrap())
+    }
+
+    fn options() -> impl Strategy<Value = TransferOptions> {
+        let store = (
+            proptest::option::of("https?://[a-z]{1,8}:[0-9]{2,4}"),
+            any::<bool>(),
+            proptest::option::of("[a-z]{2}-[a-z]{4}-[1-9]"),
+        );
+        let tuning = (
+            1u32..=4096,
+            proptest::option::of(size()),
+            proptest::option::of(size()),
+            proptest::collection::vec(text(), 0..3),
+            proptest::collection::vec(text(), 0..3),
+            prop_oneof![
+                Just((None, None)),
+                (1u32..50)
+                    .prop_flat_map(|count| (0..count).prop_map(move |index| (Some(Shard { index, count }), None))),
+                (1u32..=1000).prop_map(|count| (None, Some(count))),
+            ],
+            prop_oneof![Just(VerifyMode::None), Just(VerifyMode::Size), Just(VerifyMode::Checksum)],
+            size(),
+            size(),
+            any::<bool>(),
+        );
+        let reporting = (
+            proptest::option::of((any::<[u8; 4]>(), 1u16..).prop_map(|(ip, port)| SocketAddr::from((ip, port)))),
+            proptest::option::of("/[a-z/]{1,20}"),
+            proptest::option::of("/[a-z/]{1,20}"),
+            proptest::option::of(size()),
+            proptest::option::of(("[a-z0-9-]{1,10}", "[a-z0-9-]{1,10}").prop_map(|(n, d)| format!("{n}/{d}"))),
+            proptest::option::of("[a-z0-9-]{1,20}"),
+            proptest::option::of("[a-z0-9-]{1,20}"),
+        );
+        let retries = (1u32..=100, duration(), duration(), duration());
+        (store, tuning, reporting, retries).prop_map(|(store, tuning, reporting, retries)| {
+            let (endpoint_url, anonymous, region) = store;
+            let (
+                concurrency,
+                part_size,
+                multipart_threshold,
+                include,
+                exclude,
+                (shard, shards),
+                verify,
+                memory_limit,
+                write_buffer,
+                delete_removed,
+            ) = tuning;
+            let (metrics_addr, summary_file, termination_log, max_bandwidth, report_to, worker, node_name) = reporting;
+            // --report-to needs --worker.
+            let worker = if report_to.is_some() { worker.or_else(|| Some("w".into())) } else { worker };
+            let (max_attempts, connect_timeout, request_timeout, stall_timeout) = retries;
+            TransferOptions {
+                endpoint_url,
+                anonymous,
+                region,
+                concurrency,
+                part_size,
+                multipart_threshold,
+                include,
+                exclude,
+                shard,
+                shards,
+                verify,
+                memory_limit,
+                write_buffer,
+                delete_removed,
+                metrics_addr,
+                summary_file: summary_file.map(PathBuf::from),
+                termination_log: termination_log.map(PathBuf::from),
+                max_bandwidth,
+                report_to,
+                worker,
+                node_name,
+                max_attempts,
+                connect_timeout,
+                request_timeout,
+                stall_timeout,
+            }
+        })
+    }
+
+    fn command() -> impl Strategy<Value = StagerCommand> {
+        prop_oneof![
+            (location(), "/[a-z0-9/]{1,20}", options()).prop_map(|(source, destination, options)| {
+                StagerCommand::Pull { source, destination: destination.into(), options }
+            }),
+            ("/[a-z0-9/]{1,20}", location(), options()).prop_map(|(source, destination, options)| {
+                StagerCommand::Push { source: source.into(), destination, options }
+            }),
+            (
+                "[a-z0-9-]{1,10}/[a-z0-9-]{1,10}",
+                proptest::option::of("[a-z0-9-]{1,20}"),
+                proptest::option::of("[0-9a-f]{32}"),
+                proptest::option::of(duration())
+            )
+                .prop_map(|(target, node, snapshot, timeout)| StagerCommand::Wait {
+                    target,
+                    node,
+                    snapshot,
+                    timeout
+                }),
+            "/[a-z0-9/]{1,20}".prop_map(|directory| StagerCommand::Clean { directory: directory.into() }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// parse(to_args(a)) == a, for every field of every subcommand.
+        #[test]
+        fn every_command_line_parses_back_into_what_rendered_it(
+            command in command(),
+            log_format in prop_oneof![Just(LogFormat::Text), Just(LogFormat::Json)],
+            progress in prop_oneof![Just(ProgressMode::Auto), Just(ProgressMode::Always), Just(ProgressMode::Never)],
+        ) {
+            let cli = StagerCli { command, log_format, progress };
+            let args = cli.to_args();
+            let parsed = parse(&args).map_err(|e| TestCaseError::fail(format!("{args:?}: {e}")))?;
+            prop_assert_eq!(parsed, cli);
+        }
+    }
+
+    #[test]
+    fn defaults_are_what_an_empty_command_line_means() {
+        let parsed = parse(&["pull".into(), "s3://b/p".into(), "/d".into()]).unwrap();
+        let StagerCommand::Pull { options, .. } = parsed.command else { panic!("a pull") };
+        assert_eq!(options, TransferOptions::default());
+    }
+}

@@ -1,0 +1,176 @@
+//! Sizes as users write them (`8MiB`, `512Ki`, `64k`, `1048576`): one
+//! grammar for the CRD's admission rule and for the stager's parser, so a
+//! value the API server admits is a value the stager accepts, and back.
+//!
+//! Units are binary: `K`/`k`, `M`, `G`, `T`, each optionally followed by
+//! `i` and/or `B` (`8M`, `8Mi`, `8MB` and `8MiB` are all 8 × 2²⁰ bytes), or
+//! none for plain bytes (an optional `B`). The number has at most 6 digits
+//! with a unit and 15 without, so every admitted value fits in 64 bits.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The size grammar as a regular expression (RE2 syntax, as CEL's
+/// `matches()` uses). [`ByteSize::from_str`] accepts exactly these strings.
+pub const SIZE_PATTERN: &str = r"^([1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?)$";
+
+/// A positive number of bytes, written and read in the [`SIZE_PATTERN`]
+/// grammar. Keeps the text it was parsed from, so a spec's `8Mi` reaches
+/// the stager's command line as `8Mi`, not as a re-rendered number.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ByteSize {
+    bytes: u64,
+    text: String,
+}
+
+/// A string outside the size grammar.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "'{0}' is not a size: write a positive whole number with an optional binary unit K, M, G or T (optionally followed by i and/or B), e.g. 512Ki, 8MiB, 1G or 1048576"
+)]
+pub struct SizeError(String);
+
+impl ByteSize {
+    /// The size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// `bytes` written with the largest binary unit that divides it
+    /// (`8MiB`, `1536KiB`, `1000`).
+    pub fn from_bytes(bytes: u64) -> Result<Self, SizeError> {
+        const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+        let text = UNITS
+            .iter()
+            .find(|(_, shift)| bytes >= 1 << shift && bytes % (1 << shift) == 0)
+            .map(|(unit, shift)| format!("{}{unit}", bytes >> shift))
+            .unwrap_or_else(|| bytes.to_string());
+        text.parse()
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = SizeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || SizeError(text.to_owned());
+        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let (digits, unit) = text.split_at(split);
+        if digits.is_empty() || digits.starts_with('0') {
+            return Err(err());
+        }
+        let (shift, max_digits) = match unit.trim_end_matches('B').trim_end_matches('i') {
+            // `i` without a unit letter (`8iB`) is not a unit.
+            "" if unit.is_empty() || unit == "B" => (0, 15),
+            "k" | "K" => (10, 6),
+            "M" => (20, 6),
+            "G" => (30, 6),
+            "T" => (40, 6),
+            _ => return Err(err()),
+        };
+        // Only `[unit][i][B]` in that order: `8BiB` or `8MBi` are refused.
+        let rest = &unit[unit.len().min(1)..];
+        if shift > 0 && !matches!(rest, "" | "i" | "B" | "iB") {
+            return Err(err());
+        }
+        if digits.len() > max_digits {
+            return Err(err());
+        }
+        let value: u64 = digits.parse().map_err(|_| err())?;
+        Ok(Self { bytes: value << shift, text: text.to_owned() })
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// In a CRD: a string with the grammar as its CEL rule, so the API server
+/// refuses what the stager could not parse, with a message that says how
+/// to write a size (the API server prefixes the field's path).
+impl schemars::JsonSchema for ByteSize {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ByteSize".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "maxLength": 20,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{SIZE_PATTERN}')"),
+                "message": SizeError("the value".into()).to_string().replacen("'the value' is", "must be", 1),
+            }],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        let bytes = |s: &str| s.parse::<ByteSize>().map(|b| b.bytes());
+        assert_eq!(bytes("8MiB"), Ok(8 << 20));
+        assert_eq!(bytes("8Mi"), Ok(8 << 20));
+        assert_eq!(bytes("8M"), Ok(8 << 20));
+        assert_eq!(bytes("8MB"), Ok(8 << 20));
+        assert_eq!(bytes("64k"), Ok(64 << 10));
+        assert_eq!(bytes("1G"), Ok(1 << 30));
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("4096B"), Ok(4096));
+        assert_eq!(bytes("999999TiB"), Ok(999_999 << 40));
+        for bad in ["", "0", "08M", "MiB", "8XB", "8iB", "8BiB", "8MBi", "8m", "8 MiB", "-1", "1e6", "1000000MiB"] {
+            assert!(bad.parse::<ByteSize>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn a_size_keeps_its_text_and_renders_from_bytes() {
+        assert_eq!("8Mi".parse::<ByteSize>().unwrap().to_string(), "8Mi");
+        assert_eq!(ByteSize::from_bytes(8 << 20).unwrap().to_string(), "8MiB");
+        assert_eq!(ByteSize::from_bytes(1536 << 10).unwrap().to_string(), "1536KiB");
+        assert_eq!(ByteSize::from_bytes(1000).unwrap().to_string(), "1000");
+        assert!(ByteSize::from_bytes(0).is_err());
+    }
+
+    /// Strings near the grammar: digits (maybe a leading zero, maybe too
+    /// many) followed by the unit characters in any order, plus noise.
+    fn near_sizes() -> impl Strategy<Value = String> {
+        prop_oneof!["[0-9]{1,17}[kKmMGTBi]{0,3}", "[1-9][0-9]{0,6}[kKMGT]?i?B?", "[ -~]{0,8}",]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// What the CRD's rule admits, the parser accepts, and vice versa.
+        #[test]
+        fn the_parser_accepts_exactly_what_the_pattern_admits(text in near_sizes()) {
+            let pattern = regex::Regex::new(SIZE_PATTERN).unwrap();
+            prop_assert_eq!(pattern.is_match(&text), text.parse::<ByteSize>().is_ok(), "{:?}", text);
+        }
+    }
+}

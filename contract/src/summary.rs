@@ -1,0 +1,416 @@
+//! The stager's account of one run: the JSON `--summary-file` writes, and
+//! in compact form the pod's termination message, which the operator reads
+//! back into the DataStage's status.
+
+use serde::{Deserialize, Serialize};
+
+use crate::reason::Reason;
+
+/// The kubelet keeps at most this many bytes of a termination message.
+pub const TERMINATION_MESSAGE_LIMIT: usize = 4096;
+
+/// Longest error text kept per failure in a termination message.
+const FAILURE_TEXT_LIMIT: usize = 240;
+
+/// Which way a run copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// Object storage → directory.
+    #[default]
+    Pull,
+    /// Directory → object storage.
+    Push,
+}
+
+/// What one run did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// `pull` or `push`.
+    pub operation: Operation,
+    /// Where data came from.
+    pub source: String,
+    /// Where data went.
+    pub destination: String,
+    /// True when every selected object is in place and verified.
+    pub complete: bool,
+    /// Object counts.
+    pub objects: Counts,
+    /// Byte counts.
+    pub bytes: Counts,
+    /// How transferred objects were verified.
+    #[serde(default)]
+    pub verified: VerifiedCounts,
+    /// Requests retried.
+    #[serde(default)]
+    pub retries: u64,
+    /// Wall-clock duration of the run.
+    #[serde(default)]
+    pub seconds: f64,
+    /// Bytes transferred per second of the run.
+    #[serde(default)]
+    pub throughput_bytes_per_second: f64,
+    /// Peak resident memory of the process, where the platform reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
+    /// The first failures (by key), each in one line.
+    #[serde(default)]
+    pub failures: Vec<Failure>,
+    /// Failures counted in `objects.failed` but not listed in `failures`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures_omitted: u64,
+    /// Why the run could not proceed at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// What this run changed in the destination compared with what was
+    /// staged there before (pulls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Changes>,
+    /// The version of the dataset this run staged (pulls that completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Object or byte counts of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Selected by the run.
+    pub selected: u64,
+    /// Copied by this run.
+    pub transferred: u64,
+    /// Already in place.
+    pub skipped: u64,
+    /// Failed.
+    #[serde(default)]
+    pub failed: u64,
+}
+
+impl Counts {
+    /// In place: copied or already there.
+    pub fn done(&self) -> u64 {
+        self.transferred + self.skipped
+    }
+
+    fn add(&mut self, other: &Counts) {
+        self.selected += other.selected;
+        self.transferred += other.transferred;
+        self.skipped += other.skipped;
+        self.failed += other.failed;
+    }
+}
+
+/// How transferred objects were verified.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifiedCounts {
+    /// Against a checksum from the store.
+    pub checksum: u64,
+    /// By size only.
+    pub size_only: u64,
+}
+
+/// One object that did not make it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The object key (pull) or relative path (push); empty for a failure
+    /// of the whole run.
+    pub key: String,
+    /// Why, in one line.
+    pub error: String,
+}
+
+/// Objects and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Amount {
+    /// Objects.
+    pub objects: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+impl Amount {
+    fn add(&mut self, other: &Amount) {
+        self.objects += other.objects;
+        self.bytes += other.bytes;
+    }
+}
+
+/// What a pull changed in its destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changes {
+    /// Objects staged that were not there before.
+    pub added: Amount,
+    /// Objects staged again because the store's version changed.
+    pub updated: Amount,
+    /// Files removed because their object left the store (`--delete-removed`).
+    pub removed: Amount,
+}
+
+impl Changes {
+    fn add(&mut self, other: &Changes) {
+        self.added.add(&other.added);
+        self.updated.add(&other.updated);
+        self.removed.add(&other.removed);
+    }
+}
+
+/// One version of a dataset: how many objects, how many bytes, and a
+/// digest of every (key, version, size). Two nodes hold the same data
+/// exactly when their snapshots are equal. The digest is a sum of
+/// per-object hashes, so shards of one dataset combine by addition in any
+/// order ([`Snapshot::combine`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Objects.
+    pub objects: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// 32 hex digits.
+    pub digest: String,
+}
+
+/// Builds a [`Snapshot`] one object at a time, in any order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotBuilder {
+    objects: u64,
+    bytes: u64,
+    sum: u128,
+}
+
+impl SnapshotBuilder {
+    /// Adds one object: its key relative to the prefix, the store's version
+    /// of it (ETag or generation) and its size.
+    pub fn add(&mut self, key: &str, version: &str, size: u64) {
+        self.objects += 1;
+        self.bytes += size;
+        self.sum = self.sum.wrapping_add(entry_hash(key, version, size));
+    }
+
+    /// The snapshot of everything added.
+    pub fn finish(&self) -> Snapshot {
+        Snapshot { objects: self.objects, bytes: self.bytes, digest: format!("{:032x}", self.sum) }
+    }
+}
+
+impl Snapshot {
+    /// The snapshot of the union of disjoint parts (the shards of one
+    /// dataset). `None` when a part's digest is malformed.
+    pub fn combine<'a>(parts: impl IntoIterator<Item = &'a Snapshot>) -> Option<Snapshot> {
+        let mut total = SnapshotBuilder::default();
+        for part in parts {
+            total.objects += part.objects;
+            total.bytes += part.bytes;
+            total.sum = total.sum.wrapping_add(u128::from_str_radix(&part.digest, 16).ok()?);
+        }
+        Some(total.finish())
+    }
+}
+
+/// 128 bits from two differently seeded FNV-1a passes, each finished with
+/// a SplitMix64 mix so nearby keys spread over the whole range. Stable
+/// across builds and machines: every node must compute the same value.
+fn entry_hash(key: &str, version: &str, size: u64) -> u128 {
+    let fnv = |seed: u64| {
+        let mut hash = seed;
+        for part in [key.as_bytes(), &[0], version.as_bytes(), &[0], &size.to_le_bytes()] {
+            for &byte in part {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        splitmix(hash)
+    };
+    (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x84222325cbf29ce4))
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Summary {
+    /// One summary for the shards of one worker (an Indexed Job's pods,
+    /// one summary per completion index): counts add up because the shards
+    /// ran side by side; complete only when every shard is; the first
+    /// shard with a reason gives it; snapshots combine when every shard has
+    /// one. `None` for no shards.
+    pub fn combine(shards: Vec<Summary>) -> Option<Summary> {
+        let mut shards = shards.into_iter();
+        let mut total = shards.next()?;
+        for shard in shards {
+            total.complete &= shard.complete;
+            total.objects.add(&shard.objects);
+            total.bytes.add(&shard.bytes);
+            total.verified.checksum += shard.verified.checksum;
+            total.verified.size_only += shard.verified.size_only;
+            total.retries += shard.retries;
+            total.seconds = total.seconds.max(shard.seconds);
+            total.throughput_bytes_per_second += shard.throughput_bytes_per_second;
+            total.reason = total.reason.or(shard.reason);
+            total.failures.extend(shard.failures);
+            total.failures_omitted += shard.failures_omitted;
+            total.changes = match (total.changes, shard.changes) {
+                (Some(mut a), Some(b)) => {
+                    a.add(&b);
+                    Some(a)
+                }
+                (a, b) => a.or(b),
+            };
+            total.snapshot = match (&total.snapshot, &shard.snapshot) {
+                (Some(a), Some(b)) => Snapshot::combine([a, b]),
+                _ => None,
+            };
+        }
+        Some(total)
+    }
+
+    /// The summary as compact JSON of at most [`TERMINATION_MESSAGE_LIMIT`]
+    /// bytes, for a pod's termination message: error texts are cut to a
+    /// line, and failures that do not fit are dropped from the end and
+    /// counted in `failures_omitted`, so the message always parses and its
+    /// counts are always exact.
+    pub fn termination_message(&self) -> String {
+        let mut compact = self.clone();
+        for failure in &mut compact.failures {
+            truncate_chars(&mut failure.key, FAILURE_TEXT_LIMIT);
+            truncate_chars(&mut failure.error, FAILURE_TEXT_LIMIT);
+        }
+        let render = |s: &Summary| serde_json::to_string(s).expect("a summary serializes");
+        let mut text = render(&compact);
+        if text.len() <= TERMINATION_MESSAGE_LIMIT {
+            return text;
+        }
+        // Fewer failures until it fits (each dropped one is counted).
+        let all = std::mem::take(&mut compact.failures);
+        let listed = all.len();
+        let (mut low, mut high) = (0, listed);
+        while low < high {
+            let keep = (low + high).div_ceil(2);
+            compact.failures = all[..keep].to_vec();
+            compact.failures_omitted = self.failures_omitted + (listed - keep) as u64;
+            if render(&compact).len() <= TERMINATION_MESSAGE_LIMIT { low = keep } else { high = keep - 1 }
+        }
+        compact.failures = all[..low].to_vec();
+        compact.failures_omitted = self.failures_omitted + (listed - low) as u64;
+        text = render(&compact);
+        // Only very long locations are left: cut them too.
+        let mut limit = 1024;
+        while text.len() > TERMINATION_MESSAGE_LIMIT && limit > 0 {
+            truncate_chars(&mut compact.source, limit);
+            truncate_chars(&mut compact.destination, limit);
+            limit /= 2;
+            text = render(&compact);
+        }
+        text
+    }
+}
+
+/// Cuts `text` to at most `limit` bytes on a character boundary, marking
+/// the cut with an ellipsis.
+fn truncate_chars(text: &mut String, limit: usize) {
+    if text.len() <= limit {
+        return;
+    }
+    let mut end = limit.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn summary(failures: Vec<Failure>, source: String) -> Summary {
+        Summary {
+            operation: Operation::Pull,
+            source,
+            destination: "/ferry/data".into(),
+            complete: failures.is_empty(),
+            objects: Counts { selected: 10, transferred: 5, skipped: 2, failed: failures.len() as u64 },
+            bytes: Counts { selected: 1000, transferred: 500, skipped: 200, failed: 300 },
+            reason: Some(Reason::AccessDenied),
+            failures,
+            ..Summary::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the failures and locations, the termination message
+        /// fits, parses back, and keeps the exact counts.
+        #[test]
+        fn the_termination_message_always_fits_and_counts_every_failure(
+            failures in proptest::collection::vec(("\\PC{0,300}", "\\PC{0,600}"), 0..1200),
+            source in "\\PC{0,3000}",
+        ) {
+            let failures: Vec<Failure> = failures.into_iter().map(|(key, error)| Failure { key, error }).collect();
+            let full = summary(failures, source);
+            let message = full.termination_message();
+            prop_assert!(message.len() <= TERMINATION_MESSAGE_LIMIT, "{} bytes", message.len());
+            let back: Summary = serde_json::from_str(&message).unwrap();
+            prop_assert_eq!(back.objects, full.objects);
+            prop_assert_eq!(back.bytes, full.bytes);
+            prop_assert_eq!(back.failures.len() as u64 + back.failures_omitted, full.failures.len() as u64);
+            for (kept, original) in back.failures.iter().zip(&full.failures) {
+                prop_assert!(original.key.starts_with(kept.key.trim_end_matches('…')));
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_summary_is_sent_whole() {
+        let full = summary(vec![Failure { key: "a".into(), error: "boom".into() }], "s3://b/p/".into());
+        let back: Summary = serde_json::from_str(&full.termination_message()).unwrap();
+        assert_eq!(back, full);
+    }
+
+    #[test]
+    fn snapshots_do_not_depend_on_order_and_shards_combine() {
+        let objects = [("a", "e1", 1), ("b/c", "e2", 20), ("d", "e3", 300)];
+        let mut forward = SnapshotBuilder::default();
+        objects.iter().for_each(|(k, v, s)| forward.add(k, v, *s));
+        let mut backward = SnapshotBuilder::default();
+        objects.iter().rev().for_each(|(k, v, s)| backward.add(k, v, *s));
+        assert_eq!(forward.finish(), backward.finish());
+        assert_eq!(forward.finish().objects, 3);
+        assert_eq!(forward.finish().bytes, 321);
+
+        let (mut shard0, mut shard1) = (SnapshotBuilder::default(), SnapshotBuilder::default());
+        shard0.add("a", "e1", 1);
+        shard1.add("b/c", "e2", 20);
+        shard1.add("d", "e3", 300);
+        assert_eq!(Snapshot::combine([&shard0.finish(), &shard1.finish()]), Some(forward.finish()));
+
+        let mut changed = SnapshotBuilder::default();
+        [("a", "e1", 1), ("b/c", "e2-new", 20), ("d", "e3", 300)].iter().for_each(|(k, v, s)| changed.add(k, v, *s));
+        assert_ne!(changed.finish().digest, forward.finish().digest, "a new version is a new snapshot");
+    }
+
+    #[test]
+    fn shard_summaries_add_up_and_are_complete_only_together() {
+        let shard = |bytes: u64, complete: bool, reason: Option<Reason>| Summary {
+            complete,
+            objects: Counts { selected: 2, transferred: 2, ..Counts::default() },
+            bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
+            throughput_bytes_per_second: 10.0,
+            reason,
+            ..Summary::default()
+        };
+        let total = Summary::combine(vec![shard(100, true, None), shard(50, true, None)]).unwrap();
+        assert_eq!((total.bytes.transferred, total.objects.selected), (150, 4));
+        assert_eq!(total.throughput_bytes_per_second, 20.0);
+        assert!(total.complete);
+        let total = Summary::combine(vec![shard(1, true, None), shard(1, false, Some(Reason::AccessDenied))]).unwrap();
+        assert!(!total.complete);
+        assert_eq!(total.reason, Some(Reason::AccessDenied));
+        assert_eq!(Summary::combine(Vec::new()), None);
+    }
+}
