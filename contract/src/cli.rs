@@ -263,6 +263,21 @@ impl std::str::FromStr for Shard {
     }
 }
 
+impl Shard {
+    /// Whether `relative_key` (the key below the prefix, the path below the
+    /// directory) belongs to this shard: FNV-1a of the key modulo the
+    /// count, stable across runs, versions and machines, so N shards see
+    /// disjoint sets whose union is everything.
+    pub fn owns(&self, relative_key: &str) -> bool {
+        fnv1a(relative_key.as_bytes()) % u64::from(self.count) == u64::from(self.index)
+    }
+}
+
+/// 64-bit FNV-1a: tiny, stable, and well spread over short keys.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 impl std::fmt::Display for Shard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.index, self.count)

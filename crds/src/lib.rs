@@ -9,6 +9,9 @@
 
 use std::collections::BTreeMap;
 
+pub mod plan;
+
+pub use ferry_contract::{ByteSize, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -37,10 +40,15 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.source.uri) || has(self.destination.uri)").message("one of spec.source and spec.destination must be object storage (set its uri)"))]
 #[x_kube(validation = Rule::new("!(has(self.source.uri) && has(self.destination.uri))").message("one of spec.source and spec.destination must be a volume: Ferry stages between object storage and volumes, not bucket to bucket"))]
 #[x_kube(validation = Rule::new("!has(self.reclaimPolicy) || self.reclaimPolicy == 'Retain' || has(self.source.uri)").message("reclaimPolicy Delete removes what a pull staged; a push's source volume is never deleted: use Retain"))]
+#[x_kube(validation = Rule::new("!has(self.schedule) || has(self.source.uri)").message("spec.schedule re-syncs a pull; a push runs once: remove schedule, or create a new DataStage per upload"))]
+#[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
     /// Where the data comes from: object storage (`uri`) for a pull, a
-    /// volume for a push. Immutable.
+    /// volume for a push. Immutable. A push from a `hostPath` reads one
+    /// node's directory: `placement` must select exactly one node (the
+    /// DataStage waits with reason `AmbiguousPushSource` while it selects
+    /// several), so two nodes never race to write the same keys.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.source is immutable; create a new DataStage to stage other data"))]
     pub source: Location,
 
@@ -62,13 +70,19 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferSettings>,
 
-    /// Which nodes run workers. With a hostPath volume, one worker runs on
-    /// every matching node, staging onto each node's local disk.
+    /// Which nodes run workers. With a hostPath volume, workers run on every
+    /// node that matches the node selector and the required node affinity
+    /// and whose taints the tolerations allow, staging onto each node's
+    /// local disk; nodes that start matching later are staged too, and a
+    /// node that stops matching keeps its data (or has it removed, with
+    /// `reclaimPolicy: Delete`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
 
-    /// Shard one transfer over this many worker pods (an Indexed Job), for a
-    /// shared volume such as a ReadWriteMany claim. Default 1.
+    /// Worker pods per place, each copying one shard of the dataset (an
+    /// Indexed Job): for a claim, N pods fill the shared volume together;
+    /// for a hostPath, N pods on every node fill that node's directory
+    /// together, so each node still gets the whole dataset. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub workers: Option<i32>,
@@ -80,7 +94,8 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_policy: Option<ReclaimPolicy>,
 
-    /// Delete finished worker Jobs this many seconds after they finish.
+    /// Delete finished worker Jobs this many seconds after they finish. The
+    /// outcome stays in the status: a deleted Job is not run again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i32>,
@@ -107,6 +122,28 @@ pub struct DataStageSpec {
     /// when no `credentials` Secret is given (IRSA, GKE Workload Identity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+
+    /// Re-sync on this schedule, in cron syntax as a CronJob's: five fields
+    /// (minute hour day-of-month month day-of-week), an optional leading
+    /// seconds field, or a macro such as `@daily`. Each sync is a new run
+    /// that copies only objects that are new or changed in the store and
+    /// removes files Ferry staged from objects that left it (files changed
+    /// since they were staged, and files Ferry did not write, stay). Every
+    /// file is replaced by an atomic rename: a reader that has a file open
+    /// keeps reading the version it opened. Pulls only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^ ]+( +[^ ]+){4,5})$')").message("spec.schedule must be five cron fields (minute hour day-of-month month day-of-week), six with a leading seconds field, or a macro such as @daily"))]
+    #[x_kube(validation = Rule::new(r"!self.contains('TZ=')").message("spec.schedule cannot carry a time zone: set spec.timeZone instead"))]
+    pub schedule: Option<String>,
+
+    /// Time zone of `schedule`, an IANA name such as `Europe/Berlin`.
+    /// Default: UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+
+    /// Pause scheduled syncs (a run already going finishes). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
 }
 
 /// One side of a transfer: object storage or a volume, never both.
@@ -200,36 +237,24 @@ pub struct TransferSettings {
     #[schemars(range(min = 1, max = 4096))]
     pub concurrency: Option<i32>,
 
-    /// Range size for downloads and part size for uploads, e.g. `8MiB`.
+    /// Range size for downloads and part size for uploads, e.g. `8MiB`
+    /// (binary units K, M, G, T, optionally followed by i and/or B: `8Mi`,
+    /// `8M` and `8MiB` are the same). Uploads need at least 5MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.partSize must be a size like 8MiB"))]
-    pub part_size: Option<String>,
+    pub part_size: Option<ByteSize>,
 
     /// How staged files are verified before they appear. Default `Checksum`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyMode>,
 
-    /// Bound on each worker's transfer buffers, e.g. `256MiB`.
+    /// Bound on each worker's transfer buffers, e.g. `256MiB`. Default 256MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.memoryLimit must be a size like 256MiB"))]
-    pub memory_limit: Option<String>,
+    pub memory_limit: Option<ByteSize>,
 
     /// Cap on each worker's bytes per second, e.g. `200MiB`, to leave
     /// bandwidth for training traffic. Default: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[1-9][0-9]*([KMGT]i?B?)?$')").message("transfer.maxBandwidth must be a size per second like 200MiB"))]
-    pub max_bandwidth: Option<String>,
-}
-
-/// Verification of staged files.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VerifyMode {
-    /// Trust the transport.
-    None,
-    /// Compare sizes.
-    Size,
-    /// Compare sizes and the store's checksums.
-    Checksum,
+    pub max_bandwidth: Option<ByteSize>,
 }
 
 /// What happens to staged data when the DataStage is deleted.
@@ -311,6 +336,71 @@ pub struct DataStageStatus {
     /// Workers finished over workers, e.g. `1/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<String>,
+
+    /// The current run: 1 for the first, one more for each spec change
+    /// that alters what a run does and for each scheduled sync. Worker Jobs
+    /// carry it in their names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<i64>,
+
+    /// A digest of the spec fields the current run was started from: a
+    /// spec change that alters them starts a new run; one that does not
+    /// (schedule, suspend, reclaimPolicy, ttlSecondsAfterFinished) does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_inputs: Option<String>,
+
+    /// When the last sync (run) finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<Time>,
+
+    /// When the next scheduled sync starts (with `schedule`, unless suspended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_sync_time: Option<Time>,
+
+    /// What the last sync changed on the volume, summed over workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<SyncChanges>,
+
+    /// The version of the dataset in place: set when every worker holds the
+    /// same one (a pull is Ready only then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotStatus>,
+}
+
+/// Objects and bytes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectsAndBytes {
+    /// Objects.
+    pub objects: i64,
+    /// Bytes.
+    pub bytes: i64,
+}
+
+/// What a sync changed on the volume, summed over workers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncChanges {
+    /// Objects staged that were not there before.
+    pub added: ObjectsAndBytes,
+    /// Objects staged again because they changed in the store.
+    pub updated: ObjectsAndBytes,
+    /// Files removed because their objects left the store.
+    pub removed: ObjectsAndBytes,
+}
+
+/// One version of the dataset.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// Objects in it.
+    pub objects: i64,
+    /// Bytes in it.
+    pub bytes: i64,
+    /// A digest of every object's key, version (ETag or generation) and
+    /// size: equal digests mean identical datasets. `ferry-stager wait
+    /// --snapshot DIGEST` waits for it.
+    pub digest: String,
 }
 
 /// Totals over all workers.
@@ -372,6 +462,12 @@ pub struct WorkerStatus {
     /// What the worker last said (an error, or the summary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The run its phase refers to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<i64>,
+    /// Digest of the dataset version this worker staged (pulls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// The CRD as YAML, exactly as `crdgen` writes it.
@@ -427,11 +523,14 @@ mod tests {
         let spec: DataStageSpec = serde_json::from_value(serde_json::json!({
             "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},
             "destination": {"volume": {"hostPath": "/mnt/nvme/imagenet"}},
-            "transfer": {"concurrency": 32, "partSize": "16MiB", "verify": "Checksum"},
+            "transfer": {"concurrency": 32, "partSize": "16Mi", "verify": "Checksum"},
             "reclaimPolicy": "Delete",
         }))
         .unwrap();
         assert_eq!(spec.reclaim_policy, Some(ReclaimPolicy::Delete));
+        let transfer = spec.transfer.as_ref().unwrap();
+        assert_eq!(transfer.part_size.as_ref().map(ByteSize::bytes), Some(16 << 20));
+        assert_eq!(transfer.verify, Some(VerifyMode::Checksum));
         assert_eq!(spec.destination.volume.unwrap().host_path.as_deref(), Some("/mnt/nvme/imagenet"));
     }
 }

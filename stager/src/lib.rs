@@ -14,7 +14,6 @@
 
 pub mod cli;
 pub mod local;
-pub mod location;
 pub mod metrics;
 pub mod progress;
 pub mod report;
@@ -23,7 +22,7 @@ pub mod store;
 pub mod transfer;
 pub mod wait;
 
-pub use location::ObjectLocation;
+pub use ferry_contract::ObjectLocation;
 
 /// An error and its sources as one line ("a: b: c"), skipping a source whose
 /// text its parent already repeats. Used for exit messages and summaries,

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use ferry_stager::cli::{Cli, LogFormat, run};
+
 use ferry_stager::progress::LogWriter;
 use tracing_subscriber::EnvFilter;
 

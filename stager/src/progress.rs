@@ -14,16 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::transfer::tally::Tally;
 
-/// When to draw the progress bar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProgressMode {
-    /// When stderr is a terminal.
-    Auto,
-    /// Always: a bar on a terminal, periodic log lines otherwise.
-    Always,
-    /// Never.
-    Never,
-}
+pub use ferry_contract::cli::ProgressMode;
 
 static ACTIVE: Mutex<Option<ProgressBar>> = Mutex::new(None);
 

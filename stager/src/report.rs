@@ -12,8 +12,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_crds::DataStage;
+use ferry_crds::{DataStage, DataStageStatus, WorkerStatus};
 use kube::Api;
+use kube::Resource as _;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
@@ -35,26 +36,31 @@ pub struct ReportTarget {
     pub node: Option<String>,
 }
 
-/// The status fragment a worker applies (pure, unit-tested).
+/// The status fragment a worker applies (pure, unit-tested): its own
+/// entry's progress counters and nothing else. The phase, run and snapshot
+/// of an entry are the operator's to write, from the worker's Job and its
+/// final summary, so a late progress report cannot undo a finished one.
 pub fn worker_patch(
     target: &ReportTarget,
     snapshot: &crate::transfer::tally::Snapshot,
     rate: f64,
 ) -> serde_json::Value {
+    let entry = WorkerStatus {
+        name: target.worker.clone(),
+        node: target.node.clone(),
+        bytes_done: snapshot.bytes_done as i64,
+        bytes_total: snapshot.bytes_selected as i64,
+        objects_done: snapshot.objects_done as i64,
+        objects_total: snapshot.objects_selected as i64,
+        throughput_bytes_per_second: rate as i64,
+        ..WorkerStatus::default()
+    };
+    let status = DataStageStatus { workers: vec![entry], ..DataStageStatus::default() };
     json!({
-        "apiVersion": "ferry.dev/v1alpha1",
-        "kind": "DataStage",
+        "apiVersion": DataStage::api_version(&()),
+        "kind": DataStage::kind(&()),
         "metadata": {"name": target.name, "namespace": target.namespace},
-        "status": {"workers": [{
-            "name": target.worker,
-            "node": target.node,
-            "phase": "Running",
-            "bytesDone": snapshot.bytes_done,
-            "bytesTotal": snapshot.bytes_selected,
-            "objectsDone": snapshot.objects_done,
-            "objectsTotal": snapshot.objects_selected,
-            "throughputBytesPerSecond": rate as i64,
-        }]},
+        "status": status,
     })
 }
 
@@ -113,5 +119,7 @@ mod tests {
         assert_eq!(workers[0]["bytesDone"], 400);
         assert_eq!(workers[0]["throughputBytesPerSecond"], 123);
         assert!(patch.get("spec").is_none(), "a worker never touches the spec");
+        assert!(workers[0].get("phase").is_none(), "the phase is the operator's");
+        assert_eq!(patch["apiVersion"], "ferry.dev/v1alpha1");
     }
 }

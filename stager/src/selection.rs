@@ -8,9 +8,7 @@
 //! machines: N workers with shards 0..N see disjoint sets whose union is
 //! everything.
 
-use std::fmt;
-use std::str::FromStr;
-
+pub use ferry_contract::Shard;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 /// A bad `--include`, `--exclude` or `--shard` value.
@@ -25,51 +23,6 @@ pub enum SelectionError {
         #[source]
         source: globset::Error,
     },
-    /// A shard is not `INDEX/COUNT` with `INDEX < COUNT`.
-    #[error("invalid shard '{0}': expected INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/3")]
-    Shard(String),
-}
-
-/// One partition of a dataset: worker `index` of `count`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    /// Zero-based index of this worker.
-    pub index: u32,
-    /// Number of workers.
-    pub count: u32,
-}
-
-impl FromStr for Shard {
-    type Err = SelectionError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || SelectionError::Shard(s.to_owned());
-        let (index, count) = s.split_once('/').ok_or_else(err)?;
-        let index: u32 = index.trim().parse().map_err(|_| err())?;
-        let count: u32 = count.trim().parse().map_err(|_| err())?;
-        if count == 0 || index >= count {
-            return Err(err());
-        }
-        Ok(Shard { index, count })
-    }
-}
-
-impl fmt::Display for Shard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
-
-impl Shard {
-    /// Whether `relative_key` belongs to this shard.
-    pub fn owns(&self, relative_key: &str) -> bool {
-        fnv1a(relative_key.as_bytes()) % u64::from(self.count) == u64::from(self.index)
-    }
-}
-
-/// 64-bit FNV-1a: tiny, stable, and well spread over short keys.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The include/exclude/shard filter of one run.

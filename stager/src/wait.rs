@@ -2,11 +2,14 @@
 //! is in place on this node, so a training pod's init container can reuse
 //! data staged once per node instead of copying it again.
 //!
-//! "In place on this node" means the DataStage's worker for this node
-//! (`--node`, usually `NODE_NAME` from the downward API) has Succeeded; for
-//! a shared claim, or without a node, that the whole DataStage has. A
-//! Failed DataStage or worker ends the wait with its message. The pod needs
-//! `get` on `datastages.ferry.dev` in that namespace.
+//! "In place on this node" means, for a hostPath DataStage, that the worker
+//! for this node (`--node`, usually `NODE_NAME` from the downward API) has
+//! Succeeded: a node without a worker never gets the data, so once the
+//! DataStage has finished without one the wait fails and says so. For a
+//! shared claim, or without a node, the whole DataStage must be Ready.
+//! With `--snapshot DIGEST` the data must also be that version of the
+//! dataset. A Failed DataStage or worker ends the wait with its message.
+//! The pod needs `get` on `datastages.ferry.dev` in that namespace.
 
 use std::time::{Duration, Instant};
 
@@ -53,8 +56,9 @@ pub enum Verdict {
     Failed(String),
 }
 
-/// Judges a DataStage for `node` (pure, unit-tested).
-pub fn verdict(ds: Option<&DataStage>, node: Option<&str>) -> Verdict {
+/// Judges a DataStage for `node` and, when given, the `snapshot` digest
+/// the data must have (pure, unit-tested).
+pub fn verdict(ds: Option<&DataStage>, node: Option<&str>, snapshot: Option<&str>) -> Verdict {
     let Some(ds) = ds else { return Verdict::Waiting("the DataStage does not exist yet".into()) };
     let Some(status) = ds.status.as_ref() else { return Verdict::Waiting("no status yet".into()) };
     let failed_message = || {
@@ -65,27 +69,51 @@ pub fn verdict(ds: Option<&DataStage>, node: Option<&str>) -> Verdict {
             .map(|c| c.message.clone())
             .unwrap_or_else(|| "failed".into())
     };
-    if let Some(node) = node
-        && let Some(worker) = status.workers.iter().find(|w| w.node.as_deref() == Some(node))
-    {
-        return match worker.phase {
-            Some(Phase::Succeeded) => Verdict::Ready,
-            Some(Phase::Failed) => Verdict::Failed(worker.message.clone().unwrap_or_else(failed_message)),
-            phase => Verdict::Waiting(format!("worker on {node} is {phase:?}")),
-        };
-    }
-    match status.phase {
-        Some(Phase::Succeeded) => Verdict::Ready,
+    let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
+    let (phase, digest, what) = match node.filter(|_| per_node) {
+        Some(node) => match status.workers.iter().find(|w| w.node.as_deref() == Some(node)) {
+            Some(worker) => (worker.phase, worker.snapshot.as_deref(), format!("the worker on {node}")),
+            None if matches!(status.phase, Some(Phase::Succeeded | Phase::Failed)) => {
+                let nodes: Vec<&str> = status.workers.iter().filter_map(|w| w.node.as_deref()).collect();
+                return Verdict::Failed(format!(
+                    "node {node} is not one the DataStage stages onto ({}): run this pod on one of them, or widen spec.placement so that {node} matches",
+                    nodes.join(", ")
+                ));
+            }
+            None => return Verdict::Waiting(format!("no worker on {node} yet (DataStage is {:?})", status.phase)),
+        },
+        None => (status.phase, status.snapshot.as_ref().map(|s| s.digest.as_str()), "the DataStage".to_owned()),
+    };
+    match phase {
+        Some(Phase::Succeeded) => match snapshot {
+            Some(wanted) if digest != Some(wanted) => {
+                Verdict::Waiting(format!("{what} holds snapshot {}, not {wanted}", digest.unwrap_or("(unknown)")))
+            }
+            _ => Verdict::Ready,
+        },
+        Some(Phase::Failed) if node.is_some() && per_node => Verdict::Failed(
+            status
+                .workers
+                .iter()
+                .find(|w| w.node.as_deref() == node)
+                .and_then(|w| w.message.clone())
+                .unwrap_or_else(failed_message),
+        ),
         Some(Phase::Failed) => Verdict::Failed(failed_message()),
-        phase => Verdict::Waiting(format!("DataStage is {phase:?}")),
+        phase => Verdict::Waiting(format!("{what} is {phase:?}")),
     }
 }
 
-/// Polls until the data is in place for `node`.
+/// Polls until the data is in place for `node` (and is `snapshot`, when given).
 ///
 /// # Errors
 /// A failed DataStage, a timeout, or no access to the API.
-pub async fn wait(target: &str, node: Option<&str>, timeout: Option<Duration>) -> Result<(), WaitError> {
+pub async fn wait(
+    target: &str,
+    node: Option<&str>,
+    snapshot: Option<&str>,
+    timeout: Option<Duration>,
+) -> Result<(), WaitError> {
     let (namespace, name) = target.split_once('/').ok_or_else(|| WaitError::Target(target.to_owned()))?;
     let client = kube::Client::try_default().await.map_err(WaitError::Client)?;
     let api: Api<DataStage> = Api::namespaced(client, namespace);
@@ -99,7 +127,7 @@ pub async fn wait(target: &str, node: Option<&str>, timeout: Option<Duration>) -
                 None
             }
         };
-        match verdict(ds.as_ref(), node) {
+        match verdict(ds.as_ref(), node, snapshot) {
             Verdict::Ready => {
                 tracing::info!(datastage = %target, node, "data is in place");
                 return Ok(());
@@ -139,18 +167,41 @@ mod tests {
     fn a_node_waits_for_its_own_worker_only() {
         let d = ds(serde_json::json!({"phase": "Running", "workers": [
             {"name": "a", "node": "a", "phase": "Succeeded"}, {"name": "b", "node": "b", "phase": "Running"}]}));
-        assert_eq!(verdict(Some(&d), Some("a")), Verdict::Ready);
-        assert!(matches!(verdict(Some(&d), Some("b")), Verdict::Waiting(_)));
-        assert!(matches!(verdict(Some(&d), None), Verdict::Waiting(_)));
-        assert!(matches!(verdict(None, Some("a")), Verdict::Waiting(_)));
+        assert_eq!(verdict(Some(&d), Some("a"), None), Verdict::Ready);
+        assert!(matches!(verdict(Some(&d), Some("b"), None), Verdict::Waiting(_)));
+        assert!(matches!(verdict(Some(&d), None, None), Verdict::Waiting(_)));
+        assert!(matches!(verdict(None, Some("a"), None), Verdict::Waiting(_)));
+    }
+
+    #[test]
+    fn a_node_without_a_worker_is_never_ready_and_fails_once_the_datastage_finished() {
+        let running =
+            ds(serde_json::json!({"phase": "Running", "workers": [{"name": "a", "node": "a", "phase": "Running"}]}));
+        assert!(matches!(verdict(Some(&running), Some("b"), None), Verdict::Waiting(_)));
+        let done = ds(
+            serde_json::json!({"phase": "Succeeded", "workers": [{"name": "a", "node": "a", "phase": "Succeeded"}]}),
+        );
+        let Verdict::Failed(message) = verdict(Some(&done), Some("b"), None) else { panic!("node b has no data") };
+        assert!(message.contains("node b is not one the DataStage stages onto (a)"), "{message}");
+        assert_eq!(verdict(Some(&done), Some("a"), None), Verdict::Ready);
+    }
+
+    #[test]
+    fn a_snapshot_wait_holds_until_that_version_is_in_place() {
+        let d = ds(serde_json::json!({"phase": "Succeeded", "snapshot": {"objects": 1, "bytes": 1, "digest": "aa"},
+            "workers": [{"name": "a", "node": "a", "phase": "Succeeded", "snapshot": "aa"}]}));
+        assert_eq!(verdict(Some(&d), Some("a"), Some("aa")), Verdict::Ready);
+        assert!(matches!(verdict(Some(&d), Some("a"), Some("bb")), Verdict::Waiting(_)));
+        assert_eq!(verdict(Some(&d), None, Some("aa")), Verdict::Ready);
+        assert!(matches!(verdict(Some(&d), None, Some("bb")), Verdict::Waiting(_)));
     }
 
     #[test]
     fn a_failed_worker_ends_the_wait_with_its_message() {
         let d = ds(serde_json::json!({"phase": "Failed", "workers": [
             {"name": "a", "node": "a", "phase": "Failed", "message": "bucket 'b' does not exist"}]}));
-        assert_eq!(verdict(Some(&d), Some("a")), Verdict::Failed("bucket 'b' does not exist".into()));
+        assert_eq!(verdict(Some(&d), Some("a"), None), Verdict::Failed("bucket 'b' does not exist".into()));
         let whole = ds(serde_json::json!({"phase": "Succeeded"}));
-        assert_eq!(verdict(Some(&whole), None), Verdict::Ready);
+        assert_eq!(verdict(Some(&whole), None, None), Verdict::Ready);
     }
 }

@@ -166,18 +166,19 @@ impl StoreError {
 
     /// A CamelCase name of what went wrong, for status conditions: the
     /// operator shows it as the reason a DataStage failed.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> ferry_contract::Reason {
+        use ferry_contract::Reason;
         match self {
-            StoreError::NoSuchBucket { .. } => "BucketNotFound",
-            StoreError::NotFound => "ObjectNotFound",
-            StoreError::AccessDenied { .. } => "AccessDenied",
-            StoreError::NoCredentials(_) => "NoCredentials",
-            StoreError::Changed => "ObjectChanged",
+            StoreError::NoSuchBucket { .. } => Reason::BucketNotFound,
+            StoreError::NotFound => Reason::ObjectNotFound,
+            StoreError::AccessDenied { .. } => Reason::AccessDenied,
+            StoreError::NoCredentials(_) => Reason::NoCredentials,
+            StoreError::Changed => Reason::ObjectChanged,
             StoreError::Transient { reason: RetryReason::Connection | RetryReason::Timeout, .. } => {
-                "EndpointUnreachable"
+                Reason::EndpointUnreachable
             }
-            StoreError::Transient { .. } => "StoreUnavailable",
-            StoreError::Rejected { .. } => "StoreRejected",
+            StoreError::Transient { .. } => Reason::StoreUnavailable,
+            StoreError::Rejected { .. } => Reason::StoreRejected,
         }
     }
 

@@ -36,7 +36,7 @@ async fn throttled_and_truncated_gets_are_retried_and_counted() {
     store.fail_gets("p/large", [Fault::Throttle]);
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&store);
-    let summary = pull(Arc::clone(&engine), "p/", dir.path()).await.unwrap();
+    let summary = pull(Arc::clone(&engine), "p/", dir.path(), false).await.unwrap();
     assert!(summary.complete, "{summary:?}");
     assert_eq!(summary.retries, 3);
     assert_eq!(summary.bytes.transferred, (12 * MIB + 1000) as u64, "retried bytes are not double counted");
@@ -52,7 +52,7 @@ async fn a_corrupt_body_is_downloaded_again() {
     store.insert("obj", data(3, 4096));
     store.fail_gets("obj", [Fault::Corrupt]);
     let dir = tempfile::tempdir().unwrap();
-    let summary = pull(engine(&store), "", dir.path()).await.unwrap();
+    let summary = pull(engine(&store), "", dir.path(), false).await.unwrap();
     assert!(summary.complete, "{summary:?}");
     assert_eq!(summary.verified.checksum, 1);
     assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), data(3, 4096));
@@ -67,7 +67,7 @@ async fn a_persistent_mismatch_fails_the_object_and_leaves_no_file() {
     store.fail_gets("bad", std::iter::repeat_n(Fault::Corrupt, 3));
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&store);
-    let summary = pull(engine, "", dir.path()).await.unwrap();
+    let summary = pull(engine, "", dir.path(), false).await.unwrap();
     assert!(!summary.complete);
     assert_eq!(summary.objects.failed, 1);
     assert_eq!(summary.failures[0].key, "bad");
@@ -90,7 +90,7 @@ async fn md5_only_objects_are_verified_in_memory_and_on_disk_and_corruption_is_c
     store.fail_gets("larger", [Fault::Corrupt]);
     store.fail_gets("bad", std::iter::repeat_n(Fault::Corrupt, 3));
     let dir = tempfile::tempdir().unwrap();
-    let summary = pull(engine(&store), "", dir.path()).await.unwrap();
+    let summary = pull(engine(&store), "", dir.path(), false).await.unwrap();
     assert_eq!(summary.verified.checksum, 2, "{summary:?}");
     assert_eq!(summary.retries, 4, "one retry each for small and larger, two for bad");
     assert_eq!(summary.objects.failed, 1);
@@ -145,7 +145,7 @@ async fn the_bandwidth_cap_holds_back_the_gets_of_small_objects_not_only_their_w
     let dir = tempfile::tempdir().unwrap();
     let pulling = tokio::spawn({
         let destination = dir.path().to_path_buf();
-        async move { pull(engine, "", &destination).await }
+        async move { pull(engine, "", &destination, false).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = store.calls().gets;

@@ -43,18 +43,7 @@ pub const REQUEST_OVERHEAD: u64 = 256 << 10;
 /// terabytes.
 const MEMORY_UNIT: u64 = 4 << 10;
 
-/// How much checking a pull does before a file is renamed into place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VerifyMode {
-    /// Trust the transport (bodies are still length-checked by HTTP).
-    None,
-    /// Check every file's size against the store's.
-    Size,
-    /// Check size, and the store's checksum (CRC32C/CRC32, or the MD5 ETag of
-    /// a single-part object) whenever it offers one.
-    Checksum,
-}
+pub use ferry_contract::{Reason, VerifyMode};
 
 /// Bounds for retrying one request.
 #[derive(Clone, Debug)]
@@ -183,12 +172,12 @@ pub enum TransferError {
 impl TransferError {
     /// A CamelCase name of why the run could not proceed, for status
     /// conditions (e.g. `BucketNotFound`, `AccessDenied`, `EndpointUnreachable`).
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            TransferError::Config(_) => "InvalidConfiguration",
+            TransferError::Config(_) => Reason::InvalidConfiguration,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.reason(),
-            TransferError::Staging(_) | TransferError::Manifest(_) => "DestinationUnusable",
-            TransferError::Source { .. } => "SourceUnreadable",
+            TransferError::Staging(_) | TransferError::Manifest(_) => Reason::DestinationUnusable,
+            TransferError::Source { .. } => Reason::SourceUnreadable,
         }
     }
 

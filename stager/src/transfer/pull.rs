@@ -115,7 +115,12 @@ pub fn manifest_name(engine: &Engine) -> String {
 /// # Errors
 /// Run-level failures: the listing fails, the bucket is missing, the
 /// credentials are refused, the destination cannot be prepared.
-pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Result<Summary, TransferError> {
+pub async fn pull(
+    engine: Arc<Engine>,
+    prefix: &str,
+    destination: &Path,
+    delete_removed: bool,
+) -> Result<Summary, TransferError> {
     let started = Instant::now();
     let source_uri = format!("{}/{prefix}", engine.store.describe());
     let staging = {
@@ -169,7 +174,12 @@ pub async fn pull(engine: Arc<Engine>, prefix: &str, destination: &Path) -> Resu
     staging.close();
     outcome?;
     finished?;
-    Ok(engine.tally.summary("pull", source_uri, destination.display().to_string(), started.elapsed()))
+    Ok(engine.tally.summary(
+        super::tally::Operation::Pull,
+        source_uri,
+        destination.display().to_string(),
+        started.elapsed(),
+    ))
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
@@ -210,7 +220,7 @@ fn plan_object(engine: &Engine, prefix: &str, object: ObjectMeta) -> Option<Plan
         Err(reason) => {
             tracing::warn!(key = %object.key.escape_debug(), %reason, "refusing unsafe key");
             engine.tally.selected(object.size);
-            engine.tally.failed(object.key.escape_debug().to_string(), format!("refused: {reason}"));
+            engine.tally.failed(object.key.escape_debug().to_string(), object.size, format!("refused: {reason}"));
             engine.metrics.object(ObjectResult::Refused);
             None
         }
@@ -262,7 +272,7 @@ async fn pull_object(
         Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
         Err(error) => {
             tracing::warn!(%key, %error, "object failed");
-            engine.tally.failed(key, &error);
+            engine.tally.failed(key, planned.object.size, &error);
             engine.metrics.object(ObjectResult::Failed);
         }
     }

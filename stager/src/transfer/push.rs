@@ -60,7 +60,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
                 Err(refused) => {
                     tracing::warn!(path = %refused.name, reason = %refused.reason, "refusing file");
                     engine.tally.selected(0);
-                    engine.tally.failed(refused.name, format!("refused: {}", refused.reason));
+                    engine.tally.failed(refused.name, 0, format!("refused: {}", refused.reason));
                     engine.metrics.object(ObjectResult::Refused);
                     continue;
                 }
@@ -88,7 +88,12 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
         .await
         .expect("walk panicked")
         .map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
-    Ok(engine.tally.summary("push", source.display().to_string(), destination_uri, started.elapsed()))
+    Ok(engine.tally.summary(
+        super::tally::Operation::Push,
+        source.display().to_string(),
+        destination_uri,
+        started.elapsed(),
+    ))
 }
 
 /// One cheap request before anything is read, so a missing bucket, wrong
@@ -117,7 +122,7 @@ async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result
         Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
         Err(error) => {
             tracing::warn!(path = %file.rel, %error, "file failed");
-            engine.tally.failed(file.rel.to_string(), &error);
+            engine.tally.failed(file.rel.to_string(), file.size, &error);
             engine.metrics.object(ObjectResult::Failed);
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use serde::Serialize;
+pub use ferry_contract::summary::{Counts, Failure, Operation, Summary, VerifiedCounts};
 
 /// Failures kept in full for the summary; the count is always exact.
 const FAILURES_KEPT: usize = 1000;
@@ -20,20 +20,12 @@ pub struct Tally {
     bytes_selected: AtomicU64,
     bytes_transferred: AtomicU64,
     bytes_skipped: AtomicU64,
+    bytes_failed: AtomicU64,
     verified_checksum: AtomicU64,
     verified_size: AtomicU64,
     retries: AtomicU64,
     listing_done: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<Failure>>,
-}
-
-/// One object that did not make it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Failure {
-    /// The object key (pull) or relative path (push).
-    pub key: String,
-    /// Why, in one line.
-    pub error: String,
 }
 
 /// How a transferred object was verified.
@@ -95,10 +87,11 @@ impl Tally {
         self.bytes_skipped.fetch_add(size, Relaxed);
     }
 
-    /// An object failed (or was refused). Refused objects are counted as
-    /// selected too: the user asked for them.
-    pub fn failed(&self, key: impl Into<String>, error: impl std::fmt::Display) {
+    /// An object of `size` bytes failed (or was refused). Refused objects
+    /// are counted as selected too: the user asked for them.
+    pub fn failed(&self, key: impl Into<String>, size: u64, error: impl std::fmt::Display) {
         self.objects_failed.fetch_add(1, Relaxed);
+        self.bytes_failed.fetch_add(size, Relaxed);
         let mut failures = self.failures.lock().expect("failures lock poisoned");
         if failures.len() < FAILURES_KEPT {
             failures.push(Failure { key: key.into(), error: error.to_string() });
@@ -129,26 +122,27 @@ impl Tally {
     }
 
     /// The final summary.
-    pub fn summary(&self, operation: &str, source: String, destination: String, elapsed: Duration) -> Summary {
+    pub fn summary(&self, operation: Operation, source: String, destination: String, elapsed: Duration) -> Summary {
         let transferred = self.bytes_transferred.load(Relaxed);
         let seconds = elapsed.as_secs_f64();
         let mut failures = self.failures.lock().expect("failures lock poisoned").clone();
         failures.sort_by(|a, b| a.key.cmp(&b.key));
         Summary {
-            operation: operation.to_owned(),
+            operation,
             source,
             destination,
             complete: self.objects_failed.load(Relaxed) == 0,
-            objects: ObjectCounts {
+            objects: Counts {
                 selected: self.objects_selected.load(Relaxed),
                 transferred: self.objects_transferred.load(Relaxed),
                 skipped: self.objects_skipped.load(Relaxed),
                 failed: self.objects_failed.load(Relaxed),
             },
-            bytes: ByteCounts {
+            bytes: Counts {
                 selected: self.bytes_selected.load(Relaxed),
                 transferred,
                 skipped: self.bytes_skipped.load(Relaxed),
+                failed: self.bytes_failed.load(Relaxed),
             },
             verified: VerifiedCounts {
                 checksum: self.verified_checksum.load(Relaxed),
@@ -158,8 +152,9 @@ impl Tally {
             seconds,
             throughput_bytes_per_second: if seconds > 0.0 { transferred as f64 / seconds } else { 0.0 },
             peak_rss_bytes: peak_rss_bytes(),
+            failures_omitted: self.objects_failed.load(Relaxed).saturating_sub(failures.len() as u64),
             failures,
-            reason: None,
+            ..Summary::default()
         }
     }
 }
@@ -173,93 +168,27 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The JSON summary written by `--summary-file`.
-#[derive(Clone, Debug, Serialize)]
-pub struct Summary {
-    /// `pull` or `push`.
-    pub operation: String,
-    /// Where data came from.
-    pub source: String,
-    /// Where data went.
-    pub destination: String,
-    /// True when every selected object is in place and verified.
-    pub complete: bool,
-    /// Object counts.
-    pub objects: ObjectCounts,
-    /// Byte counts.
-    pub bytes: ByteCounts,
-    /// How transferred objects were verified.
-    pub verified: VerifiedCounts,
-    /// Requests retried.
-    pub retries: u64,
-    /// Wall-clock duration of the run.
-    pub seconds: f64,
-    /// Bytes transferred per second of the run.
-    pub throughput_bytes_per_second: f64,
-    /// Peak resident memory of the process, where the platform reports it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_rss_bytes: Option<u64>,
-    /// Objects that failed, with reasons (at most 1000 listed).
-    pub failures: Vec<Failure>,
-    /// When the run could not proceed at all: why, in CamelCase
-    /// (e.g. `BucketNotFound`), for status conditions.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// Object counts of a run.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct ObjectCounts {
-    /// Selected by prefix, include/exclude and shard.
-    pub selected: u64,
-    /// Copied in this run.
-    pub transferred: u64,
-    /// Already in place.
-    pub skipped: u64,
-    /// Failed or refused.
-    pub failed: u64,
-}
-
-/// Byte counts of a run.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct ByteCounts {
-    /// Size of everything selected.
-    pub selected: u64,
-    /// Copied in this run.
-    pub transferred: u64,
-    /// Already in place.
-    pub skipped: u64,
-}
-
-/// Verification counts of a run.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct VerifiedCounts {
-    /// Verified against a store checksum.
-    pub checksum: u64,
-    /// Verified by size only.
-    pub size_only: u64,
-}
-
-impl Summary {
-    /// One line for humans.
-    pub fn one_line(&self) -> String {
-        let rate = human_bytes(self.throughput_bytes_per_second as u64);
-        let head = format!(
-            "{} {}: {} of {} objects transferred, {} skipped, {} failed; {} in {:.1}s ({rate}/s), {} retries",
-            self.operation,
-            if self.complete { "complete" } else { "incomplete" },
-            self.objects.transferred,
-            self.objects.selected,
-            self.objects.skipped,
-            self.objects.failed,
-            human_bytes(self.bytes.transferred),
-            self.seconds,
-            self.retries,
-        );
-        match self.failures.first() {
-            Some(first) => format!("{head}; first failure: {}: {}", first.key, first.error),
-            None => head,
-        }
+/// One line for humans about a run.
+pub fn one_line(summary: &Summary) -> String {
+    let rate = human_bytes(summary.throughput_bytes_per_second as u64);
+    let operation = match summary.operation {
+        Operation::Pull => "pull",
+        Operation::Push => "push",
+    };
+    let head = format!(
+        "{operation} {}: {} of {} objects transferred, {} skipped, {} failed; {} in {:.1}s ({rate}/s), {} retries",
+        if summary.complete { "complete" } else { "incomplete" },
+        summary.objects.transferred,
+        summary.objects.selected,
+        summary.objects.skipped,
+        summary.objects.failed,
+        human_bytes(summary.bytes.transferred),
+        summary.seconds,
+        summary.retries,
+    );
+    match summary.failures.first() {
+        Some(first) => format!("{head}; first failure: {}: {}", first.key, first.error),
+        None => head,
     }
 }
 
@@ -286,11 +215,11 @@ mod tests {
         tally.selected(5);
         tally.bytes(10);
         tally.transferred(Verified::Checksum);
-        tally.failed("b", "checksum mismatch");
-        let summary = tally.summary("pull", "s3://b/p/".into(), "/d".into(), Duration::from_secs(2));
+        tally.failed("b", 5, "checksum mismatch");
+        let summary = tally.summary(Operation::Pull, "s3://b/p/".into(), "/d".into(), Duration::from_secs(2));
         assert!(!summary.complete);
-        assert_eq!(summary.objects.failed, 1);
-        assert!(summary.one_line().contains("first failure: b: checksum mismatch"));
+        assert_eq!((summary.objects.failed, summary.bytes.failed), (1, 5));
+        assert!(one_line(&summary).contains("first failure: b: checksum mismatch"));
         assert_eq!(summary.throughput_bytes_per_second, 5.0);
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
     }

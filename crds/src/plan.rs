@@ -1,0 +1,131 @@
+//! What a DataStage spec means, decided once: which way data moves, which
+//! store and which volume, and how many worker pods share each place. The
+//! operator's Job builders and status aggregation, and the stager's `wait`,
+//! read a [`Plan`] instead of asking the spec "is this a push? is this a
+//! hostPath?" each on their own.
+//!
+//! Not here: which nodes match (that needs the cluster's nodes; see the
+//! operator's placement module).
+
+use crate::{DataStageSpec, Location};
+
+/// Which way data moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Object storage → volume.
+    Pull,
+    /// Volume → object storage.
+    Push,
+}
+
+/// The object store's protocol, from the URI's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `s3://`: S3 and S3-compatible stores.
+    S3,
+    /// `gs://`: Google Cloud Storage.
+    Gcs,
+}
+
+/// The volume side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Volume<'a> {
+    /// A directory on each node: node-local, so every matching node gets
+    /// its own workers (a pull) or one node is read (a push).
+    HostPath(&'a str),
+    /// A directory in a claim: shared, so one set of workers serves it.
+    Claim {
+        /// The claim's name.
+        name: &'a str,
+        /// The directory within it.
+        sub_path: Option<&'a str>,
+    },
+}
+
+/// One interpretation of a spec.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan<'a> {
+    /// Which way data moves.
+    pub direction: Direction,
+    /// The object-storage side (its `uri`, endpoint, credentials).
+    pub store: &'a Location,
+    /// The store's URI.
+    pub uri: &'a str,
+    /// The store's protocol.
+    pub backend: Backend,
+    /// The volume side.
+    pub volume: Volume<'a>,
+    /// Worker pods per place (per node for a hostPath, for the claim
+    /// otherwise), each copying one shard.
+    pub pods_per_worker: u32,
+}
+
+/// A spec the API server should have refused: only an object written
+/// before the schema's rules existed can have one.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the spec does not name one object store and one volume (hostPath or persistentVolumeClaim); fix spec.source and spec.destination"
+)]
+pub struct IncompleteSpec;
+
+impl<'a> Plan<'a> {
+    /// Whether each node gets its own workers (a hostPath is node-local).
+    pub fn per_node(&self) -> bool {
+        matches!(self.volume, Volume::HostPath(_))
+    }
+}
+
+impl DataStageSpec {
+    /// What this spec means.
+    ///
+    /// # Errors
+    /// [`IncompleteSpec`] when a side is missing.
+    pub fn plan(&self) -> Result<Plan<'_>, IncompleteSpec> {
+        let (direction, store, volume_side) = if self.source.uri.is_some() {
+            (Direction::Pull, &self.source, &self.destination)
+        } else {
+            (Direction::Push, &self.destination, &self.source)
+        };
+        let uri = store.uri.as_deref().ok_or(IncompleteSpec)?;
+        let backend = if uri.starts_with("gs://") { Backend::Gcs } else { Backend::S3 };
+        let volume = volume_side.volume.as_ref().ok_or(IncompleteSpec)?;
+        let volume = match (&volume.host_path, &volume.persistent_volume_claim) {
+            (Some(path), None) => Volume::HostPath(path),
+            (None, Some(claim)) => Volume::Claim { name: &claim.claim_name, sub_path: claim.sub_path.as_deref() },
+            _ => return Err(IncompleteSpec),
+        };
+        let pods_per_worker = self.workers.unwrap_or(1).clamp(1, 1000) as u32;
+        Ok(Plan { direction, store, uri, backend, volume, pods_per_worker })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: serde_json::Value) -> DataStageSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_plan_names_direction_store_volume_and_pods() {
+        let pull = spec(serde_json::json!({
+            "source": {"uri": "gs://b/p"}, "destination": {"volume": {"hostPath": "/mnt/x"}}, "workers": 3}));
+        let plan = pull.plan().unwrap();
+        assert_eq!((plan.direction, plan.backend, plan.uri), (Direction::Pull, Backend::Gcs, "gs://b/p"));
+        assert_eq!((plan.volume, plan.pods_per_worker), (Volume::HostPath("/mnt/x"), 3));
+        assert!(plan.per_node());
+
+        let push = spec(serde_json::json!({
+            "source": {"volume": {"persistentVolumeClaim": {"claimName": "c", "subPath": "s"}}},
+            "destination": {"uri": "s3://b/p"}}));
+        let plan = push.plan().unwrap();
+        assert_eq!((plan.direction, plan.backend), (Direction::Push, Backend::S3));
+        assert_eq!(plan.volume, Volume::Claim { name: "c", sub_path: Some("s") });
+        assert!(!plan.per_node());
+        assert_eq!(plan.pods_per_worker, 1);
+
+        let neither = spec(serde_json::json!({"source": {"uri": "s3://b/p"}, "destination": {}}));
+        assert_eq!(neither.plan(), Err(IncompleteSpec));
+    }
+}
