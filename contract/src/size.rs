@@ -25,11 +25,12 @@ pub struct ByteSize {
     text: String,
 }
 
+/// How to write a size, for error messages.
+const SIZE_HELP: &str = "a positive whole number with an optional binary unit K, M, G or T (optionally followed by i and/or B), e.g. 512Ki, 8MiB, 1G or 1048576";
+
 /// A string outside the size grammar.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "'{0}' is not a size: write a positive whole number with an optional binary unit K, M, G or T (optionally followed by i and/or B), e.g. 512Ki, 8MiB, 1G or 1048576"
-)]
+#[error("'{0}' is not a size: write {SIZE_HELP}")]
 pub struct SizeError(String);
 
 impl ByteSize {
@@ -120,7 +121,7 @@ impl schemars::JsonSchema for ByteSize {
             "maxLength": 20,
             "x-kubernetes-validations": [{
                 "rule": format!("self.matches('{SIZE_PATTERN}')"),
-                "message": SizeError("the value".into()).to_string().replacen("'the value' is", "must be", 1),
+                "message": format!("must be a size: {SIZE_HELP}"),
             }],
         })
     }

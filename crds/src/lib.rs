@@ -353,7 +353,8 @@ pub struct DataStageStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<Time>,
 
-    /// When the next scheduled sync starts (with `schedule`, unless suspended).
+    /// When the next scheduled sync starts (with `schedule`, unless
+    /// suspended; set while no run is going).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_sync_time: Option<Time>,
 
@@ -365,6 +366,13 @@ pub struct DataStageStatus {
     /// same one (a pull is Ready only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotStatus>,
+
+    /// Runs started in a row because the workers of a pull finished with
+    /// different snapshots (the bucket changed while they listed it). After
+    /// 3 the DataStage fails with `SnapshotsDiffer` until the next spec
+    /// change or scheduled sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_retries: Option<i64>,
 }
 
 /// Objects and bytes.
@@ -456,18 +464,32 @@ pub struct WorkerStatus {
     /// Objects selected.
     #[serde(default)]
     pub objects_total: i64,
+    /// Objects that failed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub objects_failed: i64,
+    /// Bytes of objects that failed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_failed: i64,
     /// Current bytes per second.
     #[serde(default)]
     pub throughput_bytes_per_second: i64,
     /// What the worker last said (an error, or the summary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Why its last pod could not proceed (`BucketNotFound`,
+    /// `AccessDenied`, ...), as the stager said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The run its phase refers to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<i64>,
     /// Digest of the dataset version this worker staged (pulls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// The CRD as YAML, exactly as `crdgen` writes it.

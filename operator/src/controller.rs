@@ -1,37 +1,40 @@
 //! The DataStage controller. `reconcile` is a pipeline:
-//! read → validate → build Jobs → server-side apply → aggregate status.
-//! Invalid specs wait for a change; missing Secrets and nodes are retried so
-//! that fixing the cause recovers without re-applying; API errors requeue
-//! with jittered backoff.
+//! plan → validate → place → choose the run → apply its Jobs → observe →
+//! aggregate status. Invalid specs wait for a change; missing Secrets and
+//! nodes are retried so that fixing the cause recovers without re-applying;
+//! API errors requeue with jittered backoff. Nodes are watched, so a node
+//! that joins or starts matching a placement is staged without a retry
+//! loop.
 //!
 //! A pull with `reclaimPolicy: Delete` carries a finalizer. When it is
 //! deleted, its workers are stopped first (so nothing writes any more), then
 //! one clean-up Job per worker runs `ferry-stager clean` on the same volume
 //! and node, and only when all succeeded is the finalizer removed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_crds::{DataStage, DataStageStatus, Phase, ReclaimPolicy};
+use ferry_crds::plan::{Backend, Direction, Plan};
+use ferry_crds::{DataStage, DataStageStatus, Phase, ReclaimPolicy, WorkerStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Resource as _, ResourceExt as _};
-use serde_json::json;
 
 use crate::config::OperatorConfig;
 use crate::jobs::{
-    CLEANUP_LABEL, DATASTAGE_LABEL, Direction, WORKER_LABEL, Worker, build_cleanup_job, build_job, per_node,
-    plan_workers, sides,
+    CLEANUP_LABEL, DATASTAGE_LABEL, RUN_LABEL, WORKER_LABEL, Worker, build_cleanup_job, build_job, plan_workers,
 };
 use crate::metrics::{DataStageProgress, Metrics};
-use crate::status::{self, Observed, StagerSummary, reasons};
+use crate::runs::{self, Run};
+use crate::schedule::Schedule;
+use crate::status::{self, Inputs, Observed, reasons};
 
 /// The one field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "ferry.dev/operator";
@@ -96,14 +99,14 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// Checks what the schema cannot: the operator's hostPath allow-list and
-/// options the chosen store does not support.
+/// Checks what the schema cannot: the operator's hostPath allow-list,
+/// options the chosen store does not support, and the schedule. Returns
+/// the parsed schedule, if any.
 ///
 /// # Errors
 /// [`Invalid`] with a reason and a message a user can act on.
-pub fn validate(ds: &DataStage, config: &OperatorConfig) -> Result<(), Invalid> {
-    let (_, store, volume) = sides(&ds.spec);
-    if let Some(path) = volume.volume.as_ref().and_then(|v| v.host_path.as_deref())
+pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Result<Option<Schedule>, Invalid> {
+    if let ferry_crds::plan::Volume::HostPath(path) = plan.volume
         && !config.host_path_allowed(path)
     {
         return Err(Invalid {
@@ -114,13 +117,16 @@ pub fn validate(ds: &DataStage, config: &OperatorConfig) -> Result<(), Invalid> 
             ),
         });
     }
-    if store.anonymous == Some(true) && store.uri.as_deref().is_some_and(|u| u.starts_with("s3://")) {
+    if plan.store.anonymous == Some(true) && plan.backend == Backend::S3 {
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
             message: "anonymous applies to gs:// only; for s3:// give credentials or rely on the pod's identity".into(),
         });
     }
-    Ok(())
+    let Some(expression) = ds.spec.schedule.as_deref() else { return Ok(None) };
+    Schedule::parse(expression, ds.spec.time_zone.as_deref())
+        .map(Some)
+        .map_err(|error| Invalid { reason: reasons::INVALID_SCHEDULE, message: format!("spec.schedule: {error}") })
 }
 
 fn now() -> Time {
@@ -135,6 +141,22 @@ async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Erro
     result
 }
 
+/// Why a reconciliation stops before any Job: the status to write and
+/// when to look again.
+struct Blocked {
+    phase: Phase,
+    failed: bool,
+    reason: &'static str,
+    message: String,
+    retry: Option<Duration>,
+}
+
+impl From<Invalid> for Blocked {
+    fn from(invalid: Invalid) -> Self {
+        Blocked { phase: Phase::Failed, failed: true, reason: invalid.reason, message: invalid.message, retry: None }
+    }
+}
+
 async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let namespace = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
@@ -146,141 +168,268 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     if wants_finalizer != has_finalizer(ds) {
         set_finalizer(ds, ctx, wants_finalizer).await?;
     }
-
-    if let Err(invalid) = validate(ds, &ctx.config) {
-        let status = status::blocked(ds, Phase::Failed, true, invalid.reason, &invalid.message, &now());
-        update_status(ds, ctx, status).await?;
-        return Ok(Action::await_change());
-    }
-
-    let (_, store, _) = sides(&ds.spec);
-    if let Some(secret) = &store.credentials {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        // The check is a courtesy, not a gate: where the operator may not
-        // read Secrets (the chart grants it only in the namespaces it was
-        // told DataStages use) it goes ahead, and a missing Secret shows up
-        // as the worker pod's failure instead.
-        let missing = match secrets.get_metadata_opt(&secret.name).await {
-            Ok(found) => found.is_none(),
-            Err(kube::Error::Api(status)) if status.code == 403 => {
-                tracing::debug!(%namespace, secret = %secret.name, "may not read Secrets here; not checking");
-                false
-            }
-            Err(error) => return Err(error.into()),
-        };
-        if missing {
-            let keys = if store.uri.as_deref().is_some_and(|u| u.starts_with("gs://")) {
-                "key key.json (a service-account key)"
-            } else {
-                "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-            };
-            let message = format!(
-                "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with {keys}",
-                secret.name
-            );
-            let status = status::blocked(ds, Phase::Pending, false, reasons::SECRET_NOT_FOUND, &message, &now());
+    match prepare(ds, ctx).await? {
+        Ok((plan, schedule, workers)) => carry_out(ds, ctx, &plan, schedule.as_ref(), &workers).await,
+        Err(blocked) => {
+            let status = status::blocked(ds, blocked.phase, blocked.failed, blocked.reason, &blocked.message, &now());
             update_status(ds, ctx, status).await?;
-            return Ok(Action::requeue(Duration::from_secs(5)));
+            Ok(blocked.retry.map_or_else(Action::await_change, Action::requeue))
         }
     }
+}
 
-    // Only per-node staging depends on the nodes; a claim needs no listing.
-    let nodes = if per_node(&ds.spec) {
-        Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items
-    } else {
-        Vec::new()
+/// Everything a run needs that can stop it: the plan, the schedule, the
+/// credentials Secret, and the workers the cluster's nodes allow.
+async fn prepare<'a>(
+    ds: &'a DataStage,
+    ctx: &Context,
+) -> Result<Result<(Plan<'a>, Option<Schedule>, Vec<Worker>), Blocked>, Error> {
+    let plan = match ds.spec.plan() {
+        Ok(plan) => plan,
+        Err(incomplete) => {
+            return Ok(Err(Invalid { reason: reasons::INCOMPLETE_SPEC, message: incomplete.to_string() }.into()));
+        }
     };
-    let workers = plan_workers(&ds.spec, &nodes);
-    if workers.is_empty() {
-        let message = "no schedulable node matches spec.placement.nodeSelector; label a node or change the selector";
-        let status = status::blocked(ds, Phase::Pending, false, reasons::NO_MATCHING_NODES, message, &now());
-        update_status(ds, ctx, status).await?;
-        return Ok(Action::requeue(Duration::from_secs(15)));
+    let schedule = match validate(ds, &plan, &ctx.config) {
+        Ok(schedule) => schedule,
+        Err(invalid) => return Ok(Err(invalid.into())),
+    };
+    if let Some(blocked) = missing_secret(ds, &plan, ctx).await? {
+        return Ok(Err(blocked));
     }
+    let workers = match place(ds, &plan, ctx).await? {
+        Ok(workers) => workers,
+        Err(blocked) => return Ok(Err(blocked)),
+    };
+    Ok(Ok((plan, schedule, workers)))
+}
 
+/// The credentials Secret, when the spec names one that does not exist.
+async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Option<Blocked>, Error> {
+    let Some(secret) = &plan.store.credentials else { return Ok(None) };
+    let namespace = ds.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    // The check is a courtesy, not a gate: where the operator may not read
+    // Secrets (the chart grants it only in the namespaces it was told
+    // DataStages use) it goes ahead, and a missing Secret shows up as the
+    // worker pod's failure instead.
+    let missing = match secrets.get_metadata_opt(&secret.name).await {
+        Ok(found) => found.is_none(),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            tracing::debug!(%namespace, secret = %secret.name, "may not read Secrets here; not checking");
+            false
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if !missing {
+        return Ok(None);
+    }
+    let keys = match plan.backend {
+        Backend::Gcs => "key key.json (a service-account key)",
+        Backend::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    };
+    Ok(Some(Blocked {
+        phase: Phase::Pending,
+        failed: false,
+        reason: reasons::SECRET_NOT_FOUND,
+        message: format!(
+            "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with {keys}",
+            secret.name
+        ),
+        retry: Some(Duration::from_secs(5)),
+    }))
+}
+
+/// The workers of the DataStage: one per matching node for a hostPath
+/// (exactly one for a push), one for a claim.
+async fn place(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Result<Vec<Worker>, Blocked>, Error> {
+    if !plan.per_node() {
+        return Ok(Ok(plan_workers(plan, &[])));
+    }
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let matching = crate::placement::matching_nodes(ds.spec.placement.as_ref(), &nodes);
+    let waiting = |reason, message: String| {
+        Ok(Err(Blocked { phase: Phase::Pending, failed: false, reason, message, retry: None }))
+    };
+    if matching.is_empty() {
+        return waiting(
+            reasons::NO_MATCHING_NODES,
+            "no schedulable node matches spec.placement (nodeSelector, required node affinity, taints without a toleration); label a node or change the placement".into(),
+        );
+    }
+    if plan.direction == Direction::Push && matching.len() > 1 {
+        return waiting(
+            reasons::AMBIGUOUS_PUSH_SOURCE,
+            format!(
+                "a push from hostPath reads one node's directory, but spec.placement matches {} nodes ({}); narrow it to one, e.g. with nodeSelector kubernetes.io/hostname",
+                matching.len(),
+                matching.join(", ")
+            ),
+        );
+    }
+    Ok(Ok(plan_workers(plan, &matching)))
+}
+
+/// The Jobs of a run: creates the missing ones of workers that have not
+/// finished this run, deletes those of other runs, and aggregates.
+async fn carry_out(
+    ds: &DataStage,
+    ctx: &Context,
+    plan: &Plan<'_>,
+    schedule: Option<&Schedule>,
+    workers: &[Worker],
+) -> Result<Action, Error> {
+    let namespace = ds.namespace().unwrap_or_default();
+    let name = ds.name_any();
+    let now = now();
+    let run = runs::current(ds, schedule, now.0);
+    if let Some(trigger) = run.started {
+        let message = format!("run {} started ({})", run.number, trigger.reason());
+        publish(ctx, ds, EventType::Normal, trigger.reason(), message, "Sync").await;
+    }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-    let apply = PatchParams::apply(FIELD_MANAGER).force();
-    for worker in &workers {
-        let job = build_job(ds, worker, &ctx.config.worker_defaults());
-        let job_name = job.name_any();
-        // Existing Jobs are left alone: their pod template is immutable and
-        // the spec's inputs to it (source, destination) are immutable too.
-        if jobs.get_metadata_opt(&job_name).await?.is_none() {
-            jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?;
+    let selector = format!("{DATASTAGE_LABEL}={name},{WORKER_LABEL}");
+    let mut existing = jobs.list(&ListParams::default().labels(&selector)).await?.items;
+    retire_other_runs(&jobs, &mut existing, run.number).await?;
+    let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
+    for worker in workers {
+        let has_job = existing.iter().any(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name));
+        if !has_job && !finished_in(recorded, worker, run.number) {
+            let job = build_job(ds, plan, worker, run.number, &ctx.config.worker_defaults());
+            let job_name = job.name_any();
+            let apply = PatchParams::apply(FIELD_MANAGER).force();
+            existing.push(jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?);
             let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
-            publish(ctx, ds, EventType::Normal, "WorkerCreated", format!("created Job {job_name}{node}"), "Create")
-                .await;
+            let note = format!("created Job {job_name}{node} for run {}", run.number);
+            publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
         }
     }
-
-    let selector = format!("{DATASTAGE_LABEL}={name}");
-    let existing_jobs = jobs.list(&ListParams::default().labels(&selector)).await?.items;
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items;
-    let observed: Vec<Observed> = workers
-        .iter()
-        .map(|worker| {
-            let job = existing_jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned();
-            let (summary, message) = last_report(&pods, &worker.name);
-            Observed { worker: Some(worker.clone()), job, summary, message }
-        })
-        .collect();
-    let status = status::aggregate(ds, &observed, &now());
+    let observed = observe(ctx, ds, workers, existing, &run).await?;
+    let mut status =
+        status::aggregate(ds, &Inputs { run: &run, direction: plan.direction, observed: &observed, now: &now });
+    status.workers.extend(departed(ds, workers, plan));
+    if matches!(status.phase, Some(Phase::Succeeded | Phase::Failed)) && status.run == Some(run.number) {
+        let last = status.last_sync_time.as_ref().map_or(now.0, |t| t.0);
+        status.next_sync_time =
+            schedule.filter(|_| ds.spec.suspend != Some(true)).and_then(|s| s.next_after(last)).map(Time);
+    }
+    if status.run != Some(run.number) {
+        let note = status.conditions.first().map(|c| c.message.clone()).unwrap_or_default();
+        publish(ctx, ds, EventType::Normal, reasons::RESYNCING, note, "Sync").await;
+    }
     let phase = status.phase.unwrap_or(Phase::Pending);
+    let next_sync = status.next_sync_time.clone();
+    let resync = status.run != Some(run.number);
     ctx.metrics.observe(&namespace, &name, Some(DataStageProgress::of(&status)));
     update_status(ds, ctx, status).await?;
-    Ok(match phase {
-        Phase::Pending | Phase::Running => Action::requeue(Duration::from_secs(3)),
-        Phase::Succeeded | Phase::Failed => Action::await_change(),
+    Ok(match (phase, next_sync) {
+        _ if resync => Action::requeue(Duration::from_millis(500)),
+        (Phase::Pending | Phase::Running, _) => Action::requeue(Duration::from_secs(3)),
+        // Wake up for the next scheduled sync (changes wake it earlier).
+        (_, Some(next)) => {
+            let wait = next.0.duration_since(now.0).as_secs_f64().clamp(0.2, 3600.0);
+            Action::requeue(Duration::from_secs_f64(wait))
+        }
+        _ => Action::await_change(),
     })
 }
 
-/// Label (and, on older clusters, annotation) that carries an Indexed Job
-/// pod's completion index.
-const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// Whether `worker`'s entry says it finished `run` (its Job may be gone:
+/// `ttlSecondsAfterFinished`, or deleted by hand).
+fn finished_in(recorded: &[WorkerStatus], worker: &Worker, run: i64) -> bool {
+    recorded.iter().any(|w| {
+        w.name == worker.name && w.run == Some(run) && matches!(w.phase, Some(Phase::Succeeded | Phase::Failed))
+    })
+}
 
-/// What the worker's pods reported: for each completion index (one for a
-/// per-node Job, one per shard of an Indexed Job) the most recently
-/// finished pod's summary, combined over the shards; or, failing that, a
-/// message.
-fn last_report(pods: &[Pod], worker: &str) -> (Option<StagerSummary>, Option<String>) {
-    let mut latest: BTreeMap<Option<String>, (&Time, String)> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker)) {
-        let Some(terminated) = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref())
-        else {
-            continue;
-        };
-        let Some(at) = terminated.finished_at.as_ref() else { continue };
-        let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX)).cloned();
-        let message = terminated.message.clone().unwrap_or_default();
-        match latest.get(&index) {
-            Some((seen, _)) if seen.0 >= at.0 => {}
-            _ => {
-                latest.insert(index, (at, message));
+/// Deletes the Jobs of runs other than `run` (their pods go with them)
+/// and drops them from `jobs`.
+async fn retire_other_runs(api: &Api<Job>, jobs: &mut Vec<Job>, run: i64) -> Result<(), Error> {
+    let current = run.to_string();
+    for job in jobs.iter().filter(|j| j.labels().get(RUN_LABEL) != Some(&current)) {
+        if job.metadata.deletion_timestamp.is_none() {
+            match api.delete(&job.name_any(), &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
             }
         }
     }
-    if latest.is_empty() {
-        // A pod refused by the node (or still waiting) explains itself in its status.
-        let message = pods
-            .iter()
-            .filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker))
-            .find_map(|p| p.status.as_ref()?.message.clone());
-        return (None, message);
+    jobs.retain(|j| j.labels().get(RUN_LABEL) == Some(&current));
+    Ok(())
+}
+
+/// The current run's Jobs and pods, per worker.
+async fn observe(
+    ctx: &Context,
+    ds: &DataStage,
+    workers: &[Worker],
+    jobs: Vec<Job>,
+    run: &Run,
+) -> Result<Vec<Observed>, Error> {
+    let selector = format!("{DATASTAGE_LABEL}={},{RUN_LABEL}={}", ds.name_any(), run.number);
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default())
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    Ok(workers
+        .iter()
+        .map(|worker| Observed {
+            worker: worker.clone(),
+            job: jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned(),
+            report: status::pod_report(&pods, &worker.name),
+        })
+        .collect())
+}
+
+/// Entries of nodes that staged earlier but no longer match the placement:
+/// kept (their data is still there, and `reclaimPolicy: Delete` removes it
+/// when the DataStage goes), marked, and not counted.
+pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>) -> Vec<WorkerStatus> {
+    if !plan.per_node() {
+        return Vec::new();
     }
-    let mut summaries = Vec::new();
-    for (_, message) in latest.into_values() {
-        match serde_json::from_str::<StagerSummary>(&message) {
-            Ok(summary) => summaries.push(summary),
-            Err(_) => return (None, Some(message.lines().rev().take(3).collect::<Vec<_>>().join(" / "))),
-        }
+    let fate = if needs_cleanup(ds) {
+        "its data is removed when the DataStage is deleted (reclaimPolicy Delete)"
+    } else {
+        "its data stays there (reclaimPolicy Retain)"
+    };
+    ds.status
+        .iter()
+        .flat_map(|s| &s.workers)
+        .filter(|w| !workers.iter().any(|p| p.name == w.name))
+        .map(|w| WorkerStatus {
+            phase: w.phase,
+            message: Some(format!("node no longer matches spec.placement; {fate}")),
+            throughput_bytes_per_second: 0,
+            ..w.clone()
+        })
+        .collect()
+}
+
+/// A server-side apply of a DataStage's status: apiVersion, kind and
+/// status only, so the operator never claims a spec field.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch<'a> {
+    api_version: std::borrow::Cow<'static, str>,
+    kind: std::borrow::Cow<'static, str>,
+    status: &'a DataStageStatus,
+}
+
+impl<'a> StatusPatch<'a> {
+    fn new(status: &'a DataStageStatus) -> Self {
+        Self { api_version: DataStage::api_version(&()), kind: DataStage::kind(&()), status }
     }
-    (StagerSummary::combine(summaries), None)
+}
+
+/// A server-side apply of a DataStage's metadata (its finalizers).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MetadataPatch {
+    api_version: std::borrow::Cow<'static, str>,
+    kind: std::borrow::Cow<'static, str>,
+    metadata: ObjectMeta,
 }
 
 /// Server-side applies the status (only apiVersion, kind and status) and
@@ -292,15 +441,16 @@ async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -
     let before = (ds.status.as_ref().and_then(|s| s.phase), ready_reason(ds.status.as_ref()));
     let after = (status.phase, ready_reason(Some(&status)));
     let ready = status.conditions.first().map(|c| (c.reason.clone(), c.message.clone()));
-    let patch = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "status": status});
+    let patch = StatusPatch::new(&status);
     api.patch_status(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     if before != after
         && let (Some(phase), Some((reason, message))) = (after.0, ready)
     {
         // Warnings for what a user must act on; waiting is normal.
         let warning = phase == Phase::Failed
-            || reasons::FROM_STAGER.contains(&reason.as_str())
-            || [reasons::SECRET_NOT_FOUND, reasons::NO_MATCHING_NODES].contains(&reason.as_str());
+            || ferry_contract::Reason::ALL.iter().any(|r| r.as_str() == reason)
+            || [reasons::SECRET_NOT_FOUND, reasons::NO_MATCHING_NODES, reasons::AMBIGUOUS_PUSH_SOURCE]
+                .contains(&reason.as_str());
         let kind = if warning { EventType::Warning } else { EventType::Normal };
         publish(ctx, ds, kind, &reason, message, &format!("{phase:?}")).await;
     }
@@ -320,8 +470,8 @@ async fn publish(ctx: &Context, ds: &DataStage, kind: EventType, reason: &str, n
 /// volume with `reclaimPolicy: Delete`. A push's volume is the user's source
 /// and is never cleaned.
 pub fn needs_cleanup(ds: &DataStage) -> bool {
-    let (direction, _, _) = sides(&ds.spec);
-    ds.spec.reclaim_policy == Some(ReclaimPolicy::Delete) && direction == Direction::Pull
+    ds.spec.reclaim_policy == Some(ReclaimPolicy::Delete)
+        && ds.spec.plan().is_ok_and(|plan| plan.direction == Direction::Pull)
 }
 
 fn has_finalizer(ds: &DataStage) -> bool {
@@ -333,11 +483,12 @@ fn has_finalizer(ds: &DataStage) -> bool {
 /// controllers' finalizers are untouched.
 async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) -> Result<(), Error> {
     let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
-    let finalizers: Vec<&str> = if present { vec![CLEANUP_FINALIZER] } else { Vec::new() };
-    let patch = json!({
-        "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
-        "metadata": {"name": ds.name_any(), "finalizers": finalizers},
-    });
+    let finalizers = if present { vec![CLEANUP_FINALIZER.to_owned()] } else { Vec::new() };
+    let patch = MetadataPatch {
+        api_version: DataStage::api_version(&()),
+        kind: DataStage::kind(&()),
+        metadata: ObjectMeta { name: Some(ds.name_any()), finalizers: Some(finalizers), ..ObjectMeta::default() },
+    };
     api.patch(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     Ok(())
 }
@@ -347,7 +498,7 @@ async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) -> Result<(
 /// longer exist: their disks went with them, and a Job for them would wait
 /// forever.
 pub fn cleanup_targets(ds: &DataStage, existing_nodes: &[String]) -> Vec<Worker> {
-    let per_node = per_node(&ds.spec);
+    let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
     ds.status
         .iter()
         .flat_map(|s| &s.workers)
@@ -375,7 +526,12 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     }
 
     // 2. One clean-up Job per place data was staged.
-    let nodes: Vec<String> = if per_node(&ds.spec) {
+    let Ok(plan) = ds.spec.plan() else {
+        // Nothing was ever staged from a spec without a volume.
+        set_finalizer(ds, ctx, false).await?;
+        return Ok(Action::await_change());
+    };
+    let nodes: Vec<String> = if plan.per_node() {
         Api::<Node>::all(ctx.client.clone())
             .list_metadata(&ListParams::default())
             .await?
@@ -389,7 +545,7 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let targets = cleanup_targets(ds, &nodes);
     let mut done = 0;
     for target in &targets {
-        let job = build_cleanup_job(ds, target, &ctx.config.worker_defaults());
+        let job = build_cleanup_job(ds, &plan, target, &ctx.config.worker_defaults());
         let job_name = job.name_any();
         let Some(existing) = jobs.get_opt(&job_name).await? else {
             jobs.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &job).await?;
@@ -453,8 +609,24 @@ pub async fn run(ctx: Arc<Context>) {
         Some(ns) => (Api::<DataStage>::namespaced(client.clone(), ns), Api::<Job>::namespaced(client.clone(), ns)),
         None => (Api::<DataStage>::all(client.clone()), Api::<Job>::all(client.clone())),
     };
-    Controller::new(datastages, watcher::Config::default())
+    let controller = Controller::new(datastages, watcher::Config::default());
+    let datastages = controller.store();
+    // A node's labels, taints and cordon decide whether it matches; its
+    // status heartbeats do not, so only those wake the DataStages.
+    let node_changes = watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(node_placement_fingerprint, Default::default());
+    controller
         .owns(jobs, watcher::Config::default().labels(DATASTAGE_LABEL))
+        .watches_stream(node_changes, move |_node| {
+            datastages
+                .state()
+                .into_iter()
+                .filter(|ds| ds.spec.plan().is_ok_and(|plan| plan.per_node()))
+                .map(|ds| ObjectRef::from_obj(&*ds))
+                .collect::<Vec<_>>()
+        })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
@@ -462,6 +634,20 @@ pub async fn run(ctx: Arc<Context>) {
             }
         })
         .await;
+}
+
+/// What of a node decides whether a placement matches it: labels, taints,
+/// and whether it is cordoned.
+fn node_placement_fingerprint(node: &Node) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    node.labels().hash(&mut hasher);
+    let spec = node.spec.as_ref();
+    spec.and_then(|s| s.unschedulable).hash(&mut hasher);
+    for taint in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+        (&taint.key, &taint.value, &taint.effect).hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 /// Builds the context once at start-up.
@@ -474,6 +660,7 @@ pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metric
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn ds(host_path: &str, uri: &str) -> DataStage {
         serde_json::from_value(json!({
@@ -481,29 +668,6 @@ mod tests {
             "spec": {"source": {"uri": uri}, "destination": {"volume": {"hostPath": host_path}}},
         }))
         .unwrap()
-    }
-
-    fn finished_pod(index: &str, finished: &str, bytes: i64) -> Pod {
-        let summary = json!({"complete": true, "bytes": {"selected": bytes, "transferred": bytes}}).to_string();
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("p-{index}-{finished}"), "labels": {WORKER_LABEL: "shared", COMPLETION_INDEX: index}},
-            "status": {"containerStatuses": [{"name": "stager", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 0, "finishedAt": finished, "message": summary}}}]},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn every_shard_counts_once_with_its_latest_pod() {
-        let pods = [
-            finished_pod("0", "2026-01-01T00:00:01Z", 7),
-            // Shard 1 was retried: only its second pod counts.
-            finished_pod("1", "2026-01-01T00:00:02Z", 1),
-            finished_pod("1", "2026-01-01T00:00:05Z", 5),
-        ];
-        let (summary, message) = last_report(&pods, "shared");
-        assert_eq!(message, None);
-        assert_eq!(summary.unwrap().bytes.transferred, 12);
     }
 
     #[test]
@@ -538,19 +702,36 @@ mod tests {
             .unwrap(),
         );
         let targets = cleanup_targets(&pull, &["node-a".to_owned(), "node-b".to_owned()]);
-        assert_eq!(targets, [Worker { name: "node-a".into(), node: Some("node-a".into()) }]);
+        assert_eq!(targets, [Worker::on_node("node-a")]);
     }
 
     #[test]
     fn host_paths_outside_the_allow_list_are_refused_with_advice() {
         let config = OperatorConfig::test();
-        assert_eq!(validate(&ds("/mnt/x", "s3://b/p"), &config), Ok(()));
-        let invalid = validate(&ds("/etc/x", "s3://b/p"), &config).unwrap_err();
+        let check = |d: &DataStage| validate(d, &d.spec.plan().unwrap(), &config).map(|s| s.is_some());
+        assert_eq!(check(&ds("/mnt/x", "s3://b/p")), Ok(false));
+        let invalid = check(&ds("/etc/x", "s3://b/p")).unwrap_err();
         assert_eq!(invalid.reason, reasons::HOST_PATH_NOT_ALLOWED);
         assert!(invalid.message.contains("/mnt, /data"), "{}", invalid.message);
-        assert_eq!(validate(&ds("/mnt/x", "gs://b/p"), &config), Ok(()));
+        assert_eq!(check(&ds("/mnt/x", "gs://b/p")), Ok(false));
         let mut anonymous_s3 = ds("/mnt/x", "s3://b/p");
         anonymous_s3.spec.source.anonymous = Some(true);
-        assert_eq!(validate(&anonymous_s3, &config).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+        assert_eq!(check(&anonymous_s3).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+    }
+
+    #[test]
+    fn a_schedule_that_does_not_parse_is_refused_with_advice() {
+        let config = OperatorConfig::test();
+        let mut scheduled = ds("/mnt/x", "s3://b/p");
+        scheduled.spec.schedule = Some("*/5 * * * * *".into());
+        assert_eq!(validate(&scheduled, &scheduled.spec.plan().unwrap(), &config).map(|s| s.is_some()), Ok(true));
+        scheduled.spec.schedule = Some("61 * * * *".into());
+        let invalid = validate(&scheduled, &scheduled.spec.plan().unwrap(), &config).unwrap_err();
+        assert_eq!(invalid.reason, reasons::INVALID_SCHEDULE);
+        assert!(invalid.message.contains("minute 61"), "{}", invalid.message);
+        scheduled.spec.schedule = Some("@daily".into());
+        scheduled.spec.time_zone = Some("Mars/Base".into());
+        let invalid = validate(&scheduled, &scheduled.spec.plan().unwrap(), &config).unwrap_err();
+        assert!(invalid.message.contains("Mars/Base"), "{}", invalid.message);
     }
 }

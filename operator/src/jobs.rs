@@ -1,42 +1,55 @@
-//! Pure builders: from a DataStage (and the nodes it may use) to the worker
-//! Jobs that carry it out. No client here, so every shape is unit-tested
-//! without a cluster.
+//! Pure builders: from a DataStage's [`Plan`], one of its workers and the
+//! current run to the Job that carries it out, as typed Kubernetes objects
+//! (a misspelled field is a compile error, not a field the API server
+//! silently drops). No client here, so every shape is unit-tested without a
+//! cluster.
 //!
-//! A hostPath volume is node-local, so a DataStage with one gets one Job
-//! per matching node, pinned to it. A claim is shared, so it gets one
-//! Indexed Job whose `JOB_COMPLETION_INDEX` picks the stager's `--shard`.
+//! A hostPath volume is node-local, so each matching node gets its own
+//! worker, pinned to the node by name. A claim is shared, so it gets one
+//! worker. Either way `spec.workers` > 1 makes the worker an Indexed Job
+//! whose pods each copy one shard (`--shards N`; the pod's index comes
+//! from the Job).
 
 use std::collections::BTreeMap;
 
-use ferry_crds::{DataStage, DataStageSpec, Location, VerifyMode};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Node;
+use ferry_contract::cli::{LogFormat, ProgressMode, StagerCli, StagerCommand, TransferOptions};
+use ferry_contract::{ExitStatus, ObjectLocation};
+use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
+use ferry_crds::{DataStage, DataStageSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
-use serde_json::json;
 
 /// Label on every child object: the owning DataStage's name.
 pub const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
 /// Label on every child object: the worker's name.
 pub const WORKER_LABEL: &str = "ferry.dev/worker";
+/// Label on worker Jobs: the run they belong to.
+pub const RUN_LABEL: &str = "ferry.dev/run";
 /// Label on clean-up Jobs: the worker whose data they remove.
 pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 /// Where the volume is mounted in worker pods.
 pub const DATA_MOUNT: &str = "/ferry/data";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
-/// Which node label pins a per-node worker.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Where the kubelet reads a container's termination message.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// The name of the stager container in every pod the operator creates.
+pub const STAGER_CONTAINER: &str = "stager";
+/// Name of the worker container port that serves the stager's metrics
+/// (what a PodMonitor selects).
+pub const METRICS_PORT_NAME: &str = "metrics";
 
-/// Which way data moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// Object storage → volume.
-    Pull,
-    /// Volume → object storage.
-    Push,
-}
-
-/// One worker of a DataStage.
+/// One worker of a DataStage: one Job (of `spec.workers` pods).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Worker {
     /// Its name: the node for per-node workers, `shared` for a claim.
@@ -45,130 +58,46 @@ pub struct Worker {
     pub node: Option<String>,
 }
 
-/// The direction and the object-storage and volume sides of a spec.
-pub fn sides(spec: &DataStageSpec) -> (Direction, &Location, &Location) {
-    if spec.source.uri.is_some() {
-        (Direction::Pull, &spec.source, &spec.destination)
-    } else {
-        (Direction::Push, &spec.destination, &spec.source)
+impl Worker {
+    /// The worker of a node.
+    pub fn on_node(node: &str) -> Self {
+        Self { name: node.to_owned(), node: Some(node.to_owned()) }
+    }
+
+    /// The one worker of a claim.
+    pub fn shared() -> Self {
+        Self { name: "shared".to_owned(), node: None }
     }
 }
 
-/// Whether the DataStage needs one worker per node (a hostPath volume is
-/// node-local), so that planning it needs the cluster's nodes.
-pub fn per_node(spec: &DataStageSpec) -> bool {
-    let (_, _, volume_side) = sides(spec);
-    volume_side.volume.as_ref().is_some_and(|v| v.host_path.is_some())
+/// The workers of a plan, given the names of the nodes its placement
+/// accepts (ignored for a claim).
+pub fn plan_workers(plan: &Plan<'_>, matching_nodes: &[String]) -> Vec<Worker> {
+    if plan.per_node() { matching_nodes.iter().map(|n| Worker::on_node(n)).collect() } else { vec![Worker::shared()] }
 }
 
-/// The workers a DataStage needs, given the cluster's nodes.
-pub fn plan_workers(spec: &DataStageSpec, nodes: &[Node]) -> Vec<Worker> {
-    if !per_node(spec) {
-        return vec![Worker { name: "shared".into(), node: None }];
+/// A Kubernetes name of at most 63 characters from `base` and `suffix`:
+/// when too long, `base` is cut and a hash of all of it keeps names of
+/// different long bases apart.
+fn bounded_name(base: &str, suffix: &str) -> String {
+    let full = format!("{base}{suffix}");
+    if full.len() <= 63 {
+        return full;
     }
-    let selector = spec.placement.as_ref().and_then(|p| p.node_selector.clone()).unwrap_or_default();
-    let mut workers: Vec<Worker> = nodes
-        .iter()
-        .filter(|node| !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false))
-        .filter(|node| {
-            let labels = node.labels();
-            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-        })
-        .map(|node| Worker { name: node.name_any(), node: Some(node.name_any()) })
-        .collect();
-    workers.sort_by(|a, b| a.name.cmp(&b.name));
-    workers
+    let hash = base.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let keep = 63 - suffix.len() - 9;
+    format!("{}-{:08x}{suffix}", base[..keep].trim_end_matches('-'), hash as u32)
 }
 
-/// The Job name of a worker: `<datastage>-<worker>`, cut to 63 characters.
-pub fn job_name(datastage: &str, worker: &Worker) -> String {
-    let mut name = format!("{datastage}-{}", worker.name);
-    name.truncate(63);
-    name.trim_end_matches('-').to_owned()
+/// The Job name of a worker in run `run`: `<datastage>-<worker>-r<run>`.
+pub fn job_name(datastage: &str, worker: &Worker, run: i64) -> String {
+    bounded_name(&format!("{datastage}-{}", worker.name), &format!("-r{run}"))
 }
 
-/// The stager's command line for `worker` of DataStage `namespace/name`.
-pub fn stager_args_for(spec: &DataStageSpec, namespace: &str, name: &str, worker: &Worker) -> Vec<String> {
-    let mut args = stager_args(spec);
-    // Running workers write their own entry of the DataStage's status.
-    args.extend(["--report-to".to_owned(), format!("{namespace}/{name}"), "--worker".to_owned(), worker.name.clone()]);
-    args
+/// The name of the clean-up Job of a worker.
+pub fn cleanup_job_name(datastage: &str, worker: &Worker) -> String {
+    bounded_name(&format!("{datastage}-{}", worker.name), "-clean")
 }
-
-/// The stager's command line for a spec.
-pub fn stager_args(spec: &DataStageSpec) -> Vec<String> {
-    let (direction, store, _) = sides(spec);
-    let uri = store.uri.clone().unwrap_or_default();
-    let mut args = match direction {
-        Direction::Pull => vec!["pull".to_owned(), uri, DATA_MOUNT.to_owned()],
-        Direction::Push => vec!["push".to_owned(), DATA_MOUNT.to_owned(), uri],
-    };
-    if let Some(endpoint) = &store.endpoint {
-        args.extend(["--endpoint-url".to_owned(), endpoint.clone()]);
-    }
-    if store.anonymous == Some(true) {
-        args.push("--anonymous".to_owned());
-    }
-    if let Some(region) = &store.region {
-        args.extend(["--region".to_owned(), region.clone()]);
-    }
-    for glob in &spec.include {
-        args.extend(["--include".to_owned(), glob.clone()]);
-    }
-    for glob in &spec.exclude {
-        args.extend(["--exclude".to_owned(), glob.clone()]);
-    }
-    if let Some(transfer) = &spec.transfer {
-        if let Some(concurrency) = transfer.concurrency {
-            args.extend(["--concurrency".to_owned(), concurrency.to_string()]);
-        }
-        if let Some(part) = &transfer.part_size {
-            args.extend(["--part-size".to_owned(), part.clone()]);
-        }
-        if let Some(limit) = &transfer.memory_limit {
-            args.extend(["--memory-limit".to_owned(), limit.clone()]);
-        }
-        if let Some(rate) = &transfer.max_bandwidth {
-            args.extend(["--max-bandwidth".to_owned(), rate.clone()]);
-        }
-        if let Some(verify) = transfer.verify {
-            let mode = match verify {
-                VerifyMode::None => "none",
-                VerifyMode::Size => "size",
-                VerifyMode::Checksum => "checksum",
-            };
-            args.extend(["--verify".to_owned(), mode.to_owned()]);
-        }
-    }
-    if spec.workers.unwrap_or(1) > 1 {
-        args.extend(["--shard".to_owned(), format!("$(JOB_COMPLETION_INDEX)/{}", spec.workers.unwrap_or(1))]);
-    }
-    // The summary becomes the pod's termination message, which the operator reads.
-    args.extend([
-        "--summary-file".to_owned(),
-        "/dev/termination-log".to_owned(),
-        "--log-format".to_owned(),
-        "json".to_owned(),
-        "--progress".to_owned(),
-        "always".to_owned(),
-    ]);
-    args
-}
-
-/// What a Job of a DataStage does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// Copies data (a worker); owned by the DataStage.
-    Transfer,
-    /// Removes staged data after the DataStage was deleted (`reclaimPolicy:
-    /// Delete`). Not owned: the garbage collector must not race it while
-    /// the DataStage is going away; the operator deletes it when done.
-    Cleanup,
-}
-
-/// Name of the worker container port that serves the stager's metrics
-/// (what a PodMonitor selects).
-pub const METRICS_PORT_NAME: &str = "metrics";
 
 /// What worker pods get from the operator's configuration unless their
 /// DataStage says otherwise.
@@ -190,197 +119,342 @@ impl WorkerDefaults {
     }
 }
 
-/// The worker Job for `worker`, owned by the DataStage.
-pub fn build_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults) -> Job {
-    pod_job(ds, worker, defaults, Role::Transfer)
+/// The stager's transfer options for a spec: what the user tuned, and the
+/// shard count when a worker has several pods.
+pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOptions {
+    let mut options = TransferOptions {
+        endpoint_url: plan.store.endpoint.clone(),
+        anonymous: plan.store.anonymous == Some(true),
+        region: plan.store.region.clone(),
+        include: spec.include.clone(),
+        exclude: spec.exclude.clone(),
+        shards: Some(plan.pods_per_worker).filter(|n| *n > 1),
+        // A pull removes what left the store: a re-run (a spec change, a
+        // scheduled sync) mirrors the dataset, not its history.
+        delete_removed: plan.direction == Direction::Pull,
+        termination_log: Some(TERMINATION_LOG.into()),
+        ..TransferOptions::default()
+    };
+    if let Some(transfer) = &spec.transfer {
+        if let Some(concurrency) = transfer.concurrency {
+            options.concurrency = concurrency.clamp(1, 4096) as u32;
+        }
+        options.part_size = transfer.part_size.clone();
+        if let Some(limit) = &transfer.memory_limit {
+            options.memory_limit = limit.clone();
+        }
+        options.max_bandwidth = transfer.max_bandwidth.clone();
+        if let Some(verify) = transfer.verify {
+            options.verify = verify;
+        }
+    }
+    options
+}
+
+/// The stager's command line for `worker` of `ds`.
+pub fn stager_cli(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> StagerCli {
+    let mut options = transfer_options(&ds.spec, plan);
+    // Running workers write their own entry of the DataStage's status.
+    options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
+    options.worker = Some(worker.name.clone());
+    options.metrics_addr = defaults.metrics_port.map(|port| ([0, 0, 0, 0], port).into());
+    // The CRD admits only URIs this parses; a spec from before its rules gets
+    // the stager's own error for it.
+    let location: ObjectLocation = plan.uri.parse().unwrap_or_else(|_| ObjectLocation {
+        scheme: "s3".into(),
+        bucket: plan.uri.to_owned(),
+        prefix: String::new(),
+    });
+    let command = match plan.direction {
+        Direction::Pull => StagerCommand::Pull { source: location, destination: DATA_MOUNT.into(), options },
+        Direction::Push => StagerCommand::Push { source: DATA_MOUNT.into(), destination: location, options },
+    };
+    StagerCli { command, log_format: LogFormat::Json, progress: ProgressMode::Always }
+}
+
+/// The command line of a clean-up pod.
+pub fn cleanup_cli() -> StagerCli {
+    StagerCli {
+        command: StagerCommand::Clean { directory: DATA_MOUNT.into() },
+        log_format: LogFormat::Json,
+        progress: ProgressMode::Never,
+    }
+}
+
+/// Labels of a DataStage's child objects.
+fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (DATASTAGE_LABEL.to_owned(), ds.name_any()),
+        ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
+        ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
+        (role.0.to_owned(), role.1.to_owned()),
+    ]);
+    if let Some(run) = run {
+        labels.insert(RUN_LABEL.to_owned(), run.to_string());
+    }
+    labels
+}
+
+/// The data volume and its mount.
+fn data_volume(plan: &Plan<'_>) -> (Volume, VolumeMount) {
+    let mut volume = Volume { name: "data".into(), ..Volume::default() };
+    let mut mount = VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), ..VolumeMount::default() };
+    match plan.volume {
+        PlanVolume::HostPath(path) => {
+            volume.host_path =
+                Some(HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) });
+        }
+        PlanVolume::Claim { name, sub_path } => {
+            volume.persistent_volume_claim =
+                Some(PersistentVolumeClaimVolumeSource { claim_name: name.to_owned(), read_only: None });
+            mount.sub_path = sub_path.map(str::to_owned);
+        }
+    }
+    (volume, mount)
+}
+
+/// The store's credentials: environment variables, and for `gs://` a key
+/// file volume. Without a Secret the pod's own identity (IRSA, GKE
+/// Workload Identity, instance role) is the credential.
+fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
+    let Some(secret) = &plan.store.credentials else { return (Vec::new(), None) };
+    match plan.backend {
+        // A service-account key: Application Default Credentials read the file.
+        Backend::Gcs => {
+            let env = EnvVar {
+                name: "GOOGLE_APPLICATION_CREDENTIALS".into(),
+                value: Some(format!("{GCS_KEY_MOUNT}/key.json")),
+                ..EnvVar::default()
+            };
+            let volume = Volume {
+                name: "gcs-key".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.name.clone()),
+                    items: Some(vec![KeyToPath { key: "key.json".into(), path: "key.json".into(), mode: None }]),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            };
+            let mount = VolumeMount {
+                name: "gcs-key".into(),
+                mount_path: GCS_KEY_MOUNT.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            };
+            (vec![env], Some((volume, mount)))
+        }
+        Backend::S3 => {
+            let env = [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
+                .into_iter()
+                .map(|(key, optional)| EnvVar {
+                    name: key.into(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: secret.name.clone(),
+                            key: key.into(),
+                            optional: Some(optional),
+                        }),
+                        ..EnvVarSource::default()
+                    }),
+                    ..EnvVar::default()
+                })
+                .collect();
+            (env, None)
+        }
+    }
+}
+
+/// `NODE_NAME` from the downward API, which the stager reports with its progress.
+fn node_name_env() -> EnvVar {
+    EnvVar {
+        name: "NODE_NAME".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: "spec.nodeName".into(), api_version: None }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// Required node affinity to one node by its name (the `metadata.name`
+/// field), not by the `kubernetes.io/hostname` label, which some providers
+/// set to something else.
+pub fn pinned_to(node: &str) -> NodeAffinity {
+    NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_fields: Some(vec![NodeSelectorRequirement {
+                    key: "metadata.name".into(),
+                    operator: "In".into(),
+                    values: Some(vec![node.to_owned()]),
+                }]),
+                match_expressions: None,
+            }],
+        }),
+        preferred_during_scheduling_ignored_during_execution: None,
+    }
+}
+
+/// A pod spec running the stager with `args` on `worker`'s node (or where
+/// the placement allows), the data volume mounted, locked down.
+fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, args: Vec<String>) -> PodSpec {
+    let placement = ds.spec.placement.clone().unwrap_or_default();
+    let (volume, mount) = data_volume(plan);
+    // A per-node worker is pinned to its node (placement already chose it,
+    // and tolerations still apply); a shared worker goes wherever the
+    // placement lets the scheduler put it.
+    let (node_selector, affinity) = match &worker.node {
+        Some(node) => (None, Some(Affinity { node_affinity: Some(pinned_to(node)), ..Affinity::default() })),
+        None => (placement.node_selector.clone(), placement.affinity.clone()),
+    };
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        node_selector,
+        affinity,
+        tolerations: placement.tolerations.clone(),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            fs_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![Container {
+            name: STAGER_CONTAINER.into(),
+            image: Some(image.to_owned()),
+            args: Some(args),
+            volume_mounts: Some(vec![mount]),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
+        }],
+        volumes: Some(vec![volume]),
+        ..PodSpec::default()
+    }
+}
+
+/// The worker Job for `worker` in run `run`, owned by the DataStage.
+pub fn build_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, run: i64, defaults: &WorkerDefaults) -> Job {
+    let spec = &ds.spec;
+    let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
+    let args = stager_cli(ds, plan, worker, defaults).to_args();
+    let mut pod = stager_pod(ds, plan, worker, &image, args);
+    pod.service_account_name = spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
+    let container = &mut pod.containers[0];
+    let (mut env, key_file) = credentials(plan);
+    env.push(node_name_env());
+    container.env = Some(env);
+    container.resources = spec.resources.clone();
+    if let Some((volume, mount)) = key_file {
+        container.volume_mounts.get_or_insert_with(Vec::new).push(mount);
+        pod.volumes.get_or_insert_with(Vec::new).push(volume);
+    }
+    // Transfer workers serve metrics on a named port for a PodMonitor to find.
+    if let Some(port) = defaults.metrics_port {
+        let port = ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        };
+        pod.containers[0].ports = Some(vec![port]);
+    }
+    let labels = labels(ds, (WORKER_LABEL, &worker.name), Some(run));
+    let pods = i32::try_from(plan.pods_per_worker).unwrap_or(1);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(&ds.name_any(), worker, run)),
+            namespace: ds.namespace(),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![
+                ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
+            ]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            completion_mode: Some(if pods > 1 { "Indexed" } else { "NonIndexed" }.into()),
+            completions: Some(pods),
+            parallelism: Some(pods),
+            backoff_limit: Some(spec.backoff_limit.unwrap_or(3)),
+            active_deadline_seconds: spec.active_deadline_seconds,
+            ttl_seconds_after_finished: spec.ttl_seconds_after_finished,
+            pod_failure_policy: Some(failure_policy()),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Exit codes no retry can fix fail the Job at once; a pod evicted or
+/// preempted did nothing wrong and is not counted.
+fn failure_policy() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(STAGER_CONTAINER.into()),
+                    operator: "In".into(),
+                    values: ExitStatus::permanent_codes(),
+                }),
+                on_pod_conditions: None,
+            },
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_exit_codes: None,
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: Some("True".into()),
+                }]),
+            },
+        ],
+    }
 }
 
 /// The Job that removes what `worker` staged, for `reclaimPolicy: Delete`.
-pub fn build_cleanup_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults) -> Job {
-    pod_job(ds, worker, defaults, Role::Cleanup)
-}
-
-/// The name of the clean-up Job of a worker: the worker Job's name, cut to
-/// leave room for `-clean`.
-pub fn cleanup_job_name(datastage: &str, worker: &Worker) -> String {
-    let mut name = job_name(datastage, worker);
-    name.truncate(57);
-    format!("{}-clean", name.trim_end_matches('-'))
-}
-
-/// Exit codes of the stager that no retry can fix (usage error, store
-/// refused the run): its Job fails at once instead of burning retries.
-const STAGER_EXIT_PERMANENT: [i32; 2] = [2, 4];
-
-fn pod_job(ds: &DataStage, worker: &Worker, defaults: &WorkerDefaults, role: Role) -> Job {
-    let spec = &ds.spec;
-    let name = ds.name_any();
-    let (_, store, volume_side) = sides(spec);
-    let mut labels = BTreeMap::from([
-        (DATASTAGE_LABEL.to_owned(), name.clone()),
-        ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
-        ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
-    ]);
-    match role {
-        Role::Transfer => labels.insert(WORKER_LABEL.to_owned(), worker.name.clone()),
-        Role::Cleanup => labels.insert(CLEANUP_LABEL.to_owned(), worker.name.clone()),
-    };
-
-    let volume = match volume_side.volume.as_ref() {
-        Some(v) if v.host_path.is_some() => {
-            json!({"name": "data", "hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"}})
-        }
-        Some(v) => json!({"name": "data", "persistentVolumeClaim": {
-            "claimName": v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()).unwrap_or_default()}}),
-        None => json!({"name": "data", "emptyDir": {}}),
-    };
-    let sub_path =
-        volume_side.volume.as_ref().and_then(|v| v.persistent_volume_claim.as_ref()).and_then(|c| c.sub_path.clone());
-    let mut mount = json!({"name": "data", "mountPath": DATA_MOUNT});
-    if let Some(sub_path) = sub_path {
-        mount["subPath"] = sub_path.into();
-    }
-
-    let gcs = store.uri.as_deref().is_some_and(|u| u.starts_with("gs://"));
-    let mut env = Vec::new();
-    let mut volumes = vec![volume];
-    let mut mounts = vec![mount];
-    match &store.credentials {
-        // A service-account key: Application Default Credentials read the file.
-        Some(secret) if gcs => {
-            env.push(json!({"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": format!("{GCS_KEY_MOUNT}/key.json")}));
-            volumes.push(json!({"name": "gcs-key", "secret": {"secretName": secret.name, "items": [{"key": "key.json", "path": "key.json"}]}}));
-            mounts.push(json!({"name": "gcs-key", "mountPath": GCS_KEY_MOUNT, "readOnly": true}));
-        }
-        Some(secret) => {
-            for (key, optional) in
-                [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
-            {
-                env.push(json!({"name": key, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key, "optional": optional}}}));
-            }
-        }
-        // Without a Secret the pod's own identity (IRSA, GKE Workload
-        // Identity, instance role) is the credential.
-        None => {}
-    }
-
-    let placement = spec.placement.clone().unwrap_or_default();
-    // A per-node worker is pinned to its node (the placement already chose
-    // it); a shared-volume worker goes wherever the placement allows.
-    let node_selector = match &worker.node {
-        Some(node) => Some(json!({HOSTNAME_LABEL: node})),
-        None => placement.node_selector.as_ref().map(|s| json!(s)),
-    };
-    let completions = match role {
-        Role::Transfer => spec.workers.filter(|_| worker.node.is_none()).unwrap_or(1).max(1),
-        Role::Cleanup => 1,
-    };
-    // Transfer workers serve metrics on a named port for a PodMonitor to
-    // find; the wildcard address because the pod IP is the pod's own.
-    let metrics_port = defaults.metrics_port.filter(|_| role == Role::Transfer);
-    let mut transfer_args = stager_args_for(spec, &ds.namespace().unwrap_or_default(), &name, worker);
-    if let Some(port) = metrics_port {
-        transfer_args.push(format!("--metrics-addr=0.0.0.0:{port}"));
-    }
-    let ports = metrics_port.map(|port| json!([{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}]));
-    let (job_name, args, env, owners, backoff_limit, deadline, ttl, failure_policy) = match role {
-        Role::Transfer => (
-            job_name(&name, worker),
-            transfer_args,
-            env_with_node(env),
-            json!([ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid")]),
-            spec.backoff_limit.unwrap_or(3),
-            spec.active_deadline_seconds,
-            spec.ttl_seconds_after_finished,
-            json!({"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": "stager", "operator": "In", "values": STAGER_EXIT_PERMANENT}},
-                // A pod evicted or preempted did nothing wrong: do not count it.
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]}),
-        ),
-        Role::Cleanup => (
-            cleanup_job_name(&name, worker),
-            vec!["clean".to_owned(), DATA_MOUNT.to_owned(), "--log-format".to_owned(), "json".to_owned()],
-            Vec::new(),
-            serde_json::Value::Null,
-            3,
-            Some(600),
-            Some(300),
-            serde_json::Value::Null,
-        ),
-    };
-    let job = json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": job_name,
-            "namespace": ds.namespace(),
-            "labels": labels,
-            "ownerReferences": owners,
+/// Not owned by the DataStage: the garbage collector must not race it
+/// while the DataStage is going away; the operator deletes it when done.
+pub fn build_cleanup_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> Job {
+    let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
+    let mut pod = stager_pod(ds, plan, worker, &image, cleanup_cli().to_args());
+    pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
+    let labels = labels(ds, (CLEANUP_LABEL, &worker.name), None);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(cleanup_job_name(&ds.name_any(), worker)),
+            namespace: ds.namespace(),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
         },
-        "spec": {
-            "completionMode": if completions > 1 { "Indexed" } else { "NonIndexed" },
-            "completions": completions,
-            "parallelism": completions,
-            "backoffLimit": backoff_limit,
-            "activeDeadlineSeconds": deadline,
-            "ttlSecondsAfterFinished": ttl,
-            "podFailurePolicy": failure_policy,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": spec.service_account_name.clone().or_else(|| defaults.service_account.clone()),
-                    "nodeSelector": node_selector,
-                    "tolerations": placement.tolerations,
-                    "affinity": if worker.node.is_none() { serde_json::to_value(&placement.affinity).unwrap_or_default() } else { serde_json::Value::Null },
-                    "securityContext": {
-                        "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [{
-                        "name": "stager",
-                        "image": spec.image.clone().unwrap_or_else(|| defaults.image.clone()),
-                        "args": args,
-                        "ports": ports,
-                        "env": env,
-                        "resources": spec.resources,
-                        "volumeMounts": mounts,
-                        "terminationMessagePolicy": "FallbackToLogsOnError",
-                        "securityContext": {
-                            "allowPrivilegeEscalation": false,
-                            "readOnlyRootFilesystem": true,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                    }],
-                    "volumes": volumes,
-                },
+        spec: Some(JobSpec {
+            backoff_limit: Some(3),
+            active_deadline_seconds: Some(600),
+            ttl_seconds_after_finished: Some(300),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(pod),
             },
-        },
-    });
-    serde_json::from_value(strip_nulls(job)).expect("the Job template is a valid Job")
-}
-
-/// Adds `NODE_NAME` (downward API), which the stager reports with its progress.
-fn env_with_node(mut env: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
-    env.push(json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}));
-    env
-}
-
-/// Drops `null` members so optional fields are simply absent.
-fn strip_nulls(value: serde_json::Value) -> serde_json::Value {
-    match value {
-        serde_json::Value::Object(map) => serde_json::Value::Object(
-            map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect(),
-        ),
-        serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(strip_nulls).collect()),
-        other => other,
+            ..JobSpec::default()
+        }),
+        status: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
+    use serde_json::json;
 
     fn datastage(spec: serde_json::Value) -> DataStage {
         serde_json::from_value(json!({
@@ -391,61 +465,89 @@ mod tests {
         .unwrap()
     }
 
-    fn node(name: &str, labels: serde_json::Value) -> Node {
-        serde_json::from_value(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}),
-        )
-        .unwrap()
-    }
-
     fn pull_to_host_path() -> DataStage {
         datastage(json!({
             "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
             "placement": {"nodeSelector": {"pool": "gpu"}},
             "include": ["*.tar"],
-            "transfer": {"concurrency": 16, "verify": "Size"},
+            "transfer": {"concurrency": 16, "verify": "Size", "partSize": "8Mi"},
         }))
     }
 
-    #[test]
-    fn a_host_path_pull_gets_one_pinned_job_per_matching_node() {
-        let ds = pull_to_host_path();
-        let nodes =
-            [node("a", json!({"pool": "gpu"})), node("b", json!({"pool": "cpu"})), node("c", json!({"pool": "gpu"}))];
-        let workers = plan_workers(&ds.spec, &nodes);
-        assert_eq!(workers.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["a", "c"]);
+    fn pod(job: &Job) -> PodSpec {
+        job.spec.clone().unwrap().template.spec.unwrap()
+    }
 
-        let job = build_job(&ds, &workers[1], &WorkerDefaults::image("stager:1"));
-        assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c"));
+    /// The stager's view of a container's arguments: what it would parse.
+    fn parsed(pod: &PodSpec) -> StagerCli {
+        let args = pod.containers[0].args.clone().unwrap();
+        StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args)).unwrap()
+    }
+
+    #[test]
+    fn a_host_path_pull_gets_one_job_per_node_pinned_by_node_name() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let workers = plan_workers(&plan, &["a".to_owned(), "c".to_owned()]);
+        let job = build_job(&ds, &plan, &workers[1], 7, &WorkerDefaults::image("stager:1"));
+        assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c-r7"));
+        assert_eq!(job.metadata.labels.as_ref().unwrap()[RUN_LABEL], "7");
         assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].kind, "DataStage");
-        let pod = job.spec.unwrap().template.spec.unwrap();
-        assert_eq!(pod.node_selector.unwrap()[HOSTNAME_LABEL], "c");
+        let pod = pod(&job);
+        // Pinned by the node's name, not its hostname label.
+        assert_eq!(pod.node_selector, None);
+        let terms = pod
+            .affinity
+            .clone()
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap();
+        let field = &terms.node_selector_terms[0].match_fields.as_ref().unwrap()[0];
+        assert_eq!(
+            (field.key.as_str(), field.operator.as_str(), field.values.as_deref()),
+            ("metadata.name", "In", Some(&["c".to_owned()][..]))
+        );
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
-        let security = pod.security_context.unwrap();
-        assert_eq!(security.run_as_non_root, Some(true));
-        assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        assert_eq!(pod.security_context.clone().unwrap().run_as_non_root, Some(true));
         let container = &pod.containers[0];
         assert_eq!(container.image.as_deref(), Some("stager:1"));
         let context = container.security_context.clone().unwrap();
         assert_eq!(context.read_only_root_filesystem, Some(true));
-        assert_eq!(context.allow_privilege_escalation, Some(false));
         assert_eq!(context.capabilities.unwrap().drop.unwrap(), ["ALL"]);
-        let args = container.args.clone().unwrap();
-        assert_eq!(&args[..3], ["pull", "s3://datasets/imagenet", DATA_MOUNT]);
-        for pair in [
-            ["--endpoint-url", "http://minio:9000"],
-            ["--include", "*.tar"],
-            ["--concurrency", "16"],
-            ["--verify", "size"],
-        ] {
-            assert!(args.windows(2).any(|w| w == pair), "{pair:?} missing in {args:?}");
-        }
         let env = container.env.clone().unwrap();
         let secret_keys: Vec<_> =
             env.iter().filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref()).map(|r| r.key.clone()).collect();
         assert_eq!(secret_keys, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]);
-        assert_eq!(pod.volumes.unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
+        assert_eq!(pod.volumes.clone().unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
+
+        let StagerCommand::Pull { source, destination, options } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!((source.to_string(), destination), ("s3://datasets/imagenet/".to_owned(), DATA_MOUNT.into()));
+        assert_eq!(options.endpoint_url.as_deref(), Some("http://minio:9000"));
+        assert_eq!((options.include.as_slice(), options.concurrency), (&["*.tar".to_owned()][..], 16));
+        assert_eq!(options.verify, ferry_contract::VerifyMode::Size);
+        assert_eq!(options.part_size.map(|s| s.bytes()), Some(8 << 20), "8Mi reaches the stager as a size it parses");
+        assert_eq!(options.termination_log.as_deref(), Some(std::path::Path::new(TERMINATION_LOG)));
+        assert_eq!(options.report_to.as_deref(), Some("ml/imagenet"));
+        assert!(options.delete_removed, "a re-sync removes what left the store");
+        assert_eq!(options.shards, None);
+    }
+
+    #[test]
+    fn several_workers_per_node_are_an_indexed_job_per_node_each_pod_a_shard() {
+        let mut ds = pull_to_host_path();
+        ds.spec.workers = Some(3);
+        let plan = ds.spec.plan().unwrap();
+        let job = build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1"));
+        let spec = job.spec.clone().unwrap();
+        assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+        assert_eq!((spec.completions, spec.parallelism), (Some(3), Some(3)));
+        let StagerCommand::Pull { options, .. } = parsed(&pod(&job)).command else { panic!("a pull") };
+        assert_eq!((options.shards, options.shard), (Some(3), None), "the index comes from the Indexed Job");
+        let args = pod(&job).containers[0].args.clone().unwrap();
+        assert!(args.iter().all(|a| !a.contains("$(")), "no variable expansion is relied on: {args:?}");
     }
 
     #[test]
@@ -455,57 +557,63 @@ mod tests {
             service_account: Some("ferry-stager".into()),
             metrics_port: Some(9464),
         };
-        let worker = Worker { name: "a".into(), node: Some("a".into()) };
+        let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();
-        let pod = build_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &worker, 1, &defaults));
         assert_eq!(pod.service_account_name.as_deref(), Some("ferry-stager"));
-        let container = &pod.containers[0];
-        let port = &container.ports.as_ref().unwrap()[0];
+        let port = &pod.containers[0].ports.as_ref().unwrap()[0];
         assert_eq!((port.name.as_deref(), port.container_port), (Some(METRICS_PORT_NAME), 9464));
-        assert!(container.args.as_ref().unwrap().contains(&"--metrics-addr=0.0.0.0:9464".to_owned()));
+        let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(options.metrics_addr, Some(([0, 0, 0, 0], 9464).into()));
+
+        let clean = build_cleanup_job(&ds, &plan, &worker, &defaults);
+        assert!(
+            super::tests::pod(&clean).containers[0].ports.is_none(),
+            "clean-up Jobs move no data: nothing to scrape"
+        );
 
         ds.spec.service_account_name = Some("trainer".into());
-        let pod = build_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
-        assert_eq!(pod.service_account_name.as_deref(), Some("trainer"));
-
-        // Clean-up Jobs move no data: nothing to scrape.
-        let pod = build_cleanup_job(&ds, &worker, &defaults).spec.unwrap().template.spec.unwrap();
-        assert!(pod.containers[0].ports.is_none());
-        assert!(!pod.containers[0].args.as_ref().unwrap().iter().any(|a| a.starts_with("--metrics-addr")));
-
-        let pod = build_job(&ds, &worker, &WorkerDefaults::image("stager:1")).spec.unwrap().template.spec.unwrap();
-        assert!(pod.containers[0].ports.is_none());
+        let plan = ds.spec.plan().unwrap();
+        let trainer = super::tests::pod(&build_job(&ds, &plan, &worker, 1, &defaults));
+        assert_eq!(trainer.service_account_name.as_deref(), Some("trainer"));
     }
 
     #[test]
     fn a_refused_run_fails_the_job_at_once_and_an_eviction_is_not_counted() {
         let ds = pull_to_host_path();
-        let job =
-            build_job(&ds, &Worker { name: "a".into(), node: Some("a".into()) }, &WorkerDefaults::image("stager:1"));
+        let job = build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), 1, &WorkerDefaults::image("s:1"));
         let rules = job.spec.unwrap().pod_failure_policy.unwrap().rules;
         assert_eq!(rules[0].action, "FailJob");
         let codes = rules[0].on_exit_codes.as_ref().unwrap();
-        assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some("stager"), &[2, 4][..]));
+        assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some(STAGER_CONTAINER), &[2, 4][..]));
         assert_eq!(rules[1].action, "Ignore");
     }
 
     #[test]
     fn a_cleanup_job_runs_clean_on_the_same_volume_and_node_without_credentials() {
         let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
         let worker =
             Worker { name: "node-with-a-rather-long-name-that-goes-on-and-on-and-on".into(), node: Some("n".into()) };
-        let job = build_cleanup_job(&ds, &worker, &WorkerDefaults::image("stager:1"));
+        let job = build_cleanup_job(&ds, &plan, &worker, &WorkerDefaults::image("stager:1"));
         let name = job.metadata.name.clone().unwrap();
         assert!(name.ends_with("-clean") && name.len() <= 63, "{name}");
         assert!(job.metadata.owner_references.is_none(), "not collected while the DataStage goes away");
         assert_eq!(job.metadata.labels.as_ref().unwrap()[CLEANUP_LABEL], worker.name);
-        assert!(!job.metadata.labels.as_ref().unwrap().contains_key(WORKER_LABEL));
-        let pod = job.spec.unwrap().template.spec.unwrap();
-        assert_eq!(pod.node_selector.unwrap()[HOSTNAME_LABEL], "n");
-        assert_eq!(pod.containers[0].args.clone().unwrap()[..2], ["clean", DATA_MOUNT]);
+        let pod = pod(&job);
+        assert!(matches!(parsed(&pod).command, StagerCommand::Clean { .. }));
         assert!(pod.containers[0].env.clone().unwrap_or_default().is_empty(), "no store, no credentials");
         assert_eq!(pod.volumes.unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
-        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    }
+
+    #[test]
+    fn long_names_stay_valid_and_distinct() {
+        let long = "a".repeat(70);
+        let one = job_name(&long, &Worker::on_node("node-1"), 12);
+        let two = job_name(&long, &Worker::on_node("node-2"), 12);
+        assert!(one.len() <= 63 && two.len() <= 63 && one.ends_with("-r12"), "{one}");
+        assert_ne!(one, two);
     }
 
     #[test]
@@ -516,16 +624,18 @@ mod tests {
             "workers": 3,
             "placement": {"nodeSelector": {"pool": "storage"}},
         }));
-        let workers = plan_workers(&ds.spec, &[]);
-        assert_eq!(workers, [Worker { name: "shared".into(), node: None }]);
-        let job = build_job(&ds, &workers[0], &WorkerDefaults::image("stager:1")).spec.unwrap();
-        assert_eq!(job.completion_mode.as_deref(), Some("Indexed"));
-        assert_eq!((job.completions, job.parallelism), (Some(3), Some(3)));
-        let pod = job.template.spec.unwrap();
-        assert_eq!(pod.node_selector.unwrap()["pool"], "storage");
-        let args = pod.containers[0].args.clone().unwrap();
-        assert!(args.windows(2).any(|w| w == ["--shard", "$(JOB_COMPLETION_INDEX)/3"]), "{args:?}");
+        let plan = ds.spec.plan().unwrap();
+        let workers = plan_workers(&plan, &[]);
+        assert_eq!(workers, [Worker::shared()]);
+        let job = build_job(&ds, &plan, &workers[0], 1, &WorkerDefaults::image("stager:1"));
+        let spec = job.spec.clone().unwrap();
+        assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+        assert_eq!((spec.completions, spec.parallelism), (Some(3), Some(3)));
+        let pod = pod(&job);
+        assert_eq!(pod.node_selector.clone().unwrap()["pool"], "storage");
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
+        let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(options.shards, Some(3));
         let env = pod.containers[0].env.clone().unwrap_or_default();
         assert!(env.iter().all(|e| e.name != "AWS_ACCESS_KEY_ID"), "no Secret: the pod's identity is used");
     }
@@ -536,14 +646,13 @@ mod tests {
             "source": {"uri": "gs://datasets/imagenet", "credentials": {"name": "gcs"}},
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
         }));
-        let worker = Worker { name: "a".into(), node: Some("a".into()) };
-        let pod = build_job(&ds, &worker, &WorkerDefaults::image("stager:1")).spec.unwrap().template.spec.unwrap();
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1")));
         let env = pod.containers[0].env.clone().unwrap();
         let adc = env.iter().find(|e| e.name == "GOOGLE_APPLICATION_CREDENTIALS").unwrap();
         assert_eq!(adc.value.as_deref(), Some("/var/run/secrets/ferry/gcs/key.json"));
         assert!(env.iter().all(|e| !e.name.starts_with("AWS_")));
-        let volumes = pod.volumes.unwrap();
-        assert_eq!(volumes[1].secret.as_ref().unwrap().secret_name.as_deref(), Some("gcs"));
+        assert_eq!(pod.volumes.clone().unwrap()[1].secret.as_ref().unwrap().secret_name.as_deref(), Some("gcs"));
         let mounts = pod.containers[0].volume_mounts.clone().unwrap();
         assert_eq!((mounts[1].mount_path.as_str(), mounts[1].read_only), (GCS_KEY_MOUNT, Some(true)));
 
@@ -551,18 +660,21 @@ mod tests {
             "source": {"uri": "gs://datasets/imagenet", "endpoint": "http://gcs:4443", "anonymous": true},
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
         }));
-        let args = stager_args(&emulator.spec);
-        assert!(args.windows(2).any(|w| w == ["--endpoint-url", "http://gcs:4443"]), "{args:?}");
-        assert!(args.contains(&"--anonymous".to_owned()), "{args:?}");
+        let options = transfer_options(&emulator.spec, &emulator.spec.plan().unwrap());
+        assert_eq!(options.endpoint_url.as_deref(), Some("http://gcs:4443"));
+        assert!(options.anonymous);
     }
 
     #[test]
-    fn a_push_reads_the_volume_and_writes_the_bucket() {
+    fn a_push_reads_the_volume_and_writes_the_bucket_and_removes_nothing() {
         let ds = datastage(json!({
             "source": {"volume": {"hostPath": "/mnt/ckpt"}},
             "destination": {"uri": "s3://checkpoints/run-1"},
         }));
-        let args = stager_args(&ds.spec);
-        assert_eq!(&args[..3], ["push", DATA_MOUNT, "s3://checkpoints/run-1"]);
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1")));
+        let StagerCommand::Push { source, destination, options } = parsed(&pod).command else { panic!("a push") };
+        assert_eq!((source, destination.to_string()), (DATA_MOUNT.into(), "s3://checkpoints/run-1/".to_owned()));
+        assert!(!options.delete_removed);
     }
 }

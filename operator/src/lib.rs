@@ -3,6 +3,9 @@
 //!
 //! * [`config`]: flags, parsed once.
 //! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
+//! * [`placement`]: which nodes a per-node DataStage stages onto.
+//! * [`runs`]: which run is current (new spec, schedule) and its inputs.
+//! * [`schedule`]: cron schedules of re-syncs.
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
 //! * [`leader`]: Lease-based leader election, so replicas are safe.
@@ -14,6 +17,9 @@ pub mod http;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;
+pub mod placement;
+pub mod runs;
+pub mod schedule;
 pub mod status;
 
 use std::sync::Arc;

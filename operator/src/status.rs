@@ -1,13 +1,26 @@
 //! From what the workers did to the DataStage's status: phase, conditions
-//! (per the Kubernetes API conventions), totals and one entry per worker.
-//! Pure functions with an injected clock, unit-tested without a cluster.
+//! (per the Kubernetes API conventions), totals, one entry per worker, the
+//! snapshot every node holds, and what the last sync changed. Pure
+//! functions with an injected clock, unit-tested without a cluster.
+//!
+//! A worker's outcome is kept in its status entry together with the run it
+//! belongs to, so it survives its Job and pods (`ttlSecondsAfterFinished`).
 
-use ferry_crds::{DataStage, DataStageStatus, Phase, Totals, WorkerStatus};
+use std::collections::BTreeMap;
+
+use ferry_contract::Reason;
+use ferry_contract::summary::{Changes, Summary};
+use ferry_crds::plan::Direction;
+use ferry_crds::{
+    DataStage, DataStageStatus, ObjectsAndBytes, Phase, SnapshotStatus, SyncChanges, Totals, WorkerStatus,
+};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use serde::Deserialize;
+use kube::ResourceExt as _;
 
-use crate::jobs::Worker;
+use crate::jobs::{WORKER_LABEL, Worker};
+use crate::runs::Run;
 
 /// Condition types.
 pub mod types {
@@ -19,7 +32,8 @@ pub mod types {
     pub const FAILED: &str = "Failed";
 }
 
-/// CamelCase condition reasons.
+/// The operator's own CamelCase condition reasons; a stager's reasons
+/// ([`Reason`]) pass through as they are.
 pub mod reasons {
     /// All data is staged and verified.
     pub const STAGED: &str = "Staged";
@@ -29,6 +43,8 @@ pub mod reasons {
     pub const WAITING_FOR_WORKERS: &str = "WaitingForWorkers";
     /// No node matches the placement.
     pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
+    /// A push from a hostPath matches more than one node.
+    pub const AMBIGUOUS_PUSH_SOURCE: &str = "AmbiguousPushSource";
     /// A worker failed for good.
     pub const WORKER_FAILED: &str = "WorkerFailed";
     /// The credentials Secret does not exist.
@@ -37,119 +53,43 @@ pub mod reasons {
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
     /// The spec asks the store for something it does not support.
     pub const UNSUPPORTED_STORE: &str = "UnsupportedStore";
-    /// The stager's reasons for a run that could not proceed, which become
-    /// condition reasons as they are: `BucketNotFound`, `AccessDenied`,
-    /// `NoCredentials`, `EndpointUnreachable`, `StoreUnavailable`,
-    /// `StoreRejected`, `DestinationUnusable`, `SourceUnreadable`,
-    /// `InvalidConfiguration`. A Job whose pod ran with one and will be
-    /// retried shows it on Progressing; a failed Job shows it on Failed.
-    pub const FROM_STAGER: [&str; 9] = [
-        "BucketNotFound",
-        "AccessDenied",
-        "NoCredentials",
-        "EndpointUnreachable",
-        "StoreUnavailable",
-        "StoreRejected",
-        "DestinationUnusable",
-        "SourceUnreadable",
-        "InvalidConfiguration",
-    ];
+    /// `spec.schedule` or `spec.timeZone` does not parse.
+    pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
+    /// The spec lacks a store or a volume (written before the schema's rules).
+    pub const INCOMPLETE_SPEC: &str = "IncompleteSpec";
+    /// Workers finished with different snapshots; they run again.
+    pub const RESYNCING: &str = "Resyncing";
+    /// Workers kept finishing with different snapshots.
+    pub const SNAPSHOTS_DIFFER: &str = "SnapshotsDiffer";
     /// Nothing is wrong.
     pub const NONE: &str = "AsExpected";
 }
 
-/// The stager's JSON summary, as far as the operator reads it.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct StagerSummary {
-    /// Every selected object is in place and verified.
-    #[serde(default)]
-    pub complete: bool,
-    /// Object counts.
-    #[serde(default)]
-    pub objects: Counts,
-    /// Byte counts.
-    #[serde(default)]
-    pub bytes: Counts,
-    /// Bytes per second over the run.
-    #[serde(default)]
-    pub throughput_bytes_per_second: f64,
-    /// Failures, first ones.
-    #[serde(default)]
-    pub failures: Vec<SummaryFailure>,
-    /// Why the run could not proceed at all (CamelCase, e.g. `BucketNotFound`).
-    #[serde(default)]
-    pub reason: Option<String>,
+/// Passes in a row that may end with different snapshots before the
+/// DataStage fails with `SnapshotsDiffer`.
+pub const MAX_SNAPSHOT_RETRIES: i64 = 3;
+
+/// What a worker's pods said.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Report {
+    /// Nothing yet.
+    #[default]
+    Nothing,
+    /// The summary of its last finished pods (one per shard, combined).
+    Summary(Summary),
+    /// Text instead of a summary: the end of a log, or why a pod was refused.
+    Message(String),
 }
 
-/// Counts in a summary.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct Counts {
-    /// Selected.
-    #[serde(default)]
-    pub selected: i64,
-    /// Transferred this run.
-    #[serde(default)]
-    pub transferred: i64,
-    /// Already in place.
-    #[serde(default)]
-    pub skipped: i64,
-    /// Failed.
-    #[serde(default)]
-    pub failed: i64,
-}
-
-impl Counts {
-    fn add(&mut self, other: &Counts) {
-        self.selected += other.selected;
-        self.transferred += other.transferred;
-        self.skipped += other.skipped;
-        self.failed += other.failed;
-    }
-}
-
-impl StagerSummary {
-    /// One summary for the shards of an Indexed Job (one summary per
-    /// completion index): objects, bytes and throughput add up because the
-    /// shards ran side by side; it is complete only when every shard is; the
-    /// first shard with a reason gives it, and failures are listed in shard
-    /// order. `None` for no shards.
-    pub fn combine(shards: Vec<StagerSummary>) -> Option<StagerSummary> {
-        let mut shards = shards.into_iter();
-        let mut total = shards.next()?;
-        for shard in shards {
-            total.complete &= shard.complete;
-            total.objects.add(&shard.objects);
-            total.bytes.add(&shard.bytes);
-            total.throughput_bytes_per_second += shard.throughput_bytes_per_second;
-            total.reason = total.reason.take().or(shard.reason);
-            total.failures.extend(shard.failures);
-        }
-        Some(total)
-    }
-}
-
-/// One failure in a summary.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct SummaryFailure {
-    /// The key (empty for run-level failures).
-    #[serde(default)]
-    pub key: String,
-    /// Why.
-    #[serde(default)]
-    pub error: String,
-}
-
-/// What was observed of one worker.
-#[derive(Clone, Debug, Default)]
+/// What was observed of one worker in the current run.
+#[derive(Clone, Debug)]
 pub struct Observed {
     /// The worker.
-    pub worker: Option<Worker>,
-    /// Its Job, if it exists yet.
+    pub worker: Worker,
+    /// Its Job in the current run, if it exists.
     pub job: Option<Job>,
-    /// The summary from its last finished pod's termination message.
-    pub summary: Option<StagerSummary>,
-    /// A message from the pod when there is no summary (logs, refusal).
-    pub message: Option<String>,
+    /// What its pods said.
+    pub report: Report,
 }
 
 /// The phase of one worker Job.
@@ -167,6 +107,48 @@ pub fn job_phase(job: Option<&Job>) -> Phase {
     } else {
         Phase::Pending
     }
+}
+
+/// Label (and, on older clusters, annotation) that carries an Indexed Job
+/// pod's completion index.
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// What `worker`'s pods reported: for each completion index (one for a
+/// single-pod Job, one per shard of an Indexed Job) the most recently
+/// finished pod's summary, combined over the shards; or, failing that, the
+/// last lines of the message, in order.
+pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
+    let own = || pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
+    let mut latest: BTreeMap<Option<&String>, (&Time, String)> = BTreeMap::new();
+    for pod in own() {
+        let Some(terminated) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref())
+        else {
+            continue;
+        };
+        let Some(at) = terminated.finished_at.as_ref() else { continue };
+        let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX));
+        if latest.get(&index).is_none_or(|(seen, _)| seen.0 < at.0) {
+            latest.insert(index, (at, terminated.message.clone().unwrap_or_default()));
+        }
+    }
+    if latest.is_empty() {
+        // A pod refused by the node (or still waiting) explains itself in its status.
+        return own().find_map(|p| p.status.as_ref()?.message.clone()).map_or(Report::Nothing, Report::Message);
+    }
+    let mut summaries = Vec::new();
+    for (_, message) in latest.into_values() {
+        match serde_json::from_str::<Summary>(&message) {
+            Ok(summary) => summaries.push(summary),
+            Err(_) => {
+                let lines: Vec<&str> = message.lines().filter(|l| !l.trim().is_empty()).collect();
+                return Report::Message(lines[lines.len().saturating_sub(3)..].join(" / "));
+            }
+        }
+    }
+    Summary::combine(summaries).map_or(Report::Nothing, Report::Summary)
 }
 
 /// Formats bytes per second for `kubectl get`.
@@ -208,99 +190,114 @@ pub fn condition(
     }
 }
 
+/// The three conditions for a phase with one reason and message.
+fn conditions(ds: &DataStage, phase: Phase, reason: &str, message: &str, now: &Time) -> Vec<Condition> {
+    let existing = ds.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let generation = ds.metadata.generation;
+    let failed = phase == Phase::Failed;
+    vec![
+        condition(existing, types::READY, phase == Phase::Succeeded, reason, message, generation, now),
+        condition(
+            existing,
+            types::PROGRESSING,
+            matches!(phase, Phase::Pending | Phase::Running),
+            reason,
+            message,
+            generation,
+            now,
+        ),
+        condition(
+            existing,
+            types::FAILED,
+            failed,
+            if failed { reason } else { reasons::NONE },
+            if failed { message } else { "" },
+            generation,
+            now,
+        ),
+    ]
+}
+
 /// The status of a DataStage that cannot proceed: `phase` with a Failed
 /// (`failed` = true) or a waiting Progressing condition carrying `reason`.
+/// What earlier runs recorded (workers, snapshot, syncs) is kept.
 pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message: &str, now: &Time) -> DataStageStatus {
-    let existing = ds.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let generation = ds.metadata.generation;
+    let previous = ds.status.clone().unwrap_or_default();
+    let phase = if failed { Phase::Failed } else { phase };
     DataStageStatus {
         phase: Some(phase),
-        observed_generation: generation,
-        conditions: vec![
-            condition(&existing, types::READY, false, reason, message, generation, now),
-            condition(&existing, types::PROGRESSING, !failed, reason, message, generation, now),
-            condition(
-                &existing,
-                types::FAILED,
-                failed,
-                if failed { reason } else { reasons::NONE },
-                if failed { message } else { "" },
-                generation,
-                now,
-            ),
-        ],
-        ..DataStageStatus::default()
+        observed_generation: ds.metadata.generation,
+        conditions: conditions(ds, phase, reason, message, now),
+        next_sync_time: None,
+        ..previous
     }
 }
 
-/// Aggregates the workers into the DataStage's status.
-pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStageStatus {
-    let existing = ds.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let generation = ds.metadata.generation;
-    let mut workers = Vec::new();
-    // The stager's reason (if its last run could not proceed), per worker.
-    let mut stager_reasons: Vec<Option<&'static str>> = Vec::new();
-    let mut totals = Totals::default();
-    let previous_workers = ds.status.as_ref().map(|s| s.workers.clone()).unwrap_or_default();
-    for o in observed {
-        let phase = job_phase(o.job.as_ref());
-        let name = o.worker.as_ref().map(|w| w.name.clone()).unwrap_or_default();
-        // Until its final summary exists, a running worker's own live entry
-        // (written by the stager) is the best knowledge of its progress.
-        let live = previous_workers.iter().find(|w| w.name == name).filter(|_| o.summary.is_none());
-        let summary = o.summary.clone().unwrap_or_else(|| StagerSummary {
-            objects: Counts {
-                selected: live.map_or(0, |w| w.objects_total),
-                transferred: live.map_or(0, |w| w.objects_done),
-                ..Counts::default()
-            },
-            bytes: Counts {
-                selected: live.map_or(0, |w| w.bytes_total),
-                transferred: live.map_or(0, |w| w.bytes_done),
-                ..Counts::default()
-            },
-            throughput_bytes_per_second: live.map_or(0.0, |w| w.throughput_bytes_per_second as f64),
-            ..StagerSummary::default()
-        });
-        let done = summary.bytes.transferred + summary.bytes.skipped;
-        let message = match (&o.message, summary.failures.first()) {
-            (_, Some(f)) if f.key.is_empty() => Some(f.error.clone()),
-            (_, Some(f)) => Some(format!("{} objects failed; first: {}: {}", summary.objects.failed, f.key, f.error)),
-            (Some(m), None) => Some(m.clone()),
-            (None, None) => None,
-        };
-        let worker = WorkerStatus {
-            name,
-            node: o.worker.as_ref().and_then(|w| w.node.clone()),
-            phase: Some(phase),
-            bytes_done: done,
-            bytes_total: summary.bytes.selected,
-            objects_done: summary.objects.transferred + summary.objects.skipped,
-            objects_total: summary.objects.selected,
-            throughput_bytes_per_second: if phase == Phase::Running {
-                summary.throughput_bytes_per_second as i64
-            } else {
-                0
-            },
-            message,
-        };
-        totals.bytes_total += worker.bytes_total;
-        totals.bytes_done += worker.bytes_done;
-        totals.objects_total += worker.objects_total;
-        totals.objects_done += worker.objects_done;
-        totals.objects_failed += summary.objects.failed;
-        totals.throughput_bytes_per_second += worker.throughput_bytes_per_second;
-        stager_reasons.push(
-            o.summary
-                .as_ref()
-                .and_then(|s| s.reason.as_deref())
-                .and_then(|r| reasons::FROM_STAGER.iter().copied().find(|known| *known == r)),
-        );
-        workers.push(worker);
+/// A worker's status entry in the current run: from its Job and report
+/// while the Job exists; from its recorded entry once the Job is gone after
+/// finishing; a fresh Pending entry otherwise.
+fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) -> WorkerStatus {
+    let recorded = recorded.filter(|w| w.run == Some(run));
+    if observed.job.is_none()
+        && let Some(done) = recorded.filter(|w| matches!(w.phase, Some(Phase::Succeeded | Phase::Failed)))
+    {
+        return done.clone();
     }
+    let phase = job_phase(observed.job.as_ref());
+    let mut entry = WorkerStatus {
+        name: observed.worker.name.clone(),
+        node: observed.worker.node.clone(),
+        phase: Some(phase),
+        run: Some(run),
+        ..WorkerStatus::default()
+    };
+    match &observed.report {
+        Report::Summary(summary) => {
+            entry.bytes_done = summary.bytes.done() as i64;
+            entry.bytes_total = summary.bytes.selected as i64;
+            entry.bytes_failed = summary.bytes.failed as i64;
+            entry.objects_done = summary.objects.done() as i64;
+            entry.objects_total = summary.objects.selected as i64;
+            entry.objects_failed = summary.objects.failed as i64;
+            if phase == Phase::Running {
+                entry.throughput_bytes_per_second = summary.throughput_bytes_per_second as i64;
+            }
+            entry.snapshot = summary.snapshot.as_ref().map(|s| s.digest.clone());
+            entry.reason = summary.reason.map(|r| r.to_string());
+            entry.message = summary_message(summary);
+        }
+        Report::Message(message) => entry.message = Some(message.clone()),
+        Report::Nothing => {}
+    }
+    // Until its final summary exists, a running worker's own live entry
+    // (written by the stager) is the best knowledge of its progress.
+    if !matches!(observed.report, Report::Summary(_))
+        && let Some(live) = recorded
+    {
+        entry.bytes_done = live.bytes_done;
+        entry.bytes_total = live.bytes_total;
+        entry.objects_done = live.objects_done;
+        entry.objects_total = live.objects_total;
+        entry.throughput_bytes_per_second = live.throughput_bytes_per_second;
+    }
+    entry
+}
+
+/// The first failure of a summary, in a line.
+fn summary_message(summary: &Summary) -> Option<String> {
+    let first = summary.failures.first()?;
+    Some(if first.key.is_empty() {
+        first.error.clone()
+    } else {
+        format!("{} objects failed; first: {}: {}", summary.objects.failed, first.key, first.error)
+    })
+}
+
+/// The phase of a DataStage from its workers' phases.
+fn overall_phase(workers: &[WorkerStatus]) -> Phase {
     let phases: Vec<Phase> = workers.iter().filter_map(|w| w.phase).collect();
     let succeeded = phases.iter().filter(|p| **p == Phase::Succeeded).count();
-    let phase = if phases.contains(&Phase::Failed) {
+    if phases.contains(&Phase::Failed) {
         Phase::Failed
     } else if !phases.is_empty() && succeeded == phases.len() {
         Phase::Succeeded
@@ -308,8 +305,22 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
         Phase::Running
     } else {
         Phase::Pending
-    };
-    let previous = ds.status.as_ref().and_then(|s| s.totals.clone()).unwrap_or_default();
+    }
+}
+
+/// Totals over the workers of the current run.
+fn totals(workers: &[WorkerStatus], previous: Option<&Totals>, phase: Phase, run_is_new: bool, now: &Time) -> Totals {
+    let mut totals = Totals::default();
+    for w in workers {
+        totals.bytes_total += w.bytes_total;
+        totals.bytes_done += w.bytes_done;
+        totals.bytes_failed += w.bytes_failed;
+        totals.objects_total += w.objects_total;
+        totals.objects_done += w.objects_done;
+        totals.objects_failed += w.objects_failed;
+        totals.throughput_bytes_per_second += w.throughput_bytes_per_second;
+    }
+    let previous = previous.filter(|_| !run_is_new).cloned().unwrap_or_default();
     totals.start_time = previous.start_time.or_else(|| (phase != Phase::Pending).then(|| now.clone()));
     totals.completion_time = match phase {
         Phase::Succeeded | Phase::Failed => previous.completion_time.or_else(|| Some(now.clone())),
@@ -318,18 +329,156 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
     if totals.throughput_bytes_per_second > 0 {
         totals.eta_seconds = Some((totals.bytes_total - totals.bytes_done).max(0) / totals.throughput_bytes_per_second);
     }
+    totals
+}
 
-    // A failed worker's own reason (BucketNotFound, ...) says more than WorkerFailed.
-    let failed_reason = workers
-        .iter()
-        .zip(&stager_reasons)
-        .find_map(|(w, r)| (w.phase == Some(Phase::Failed)).then_some(*r).flatten())
-        .unwrap_or(reasons::WORKER_FAILED);
-    // A worker that is being retried after a run that could not proceed.
-    let retrying = workers.iter().zip(&stager_reasons).find_map(|(w, r)| {
-        matches!(w.phase, Some(Phase::Running | Phase::Pending)).then(|| r.map(|r| (r, w))).flatten()
-    });
-    let (ready_reason, ready_message) = match phase {
+/// Bytes per second over a finished run: what it moved over how long it took.
+fn average_rate(totals: &Totals) -> i64 {
+    let (Some(start), Some(end)) = (&totals.start_time, &totals.completion_time) else { return 0 };
+    let seconds = end.0.duration_since(start.0).as_secs_f64();
+    if seconds <= 0.0 { 0 } else { (totals.bytes_done as f64 / seconds) as i64 }
+}
+
+/// Whether every worker holds one snapshot: `Some(true)` if they agree,
+/// `Some(false)` if two differ, `None` when a worker reported none.
+fn snapshots_agree(workers: &[WorkerStatus]) -> Option<bool> {
+    let digests: Option<Vec<&str>> = workers.iter().map(|w| w.snapshot.as_deref()).collect();
+    let digests = digests?;
+    Some(digests.windows(2).all(|pair| pair[0] == pair[1]))
+}
+
+/// What the run's workers changed, summed (from the summaries of this
+/// reconciliation; `None` when no worker reported changes).
+fn sync_changes(observed: &[Observed]) -> Option<SyncChanges> {
+    let mut total: Option<Changes> = None;
+    for o in observed {
+        if let Report::Summary(Summary { changes: Some(changes), .. }) = &o.report {
+            let sum = total.get_or_insert_with(Changes::default);
+            for (into, from) in [
+                (&mut sum.added, changes.added),
+                (&mut sum.updated, changes.updated),
+                (&mut sum.removed, changes.removed),
+            ] {
+                into.objects += from.objects;
+                into.bytes += from.bytes;
+            }
+        }
+    }
+    let amount =
+        |a: ferry_contract::summary::Amount| ObjectsAndBytes { objects: a.objects as i64, bytes: a.bytes as i64 };
+    total.map(|c| SyncChanges { added: amount(c.added), updated: amount(c.updated), removed: amount(c.removed) })
+}
+
+/// Everything the aggregation needs besides the DataStage.
+#[derive(Debug)]
+pub struct Inputs<'a> {
+    /// The current run.
+    pub run: &'a Run,
+    /// Which way data moves.
+    pub direction: Direction,
+    /// The workers of the current run, as observed.
+    pub observed: &'a [Observed],
+    /// Now.
+    pub now: &'a Time,
+}
+
+/// Aggregates the workers of the current run into the DataStage's status.
+pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
+    let previous = ds.status.clone().unwrap_or_default();
+    let run = inputs.run.number;
+    let run_is_new = previous.run != Some(run);
+    let recorded = |name: &str| previous.workers.iter().find(|w| w.name == name);
+    let workers: Vec<WorkerStatus> =
+        inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run)).collect();
+    let mut phase = overall_phase(&workers);
+    let finished_now = matches!(phase, Phase::Succeeded | Phase::Failed)
+        && (run_is_new || !matches!(previous.phase, Some(Phase::Succeeded | Phase::Failed)));
+    let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
+
+    let mut status = DataStageStatus {
+        observed_generation: ds.metadata.generation,
+        run: Some(run),
+        run_inputs: Some(inputs.run.inputs.clone()),
+        snapshot_retries: previous.snapshot_retries.filter(|_| inputs.run.started.is_none()),
+        last_sync: previous.last_sync.clone(),
+        last_sync_time: previous.last_sync_time.clone(),
+        snapshot: previous.snapshot.clone(),
+        ..DataStageStatus::default()
+    };
+    let (mut reason, mut message) = phase_reason(phase, &workers, &totals);
+
+    if phase == Phase::Succeeded && inputs.direction == Direction::Pull {
+        match snapshots_agree(&workers) {
+            Some(true) => {
+                let first = &workers[0];
+                status.snapshot = Some(SnapshotStatus {
+                    objects: first.objects_total,
+                    bytes: first.bytes_total,
+                    digest: first.snapshot.clone().unwrap_or_default(),
+                });
+                status.snapshot_retries = None;
+            }
+            Some(false) => {
+                let retries = status.snapshot_retries.unwrap_or(0);
+                let listed: Vec<String> =
+                    workers.iter().map(|w| format!("{}={}", w.name, short(w.snapshot.as_deref()))).collect();
+                if retries < MAX_SNAPSHOT_RETRIES {
+                    // Another pass: each worker lists again and moves only what differs.
+                    status.run = Some(run + 1);
+                    status.snapshot_retries = Some(retries + 1);
+                    phase = Phase::Running;
+                    reason = reasons::RESYNCING;
+                    message = format!(
+                        "workers staged different versions of the dataset ({}); the store changed while they listed it, so every worker syncs again (pass {} of {MAX_SNAPSHOT_RETRIES})",
+                        listed.join(", "),
+                        retries + 1
+                    );
+                } else {
+                    phase = Phase::Failed;
+                    reason = reasons::SNAPSHOTS_DIFFER;
+                    message = format!(
+                        "workers still hold different versions of the dataset after {MAX_SNAPSHOT_RETRIES} passes ({}): the store keeps changing; the next spec change or scheduled sync tries again",
+                        listed.join(", ")
+                    );
+                }
+            }
+            None => {}
+        }
+    }
+    if finished_now && matches!(phase, Phase::Succeeded | Phase::Failed) {
+        status.last_sync_time = Some(inputs.now.clone());
+        status.last_sync = sync_changes(inputs.observed).or(status.last_sync);
+    }
+    if phase == Phase::Succeeded || phase == Phase::Failed {
+        totals.throughput_bytes_per_second = 0;
+        totals.eta_seconds = None;
+    }
+    let succeeded = workers.iter().filter(|w| w.phase == Some(Phase::Succeeded)).count();
+    status.progress = if totals.bytes_total > 0 {
+        Some(format!("{}%", totals.bytes_done * 100 / totals.bytes_total))
+    } else {
+        (phase == Phase::Succeeded).then(|| "100%".to_owned())
+    };
+    // A finished run shows its average; a running one its current rate.
+    let rate = if phase == Phase::Succeeded { average_rate(&totals) } else { totals.throughput_bytes_per_second };
+    status.throughput = Some(human_rate(rate));
+    status.nodes = Some(format!("{succeeded}/{}", workers.len()));
+    status.phase = Some(phase);
+    status.conditions = conditions(ds, phase, reason, &message, inputs.now);
+    status.totals = Some(totals);
+    status.workers = workers;
+    status
+}
+
+/// Eight digits of a digest, for messages.
+fn short(digest: Option<&str>) -> &str {
+    digest.map_or("none", |d| &d[..d.len().min(8)])
+}
+
+/// The Ready/Progressing reason and message for a phase.
+fn phase_reason(phase: Phase, workers: &[WorkerStatus], totals: &Totals) -> (&'static str, String) {
+    let stager_reason = known_reason;
+    match phase {
         Phase::Succeeded => (
             reasons::STAGED,
             format!(
@@ -339,60 +488,39 @@ pub fn aggregate(ds: &DataStage, observed: &[Observed], now: &Time) -> DataStage
                 workers.len()
             ),
         ),
-        Phase::Failed => (failed_reason, failure_message(&workers)),
-        Phase::Running | Phase::Pending if retrying.is_some() => {
-            let (reason, worker) = retrying.expect("checked");
-            (
-                reason,
-                format!(
-                    "retrying {}: {}",
-                    worker.name,
-                    worker.message.clone().unwrap_or_else(|| "its last run could not proceed".into())
-                ),
-            )
+        Phase::Failed => {
+            // A failed worker's own reason (BucketNotFound, ...) says more than WorkerFailed.
+            let reason = workers
+                .iter()
+                .filter(|w| w.phase == Some(Phase::Failed))
+                .find_map(stager_reason)
+                .unwrap_or(reasons::WORKER_FAILED);
+            (reason, failure_message(workers))
         }
-        Phase::Running => (reasons::WORKERS_RUNNING, format!("{succeeded} of {} workers finished", workers.len())),
-        Phase::Pending => (reasons::WAITING_FOR_WORKERS, format!("waiting for {} workers to start", workers.len())),
-    };
-    let failed = phase == Phase::Failed;
-    let conditions = vec![
-        condition(&existing, types::READY, phase == Phase::Succeeded, ready_reason, &ready_message, generation, now),
-        condition(
-            &existing,
-            types::PROGRESSING,
-            matches!(phase, Phase::Pending | Phase::Running),
-            ready_reason,
-            &ready_message,
-            generation,
-            now,
-        ),
-        condition(
-            &existing,
-            types::FAILED,
-            failed,
-            if failed { failed_reason } else { reasons::NONE },
-            if failed { &ready_message } else { "" },
-            generation,
-            now,
-        ),
-    ];
-    let progress = if totals.bytes_total > 0 {
-        Some(format!("{}%", totals.bytes_done * 100 / totals.bytes_total))
-    } else if phase == Phase::Succeeded {
-        Some("100%".into())
-    } else {
-        None
-    };
-    DataStageStatus {
-        phase: Some(phase),
-        observed_generation: generation,
-        conditions,
-        progress,
-        throughput: Some(human_rate(totals.throughput_bytes_per_second)),
-        nodes: Some(format!("{succeeded}/{}", workers.len())),
-        totals: Some(totals),
-        workers,
+        Phase::Running | Phase::Pending => {
+            // A worker that is being retried after a run that could not proceed.
+            let retrying = workers
+                .iter()
+                .filter(|w| matches!(w.phase, Some(Phase::Running | Phase::Pending)))
+                .find_map(|w| stager_reason(w).map(|r| (r, w)));
+            match retrying {
+                Some((reason, worker)) => {
+                    (reason, format!("retrying {}: {}", worker.name, worker.message.clone().unwrap_or_default()))
+                }
+                None if phase == Phase::Running => {
+                    let done = workers.iter().filter(|w| w.phase == Some(Phase::Succeeded)).count();
+                    (reasons::WORKERS_RUNNING, format!("{done} of {} workers finished", workers.len()))
+                }
+                None => (reasons::WAITING_FOR_WORKERS, format!("waiting for {} workers to start", workers.len())),
+            }
+        }
     }
+}
+
+/// The stager's reason recorded for a worker, when it is one this build knows.
+fn known_reason(worker: &WorkerStatus) -> Option<&'static str> {
+    let recorded = worker.reason.as_deref()?;
+    Reason::ALL.iter().map(|r| r.as_str()).find(|known| *known == recorded)
 }
 
 fn failure_message(workers: &[WorkerStatus]) -> String {
@@ -403,176 +531,248 @@ fn failure_message(workers: &[WorkerStatus]) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn shard_summaries_add_up_and_are_complete_only_together() {
-        let shard = |bytes: i64, complete: bool, reason: Option<&str>| StagerSummary {
-            complete,
-            objects: Counts { selected: 2, transferred: 2, ..Counts::default() },
-            bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
-            throughput_bytes_per_second: 10.0,
-            reason: reason.map(String::from),
-            ..StagerSummary::default()
-        };
-        let total = StagerSummary::combine(vec![shard(100, true, None), shard(50, true, None)]).unwrap();
-        assert_eq!((total.bytes.transferred, total.objects.selected), (150, 4));
-        assert_eq!(total.throughput_bytes_per_second, 20.0);
-        assert!(total.complete);
-        let total = StagerSummary::combine(vec![shard(1, true, None), shard(1, false, Some("AccessDenied"))]).unwrap();
-        assert!(!total.complete);
-        assert_eq!(total.reason.as_deref(), Some("AccessDenied"));
-        assert_eq!(StagerSummary::combine(Vec::new()), None);
-    }
-
     use super::*;
+    use crate::runs::Trigger;
+    use ferry_contract::summary::{Amount, Counts, Failure, Snapshot};
     use serde_json::json;
 
-    fn ds() -> DataStage {
+    fn ds(status: serde_json::Value) -> DataStage {
         serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
             "metadata": {"name": "d", "namespace": "n", "generation": 2},
             "spec": {"source": {"uri": "s3://b/p"}, "destination": {"volume": {"hostPath": "/mnt/x"}}},
+            "status": status,
         }))
         .unwrap()
     }
 
-    fn job(status: serde_json::Value) -> Job {
+    fn job(status: serde_json::Value) -> Option<Job> {
         serde_json::from_value(
             json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "status": status}),
         )
-        .unwrap()
-    }
-
-    fn worker(name: &str) -> Option<Worker> {
-        Some(Worker { name: name.into(), node: Some(name.into()) })
-    }
-
-    fn summary(selected: i64, done: i64) -> Option<StagerSummary> {
-        serde_json::from_value(json!({"complete": true, "objects": {"selected": 2, "transferred": 2},
-                                      "bytes": {"selected": selected, "transferred": done}, "throughput_bytes_per_second": 1048576.0}))
         .ok()
+    }
+
+    fn complete() -> Option<Job> {
+        job(
+            json!({"succeeded": 1, "startTime": "2026-01-01T00:00:00Z", "conditions": [{"type": "Complete", "status": "True"}]}),
+        )
+    }
+
+    fn failed() -> Option<Job> {
+        job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}))
+    }
+
+    fn summary(bytes: u64, digest: &str) -> Report {
+        Report::Summary(Summary {
+            complete: true,
+            objects: Counts { selected: 2, transferred: 2, ..Counts::default() },
+            bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
+            throughput_bytes_per_second: 1048576.0,
+            changes: Some(Changes { added: Amount { objects: 2, bytes }, ..Changes::default() }),
+            snapshot: Some(Snapshot { objects: 2, bytes, digest: digest.into() }),
+            ..Summary::default()
+        })
+    }
+
+    fn observed(name: &str, job: Option<Job>, report: Report) -> Observed {
+        Observed { worker: Worker::on_node(name), job, report }
     }
 
     fn time(s: &str) -> Time {
         serde_json::from_value(json!(s)).unwrap()
     }
 
+    fn run(number: i64) -> Run {
+        Run { number, inputs: "i".into(), started: None }
+    }
+
+    fn aggregate_at(d: &DataStage, run: &Run, observed: &[Observed], now: &str) -> DataStageStatus {
+        aggregate(d, &Inputs { run, direction: Direction::Pull, observed, now: &time(now) })
+    }
+
+    fn condition_of<'a>(status: &'a DataStageStatus, kind: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == kind).unwrap()
+    }
+
     #[test]
-    fn all_workers_complete_means_ready_with_totals() {
-        let complete = job(json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}));
-        let observed = vec![
-            Observed { worker: worker("a"), job: Some(complete.clone()), summary: summary(100, 100), message: None },
-            Observed { worker: worker("b"), job: Some(complete), summary: summary(100, 100), message: None },
-        ];
-        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+    fn all_workers_complete_with_one_snapshot_means_ready_with_totals_and_the_average_rate() {
+        let mut d = ds(
+            json!({"run": 1, "phase": "Running", "totals": {"objectsTotal": 0, "objectsDone": 0, "objectsFailed": 0,
+            "bytesTotal": 0, "bytesDone": 0, "bytesFailed": 0, "throughputBytesPerSecond": 0, "startTime": "2026-01-01T00:00:00Z"}}),
+        );
+        d.status.as_mut().unwrap().run_inputs = Some("i".into());
+        let observed =
+            [observed("a", complete(), summary(1 << 20, "aa")), observed("b", complete(), summary(1 << 20, "aa"))];
+        let status = aggregate_at(&d, &run(1), &observed, "2026-01-01T00:00:02Z");
         assert_eq!(status.phase, Some(Phase::Succeeded));
-        assert_eq!(status.nodes.as_deref(), Some("2/2"));
-        assert_eq!(status.progress.as_deref(), Some("100%"));
-        let ready = status.conditions.iter().find(|c| c.type_ == types::READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reasons::STAGED));
-        assert_eq!(ready.observed_generation, Some(2));
-        assert_eq!(status.totals.unwrap().bytes_done, 200);
+        assert_eq!((status.nodes.as_deref(), status.progress.as_deref()), (Some("2/2"), Some("100%")));
+        let ready = condition_of(&status, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str(), ready.observed_generation),
+            ("True", reasons::STAGED, Some(2))
+        );
+        assert_eq!(status.totals.as_ref().unwrap().bytes_done, 2 << 20);
+        assert_eq!(status.throughput.as_deref(), Some("1 MiB/s"), "2 MiB in 2 s, not 0 B/s");
+        assert_eq!(status.snapshot.as_ref().map(|s| s.digest.as_str()), Some("aa"));
+        let sync = status.last_sync.clone().unwrap();
+        assert_eq!((sync.added.objects, sync.added.bytes), (4, 2 << 20));
+        assert_eq!(status.last_sync_time, Some(time("2026-01-01T00:00:02Z")));
+        assert!(status.workers.iter().all(|w| w.run == Some(1) && w.snapshot.as_deref() == Some("aa")));
     }
 
     #[test]
-    fn a_failed_worker_fails_the_datastage_and_says_why() {
-        let failed = job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}));
-        let mut bad = StagerSummary::default();
-        bad.failures.push(SummaryFailure { key: String::new(), error: "bucket 'x' does not exist".into() });
-        let observed = vec![Observed { worker: worker("a"), job: Some(failed), summary: Some(bad), message: None }];
-        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+    fn a_finished_worker_whose_job_was_deleted_stays_finished() {
+        let first = aggregate_at(
+            &ds(json!({})),
+            &run(1),
+            &[observed("a", complete(), summary(100, "aa"))],
+            "2026-01-01T00:00:01Z",
+        );
+        let mut d = ds(json!({}));
+        d.status = Some(first);
+        // ttlSecondsAfterFinished deleted the Job and its pods.
+        let later = aggregate_at(&d, &run(1), &[observed("a", None, Report::Nothing)], "2026-01-01T01:00:00Z");
+        assert_eq!(later.phase, Some(Phase::Succeeded));
+        assert_eq!(later.workers[0].bytes_done, 100);
+        assert_eq!(later.last_sync_time, Some(time("2026-01-01T00:00:01Z")), "no new sync happened");
+        // A new run does not inherit the finished entry.
+        let next = aggregate_at(&d, &run(2), &[observed("a", None, Report::Nothing)], "2026-01-01T01:00:00Z");
+        assert_eq!(next.phase, Some(Phase::Pending));
+    }
+
+    #[test]
+    fn workers_that_staged_different_snapshots_sync_again_then_fail() {
+        let observed = [observed("a", complete(), summary(100, "aa")), observed("b", complete(), summary(100, "bb"))];
+        let status = aggregate_at(&ds(json!({"run": 1, "runInputs": "i"})), &run(1), &observed, "2026-01-01T00:00:01Z");
+        assert_eq!((status.phase, status.run, status.snapshot_retries), (Some(Phase::Running), Some(2), Some(1)));
+        assert_eq!(condition_of(&status, types::PROGRESSING).reason, reasons::RESYNCING);
+        assert_eq!(status.snapshot, None, "Ready only once every node holds one snapshot");
+
+        let exhausted = ds(json!({"run": 4, "runInputs": "i", "snapshotRetries": MAX_SNAPSHOT_RETRIES}));
+        let status = aggregate_at(&exhausted, &run(4), &observed, "2026-01-01T00:00:01Z");
+        assert_eq!((status.phase, status.run), (Some(Phase::Failed), Some(4)));
+        assert_eq!(condition_of(&status, types::FAILED).reason, reasons::SNAPSHOTS_DIFFER);
+
+        // A new spec or a scheduled sync starts counting afresh.
+        let fresh = Run { number: 5, inputs: "i".into(), started: Some(Trigger::Scheduled) };
+        let status = aggregate_at(&exhausted, &fresh, &observed, "2026-01-01T00:00:01Z");
+        assert_eq!(status.snapshot_retries, Some(1));
+    }
+
+    #[test]
+    fn a_failed_worker_fails_the_datastage_with_the_stagers_reason_and_bytes_failed() {
+        let refused = Report::Summary(Summary {
+            reason: Some(Reason::BucketNotFound),
+            failures: vec![Failure { key: String::new(), error: "bucket 'x' does not exist".into() }],
+            ..Summary::default()
+        });
+        let status = aggregate_at(&ds(json!({})), &run(1), &[observed("a", failed(), refused)], "2026-01-01T00:00:00Z");
         assert_eq!(status.phase, Some(Phase::Failed));
-        let failed = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
-        assert_eq!(failed.status, "True");
-        assert!(failed.message.contains("bucket 'x' does not exist"), "{}", failed.message);
+        let condition = condition_of(&status, types::FAILED);
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "BucketNotFound"));
+        assert!(condition.message.contains("bucket 'x' does not exist"), "{}", condition.message);
+
+        let partial = Report::Summary(Summary {
+            objects: Counts { selected: 3, transferred: 2, failed: 1, ..Counts::default() },
+            bytes: Counts { selected: 30, transferred: 20, failed: 10, ..Counts::default() },
+            failures: vec![Failure { key: "k".into(), error: "checksum mismatch".into() }],
+            ..Summary::default()
+        });
+        let status = aggregate_at(&ds(json!({})), &run(1), &[observed("a", failed(), partial)], "2026-01-01T00:00:00Z");
+        let totals = status.totals.clone().unwrap();
+        assert_eq!((totals.objects_failed, totals.bytes_failed), (1, 10));
+        assert_eq!(condition_of(&status, types::FAILED).reason, reasons::WORKER_FAILED);
     }
 
     #[test]
-    fn the_stagers_reason_names_the_failure_and_a_retry() {
-        let refused = StagerSummary {
-            reason: Some("BucketNotFound".into()),
-            failures: vec![SummaryFailure { key: String::new(), error: "bucket 'x' does not exist".into() }],
-            ..StagerSummary::default()
-        };
-        let failed = job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}));
-        let observed =
-            vec![Observed { worker: worker("a"), job: Some(failed), summary: Some(refused.clone()), message: None }];
-        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
-        let condition = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
-        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "BucketNotFound"));
-
-        let mut unreachable = refused;
-        unreachable.reason = Some("EndpointUnreachable".into());
+    fn a_worker_retried_after_a_run_that_could_not_proceed_says_so() {
+        let unreachable = Report::Summary(Summary {
+            reason: Some(Reason::EndpointUnreachable),
+            failures: vec![Failure { key: String::new(), error: "connection refused".into() }],
+            ..Summary::default()
+        });
         let retrying = job(json!({"active": 1, "failed": 1, "startTime": "2026-01-01T00:00:00Z"}));
-        let observed =
-            vec![Observed { worker: worker("a"), job: Some(retrying), summary: Some(unreachable), message: None }];
-        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
+        let status =
+            aggregate_at(&ds(json!({})), &run(1), &[observed("a", retrying, unreachable)], "2026-01-01T00:00:00Z");
         assert_eq!(status.phase, Some(Phase::Running));
-        let progressing = status.conditions.iter().find(|c| c.type_ == types::PROGRESSING).unwrap();
+        let progressing = condition_of(&status, types::PROGRESSING);
         assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", "EndpointUnreachable"));
-        assert!(progressing.message.starts_with("retrying a: "), "{}", progressing.message);
-
-        let strange = StagerSummary { reason: Some("Made Up".into()), ..StagerSummary::default() };
-        let failed = job(json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}));
-        let observed = vec![Observed { worker: worker("a"), job: Some(failed), summary: Some(strange), message: None }];
-        let status = aggregate(&ds(), &observed, &time("2026-01-01T00:00:00Z"));
-        let condition = status.conditions.iter().find(|c| c.type_ == types::FAILED).unwrap();
-        assert_eq!(condition.reason, reasons::WORKER_FAILED, "only known CamelCase reasons pass through");
+        assert!(progressing.message.starts_with("retrying a: connection refused"), "{}", progressing.message);
     }
 
     #[test]
     fn transition_times_change_only_on_a_real_transition() {
-        let first = time("2026-01-01T00:00:00Z");
-        let later = time("2026-01-01T00:05:00Z");
         let running = job(json!({"active": 1}));
-        let observed =
-            vec![Observed { worker: worker("a"), job: Some(running), summary: summary(100, 40), message: None }];
-        let mut d = ds();
-        d.status = Some(aggregate(&d, &observed, &first));
+        let live = json!({"run": 1, "workers": [{"name": "a", "run": 1, "bytesDone": 40, "bytesTotal": 100, "objectsDone": 1, "objectsTotal": 3, "throughputBytesPerSecond": 10}]});
+        let mut d = ds(live);
+        d.status =
+            Some(aggregate_at(&d, &run(1), &[observed("a", running.clone(), Report::Nothing)], "2026-01-01T00:00:00Z"));
         assert_eq!(d.status.as_ref().unwrap().progress.as_deref(), Some("40%"));
-        let again = aggregate(&d, &observed, &later);
-        let progressing = again.conditions.iter().find(|c| c.type_ == types::PROGRESSING).unwrap();
-        assert_eq!(progressing.last_transition_time, first, "still progressing: no transition");
-        let done = job(json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}));
-        let finished =
-            vec![Observed { worker: worker("a"), job: Some(done), summary: summary(100, 100), message: None }];
-        let end = aggregate(&d, &finished, &later);
-        let ready = end.conditions.iter().find(|c| c.type_ == types::READY).unwrap();
-        assert_eq!(ready.last_transition_time, later);
+        let totals = d.status.as_ref().unwrap().totals.clone().unwrap();
+        assert_eq!((totals.throughput_bytes_per_second, totals.eta_seconds), (10, Some(6)));
+        let again = aggregate_at(&d, &run(1), &[observed("a", running, Report::Nothing)], "2026-01-01T00:05:00Z");
+        assert_eq!(condition_of(&again, types::PROGRESSING).last_transition_time, time("2026-01-01T00:00:00Z"));
+        let end = aggregate_at(&d, &run(1), &[observed("a", complete(), summary(100, "aa"))], "2026-01-01T00:05:00Z");
+        assert_eq!(condition_of(&end, types::READY).last_transition_time, time("2026-01-01T00:05:00Z"));
     }
 
     #[test]
     fn a_started_job_whose_pods_finished_is_running_until_judged() {
         let between = job(json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1}));
-        assert_eq!(job_phase(Some(&between)), Phase::Running);
-        assert_eq!(job_phase(Some(&job(json!({})))), Phase::Pending);
+        assert_eq!(job_phase(between.as_ref()), Phase::Running);
+        assert_eq!(job_phase(job(json!({})).as_ref()), Phase::Pending);
+    }
+
+    fn finished_pod(index: &str, finished: &str, message: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("p-{index}-{finished}"), "labels": {WORKER_LABEL: "shared", COMPLETION_INDEX: index}},
+            "status": {"containerStatuses": [{"name": "stager", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "finishedAt": finished, "message": message}}}]},
+        }))
+        .unwrap()
+    }
+
+    fn summary_text(bytes: u64) -> String {
+        let Report::Summary(summary) = summary(bytes, "aa") else { unreachable!() };
+        summary.termination_message()
     }
 
     #[test]
-    fn a_running_worker_counts_with_its_live_entry() {
-        let mut d = ds();
-        d.status = Some(serde_json::from_value(json!({"workers": [
-            {"name": "a", "bytesDone": 30, "bytesTotal": 100, "objectsDone": 1, "objectsTotal": 3, "throughputBytesPerSecond": 10}]}))
-        .unwrap());
-        let observed =
-            vec![Observed { worker: worker("a"), job: Some(job(json!({"active": 1}))), summary: None, message: None }];
-        let status = aggregate(&d, &observed, &time("2026-01-01T00:00:00Z"));
-        assert_eq!(status.progress.as_deref(), Some("30%"));
-        let totals = status.totals.unwrap();
-        assert_eq!((totals.bytes_done, totals.throughput_bytes_per_second, totals.eta_seconds), (30, 10, Some(7)));
+    fn every_shard_counts_once_with_its_latest_pod() {
+        let pods = [
+            finished_pod("0", "2026-01-01T00:00:01Z", &summary_text(7)),
+            // Shard 1 was retried: only its second pod counts.
+            finished_pod("1", "2026-01-01T00:00:02Z", &summary_text(1)),
+            finished_pod("1", "2026-01-01T00:00:05Z", &summary_text(5)),
+        ];
+        let Report::Summary(summary) = pod_report(&pods, "shared") else { panic!("a summary") };
+        assert_eq!(summary.bytes.transferred, 12);
     }
 
     #[test]
-    fn blocked_datastages_carry_the_reason() {
+    fn a_log_instead_of_a_summary_keeps_its_last_lines_in_order() {
+        let log = "error: invalid value 'x' for '--shard'\n\nFor more information, try '--help'.\n";
+        let pods = [finished_pod("0", "2026-01-01T00:00:01Z", log)];
+        assert_eq!(
+            pod_report(&pods, "shared"),
+            Report::Message("error: invalid value 'x' for '--shard' / For more information, try '--help'.".into())
+        );
+    }
+
+    #[test]
+    fn blocked_datastages_carry_the_reason_and_keep_what_runs_recorded() {
+        let d = ds(json!({"run": 3, "snapshot": {"objects": 1, "bytes": 1, "digest": "aa"}}));
         let status = blocked(
-            &ds(),
+            &d,
             Phase::Pending,
             false,
             reasons::SECRET_NOT_FOUND,
             "create Secret 's3'",
             &time("2026-01-01T00:00:00Z"),
         );
-        let progressing = status.conditions.iter().find(|c| c.type_ == types::PROGRESSING).unwrap();
-        assert_eq!(progressing.reason, reasons::SECRET_NOT_FOUND);
-        assert_eq!(status.phase, Some(Phase::Pending));
+        assert_eq!(condition_of(&status, types::PROGRESSING).reason, reasons::SECRET_NOT_FOUND);
+        assert_eq!((status.phase, status.run), (Some(Phase::Pending), Some(3)));
+        assert_eq!(status.snapshot.unwrap().digest, "aa");
     }
 }

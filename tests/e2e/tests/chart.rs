@@ -842,6 +842,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, true, vec!["create", "jobs.batch", "-n", DATA_NS]),
         (&operator, true, vec!["list", "pods", "-n", OTHER_NS]),
         (&operator, true, vec!["list", "nodes"]),
+        (&operator, true, vec!["watch", "nodes"]),
         (&operator, true, vec!["get", "secrets", "-n", DATA_NS]),
         (&operator, true, vec!["create", "events.events.k8s.io", "-n", DATA_NS]),
         (&operator, true, vec!["update", "leases/ferry-operator-leader", "-n", SYSTEM_NS]),
