@@ -98,7 +98,19 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     spec["transfer"] = json!({"concurrency": 0, "partSize": "lots"});
     let message = refusal(&raw, "bounds", spec).await;
     assert!(message.contains("spec.transfer.concurrency: Invalid value: 0: spec.transfer.concurrency in body should be greater than or equal to 1"), "{message}");
-    assert!(message.contains("transfer.partSize must be a size like 8MiB"), "{message}");
+    assert!(
+        message.contains("spec.transfer.partSize: Invalid value: \"lots\": must be a size: a positive whole number"),
+        "{message}"
+    );
+
+    let mut spec = pull_spec();
+    spec["schedule"] = json!("every day");
+    assert_refused(&raw, "schedule", spec, "spec.schedule must be five cron fields").await;
+    let mut spec = pull_spec();
+    spec["schedule"] = json!("CRON_TZ=UTC 0 * * * *");
+    assert_refused(&raw, "schedule-tz", spec, "set spec.timeZone instead").await;
+    let push = json!({"source": {"volume": {"hostPath": "/mnt/out"}}, "destination": {"uri": "s3://b/out"}, "schedule": "@daily"});
+    assert_refused(&raw, "push-schedule", push, "spec.schedule re-syncs a pull").await;
 
     let mut spec = pull_spec();
     spec["reclaimPolicy"] = json!("Keep");
@@ -120,5 +132,79 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         .await;
     let Err(kube::Error::Api(status)) = update else { panic!("changing the source was accepted: {update:?}") };
     assert!(status.message.contains("spec.source is immutable"), "{}", status.message);
+    cluster.stop().await;
+}
+
+/// Every size the API server admits, the stager parses, and every size it
+/// refuses, the stager refuses too: one grammar on both sides.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_server_admits_exactly_the_sizes_the_stager_parses() {
+    let cluster = Cluster::start().await.expect("cluster");
+    install_crd(&cluster).await;
+    create_namespace(&cluster, "sizes", &[]).await;
+    let client = cluster.client().await.unwrap();
+    let raw: Api<DynamicObject> = Api::namespaced_with(client, "sizes", &ApiResource::erase::<DataStage>(&()));
+    let corpus = [
+        "1",
+        "8",
+        "4096",
+        "1048576",
+        "999999999999999",
+        "1000000000000000",
+        "8B",
+        "8K",
+        "8k",
+        "8Ki",
+        "8KiB",
+        "8KB",
+        "8M",
+        "8Mi",
+        "8MiB",
+        "8MB",
+        "1G",
+        "1Gi",
+        "16GiB",
+        "2T",
+        "999999TiB",
+        "1000000TiB",
+        "0",
+        "08M",
+        "-1",
+        "8m",
+        "8mi",
+        "8 MiB",
+        "8iB",
+        "8BiB",
+        "8MBi",
+        "8MiBB",
+        "MiB",
+        "",
+        "8E",
+        "1.5Gi",
+        "1e6",
+        "8Mi ",
+        " 8Mi",
+        "８Mi",
+    ];
+    for (i, text) in corpus.iter().enumerate() {
+        let mut spec = pull_spec();
+        spec["transfer"] = json!({"partSize": text, "memoryLimit": text, "maxBandwidth": text});
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": format!("size-{i}")}, "spec": spec}))
+        .unwrap();
+        let admitted = match raw.create(&PostParams::default(), &object).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(status)) if status.code == 422 => false,
+            Err(other) => panic!("{text:?}: {other}"),
+        };
+        let parses = text.parse::<ferry_contract::ByteSize>().is_ok();
+        assert_eq!(
+            admitted,
+            parses,
+            "{text:?}: the API server {} it, the stager {} it",
+            if admitted { "admits" } else { "refuses" },
+            if parses { "parses" } else { "refuses" }
+        );
+    }
     cluster.stop().await;
 }

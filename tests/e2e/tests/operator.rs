@@ -265,7 +265,7 @@ async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
         let events = event_reasons(&client, "problems", name).await;
         assert!(events.contains(&("Warning".to_owned(), reason.to_owned())), "{name}: {events:?}");
         // Retrying cannot fix credentials or a bucket: one pod, not backoffLimit + 1.
-        let job = jobs.get(&format!("{name}-node-a")).await.unwrap();
+        let job = jobs.get(&format!("{name}-node-a-r1")).await.unwrap();
         assert_eq!(job.status.and_then(|s| s.failed), Some(1), "{name}: the Job failed after one pod");
     }
     setup.cluster.stop().await;
@@ -515,7 +515,7 @@ async fn a_pull_onto_a_shared_claim_is_sharded_over_three_workers() {
         )
         .await;
     let status = setup.wait_status("sharded", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
-    let job = Api::<Job>::namespaced(client, "shards").get("sharded-shared").await.unwrap();
+    let job = Api::<Job>::namespaced(client, "shards").get("sharded-shared-r1").await.unwrap();
     let job_status = job.status.unwrap();
     assert_eq!(job_status.succeeded, Some(3), "three indexed workers completed");
     assert_eq!(job.spec.unwrap().completion_mode.as_deref(), Some("Indexed"));
@@ -660,5 +660,234 @@ async fn progress_moves_in_the_status_while_a_worker_runs() {
     assert!(totals.throughput_bytes_per_second > 0, "{totals:?}");
     assert_eq!(midway.workers[0].node.as_deref(), Some("node-a"));
     setup.wait_status("slow", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    setup.cluster.stop().await;
+}
+
+/// Merges `labels` (a null value removes one) into node `name`'s labels.
+async fn label_node(client: &kube::Client, name: &str, labels: serde_json::Value) {
+    use k8s_openapi::api::core::v1::Node;
+    Api::<Node>::all(client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": labels}})))
+        .await
+        .expect("label the node");
+}
+
+/// Names of the DataStage's worker Jobs that exist now.
+async fn worker_jobs(client: &kube::Client, namespace: &str, name: &str) -> Vec<String> {
+    use k8s_openapi::api::batch::v1::Job;
+    let selector = format!("ferry.dev/datastage={name},ferry.dev/worker");
+    let jobs = Api::<Job>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .unwrap();
+    jobs.items.into_iter().filter(|j| j.metadata.deletion_timestamp.is_none()).filter_map(|j| j.metadata.name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_staging_stays_finished_after_its_jobs_expire_and_an_edit_starts_a_new_run() {
+    let setup = setup("ttl").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    setup
+        .apply_spec(
+            "expiring",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/ttl"}},
+                "ttlSecondsAfterFinished": 1,
+            }),
+        )
+        .await;
+    let done = setup.wait_status("expiring", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(done.run, Some(1));
+    // The TTL controller deletes the finished Jobs; nothing may bring them back.
+    wait_for(&setup.cluster, "the TTL controller to delete the Jobs", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move { worker_jobs(&client, "ttl", "expiring").await.is_empty().then_some(()) }
+    })
+    .await;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(worker_jobs(&client, "ttl", "expiring").await.is_empty(), "a finished run's Jobs were created again");
+        let status = setup.datastages.get("expiring").await.unwrap().status.unwrap();
+        assert_eq!((status.phase, status.run), (Some(Phase::Succeeded), Some(1)), "the staging ran again");
+    }
+
+    // An edit that changes what a run does starts run 2, with the new selection.
+    let patch = json!({"spec": {"include": ["train/00*"]}});
+    setup.datastages.patch("expiring", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let second = setup
+        .wait_status("expiring", "run 2 Succeeded", |s| s.run == Some(2) && s.phase == Some(Phase::Succeeded))
+        .await;
+    let generation = setup.datastages.get("expiring").await.unwrap().metadata.generation;
+    assert_eq!(second.observed_generation, generation);
+    assert_eq!(second.totals.unwrap().objects_done, 2 * 10, "train/000..009 on each node");
+    // An edit that does not change a run moves observedGeneration only.
+    let patch = json!({"spec": {"ttlSecondsAfterFinished": 30}});
+    setup.datastages.patch("expiring", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let generation = setup.datastages.get("expiring").await.unwrap().metadata.generation;
+    let third =
+        setup.wait_status("expiring", "the new generation observed", |s| s.observed_generation == generation).await;
+    assert_eq!((third.run, third.phase), (Some(2), Some(Phase::Succeeded)));
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_workers_per_node_fill_each_node_pinned_by_name_whatever_its_hostname_label() {
+    let setup = setup("shards").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    // Some providers set kubernetes.io/hostname to something else than the node's name.
+    label_node(&client, "node-b", json!({"kubernetes.io/hostname": "ip-10-0-0-7.internal"})).await;
+    setup
+        .apply_spec(
+            "sharded",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/sharded"}},
+                "workers": 2,
+                "transfer": {"partSize": "8Mi", "memoryLimit": "64Mi"},
+            }),
+        )
+        .await;
+    let status = setup.wait_status("sharded", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(status.nodes.as_deref(), Some("2/2"));
+    let bytes: usize = setup.files.values().map(Vec::len).sum();
+    assert_eq!(status.totals.unwrap().bytes_done as usize, 2 * bytes, "both shards of both nodes counted");
+    assert!(status.snapshot.is_some(), "both nodes hold one snapshot");
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node) {
+            assert_eq!(read_tree(&dir.join("mnt/ferry/sharded")), setup.files, "{node} holds the whole dataset");
+        }
+    }
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_datastage_resyncs_only_what_changed_and_counts_it() {
+    let setup = setup("sync").await;
+    setup.create_secret().await;
+    setup
+        .apply_spec(
+            "nightly",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/nightly"}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+                "schedule": "*/3 * * * * *",
+            }),
+        )
+        .await;
+    let first = setup.wait_status("nightly", "the first sync", |s| s.phase == Some(Phase::Succeeded)).await;
+    let first_run = first.run.unwrap();
+    assert!(first.next_sync_time.is_some(), "{first:?}");
+    let added = first.last_sync.clone().unwrap().added;
+    assert_eq!(added.objects as usize, setup.files.len());
+
+    // The bucket changes: one object new, one rewritten, one gone.
+    setup.s3.put("datasets", "demo/train/new.bin", pattern(99, 1234)).await;
+    setup.s3.put("datasets", "demo/train/001.bin", pattern(98, 777)).await;
+    setup.s3.client().delete_object().bucket("datasets").key("demo/train/002.bin").send().await.unwrap();
+    let synced = setup
+        .wait_status("nightly", "a sync that saw the change", |s| {
+            s.phase == Some(Phase::Succeeded) && s.last_sync.as_ref().is_some_and(|c| c.added.objects == 1)
+        })
+        .await;
+    let changes = synced.last_sync.clone().unwrap();
+    assert_eq!(
+        (changes.added.objects, changes.updated.objects, changes.removed.objects),
+        (1, 1, 1),
+        "only the changes moved: {changes:?}"
+    );
+    assert_eq!((changes.added.bytes, changes.updated.bytes), (1234, 777));
+    assert!(synced.run.unwrap() > first_run);
+    let mut expected = setup.files.clone();
+    expected.insert("train/new.bin".into(), pattern(99, 1234));
+    expected.insert("train/001.bin".into(), pattern(98, 777));
+    expected.remove("train/002.bin");
+    if let Some(dir) = setup.cluster.node_dir("node-a") {
+        assert_eq!(read_tree(&dir.join("mnt/ferry/nightly")), expected, "the node mirrors the bucket");
+    }
+    // And a sync after that finds nothing to do.
+    let quiet_run = synced.run.unwrap() + 1;
+    let quiet = setup
+        .wait_status("nightly", "a sync with nothing to change", |s| {
+            s.run.unwrap_or(0) >= quiet_run && s.phase == Some(Phase::Succeeded)
+        })
+        .await;
+    let changes = quiet.last_sync.unwrap();
+    assert_eq!((changes.added.objects, changes.updated.objects, changes.removed.objects), (0, 0, 0));
+
+    // Suspended: no more runs.
+    let patch = json!({"spec": {"suspend": true}});
+    setup.datastages.patch("nightly", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let suspended = setup
+        .wait_status("nightly", "suspended", |s| s.next_sync_time.is_none() && s.phase == Some(Phase::Succeeded))
+        .await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let later = setup.datastages.get("nightly").await.unwrap().status.unwrap();
+    assert_eq!(later.run, suspended.run, "a suspended schedule starts no run");
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_that_staged_different_versions_converge_on_one_snapshot() {
+    let setup = setup("snapshot").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    // node-b does not match at first: node-a lists the bucket alone.
+    label_node(&client, "node-b", json!({"ferry.dev/pool": "later"})).await;
+    label_node(&client, "node-a", json!({"ferry.dev/pool": "data"})).await;
+    setup
+        .apply_spec(
+            "converge",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/converge"}},
+                "placement": {"nodeSelector": {"ferry.dev/pool": "data"}},
+            }),
+        )
+        .await;
+    let alone = setup.wait_status("converge", "node-a done", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(alone.nodes.as_deref(), Some("1/1"));
+    let old = alone.snapshot.clone().unwrap();
+
+    // The bucket changes, then node-b starts matching: it lists the new version.
+    setup.s3.put("datasets", "demo/train/003.bin", pattern(1003, 4321)).await;
+    label_node(&client, "node-b", json!({"ferry.dev/pool": "data"})).await;
+    let both = setup
+        .wait_status("converge", "both nodes on one snapshot", |s| {
+            s.phase == Some(Phase::Succeeded)
+                && s.workers.len() == 2
+                && s.snapshot.as_ref().is_some_and(|x| x.digest != old.digest)
+        })
+        .await;
+    assert_eq!(both.nodes.as_deref(), Some("2/2"), "the new node is staged and counted");
+    let digest = &both.snapshot.as_ref().unwrap().digest;
+    assert!(both.workers.iter().all(|w| w.snapshot.as_ref() == Some(digest)), "{:?}", both.workers);
+    let mut expected = setup.files.clone();
+    expected.insert("train/003.bin".into(), pattern(1003, 4321));
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node) {
+            assert_eq!(read_tree(&dir.join("mnt/ferry/converge")), expected, "{node} holds the new version");
+        }
+    }
+    let reasons: Vec<String> =
+        event_reasons(&client, "snapshot", "converge").await.into_iter().map(|(_, r)| r).collect();
+    assert!(reasons.iter().any(|r| r == "Resyncing"), "{reasons:?}");
+
+    // A node that stops matching keeps its data and is reported.
+    label_node(&client, "node-b", json!({"ferry.dev/pool": null})).await;
+    let reported = setup
+        .wait_status("converge", "node-b reported as departed", |s| {
+            s.workers
+                .iter()
+                .any(|w| w.name == "node-b" && w.message.as_deref().is_some_and(|m| m.contains("no longer matches")))
+        })
+        .await;
+    assert_eq!(reported.nodes.as_deref(), Some("1/1"));
+    if let Some(dir) = setup.cluster.node_dir("node-b") {
+        assert_eq!(read_tree(&dir.join("mnt/ferry/converge")), expected, "Retain keeps node-b's data");
+    }
     setup.cluster.stop().await;
 }
