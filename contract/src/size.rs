@@ -45,7 +45,7 @@ impl ByteSize {
         const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
         let text = UNITS
             .iter()
-            .find(|(_, shift)| bytes >= 1 << shift && bytes % (1 << shift) == 0)
+            .find(|(_, shift)| bytes >= 1 << shift && bytes.is_multiple_of(1 << shift))
             .map(|(unit, shift)| format!("{}{unit}", bytes >> shift))
             .unwrap_or_else(|| bytes.to_string());
         text.parse()

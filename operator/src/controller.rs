@@ -90,6 +90,9 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// The smallest part of a multipart upload S3 accepts.
+const MIN_UPLOAD_PART: u64 = 5 << 20;
+
 /// Why a spec cannot be carried out as written.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Invalid {
@@ -121,6 +124,17 @@ pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Res
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
             message: "anonymous applies to gs:// only; for s3:// give credentials or rely on the pod's identity".into(),
+        });
+    }
+    let part_size = ds.spec.transfer.as_ref().and_then(|t| t.part_size.as_ref());
+    if plan.direction == Direction::Push
+        && let Some(size) = part_size.filter(|s| s.bytes() < MIN_UPLOAD_PART)
+    {
+        return Err(Invalid {
+            reason: reasons::INVALID_TRANSFER,
+            message: format!(
+                "transfer.partSize {size} is below 5MiB, the smallest part S3 accepts in an upload; use 5Mi or more"
+            ),
         });
     }
     let Some(expression) = ds.spec.schedule.as_deref() else { return Ok(None) };
@@ -717,6 +731,14 @@ mod tests {
         let mut anonymous_s3 = ds("/mnt/x", "s3://b/p");
         anonymous_s3.spec.source.anonymous = Some(true);
         assert_eq!(check(&anonymous_s3).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+        let mut small_parts: DataStage = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "d", "namespace": "n"},
+            "spec": {"source": {"volume": {"hostPath": "/mnt/x"}}, "destination": {"uri": "s3://b/p"},
+                     "transfer": {"partSize": "4Mi"}}}))
+        .unwrap();
+        assert_eq!(check(&small_parts).unwrap_err().reason, reasons::INVALID_TRANSFER);
+        small_parts.spec.transfer.as_mut().unwrap().part_size = Some("5Mi".parse().unwrap());
+        assert_eq!(check(&small_parts), Ok(false));
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub mod reasons {
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
     /// The spec asks the store for something it does not support.
     pub const UNSUPPORTED_STORE: &str = "UnsupportedStore";
+    /// The transfer settings cannot work for this direction (a push's parts below 5MiB).
+    pub const INVALID_TRANSFER: &str = "InvalidTransfer";
     /// `spec.schedule` or `spec.timeZone` does not parse.
     pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
     /// The spec lacks a store or a volume (written before the schema's rules).

@@ -7,9 +7,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
+use ferry_contract::summary::Snapshot;
 use ferry_testkit::{Backend, S3Server, Store, pattern, read_tree};
 
 const MIB: usize = 1 << 20;
@@ -284,6 +286,111 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
     assert!(leftover_temp_files(dst.path()).is_empty(), "{:?}", leftover_temp_files(dst.path()));
 }
 
+/// The `changes` of a pull's summary as (added, updated, removed), each
+/// (objects, bytes).
+fn changes(run: &common::Run) -> [(u64, u64); 3] {
+    let changes = &run.summary["changes"];
+    ["added", "updated", "removed"].map(|what| {
+        let amount = &changes[what];
+        let (objects, bytes) = (amount["objects"].as_u64(), amount["bytes"].as_u64());
+        (objects.unwrap_or_else(|| panic!("no changes.{what} in {:#}", run.summary)), bytes.unwrap_or_default())
+    })
+}
+
+/// The snapshot a complete pull reports.
+fn snapshot(run: &common::Run) -> Snapshot {
+    serde_json::from_value(run.summary["snapshot"].clone())
+        .unwrap_or_else(|e| panic!("no snapshot ({e}) in {:#}", run.summary))
+}
+
+async fn a_resync_with_delete_removed_moves_only_changes_and_removes_what_left_the_store(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("resync").await;
+    let mut files: BTreeMap<String, Vec<u8>> = [
+        ("same.bin", pattern(50, 3000)),
+        ("changes.bin", pattern(51, 2000)),
+        ("old/leaves.bin", pattern(52, 1000)),
+        ("edited-locally.bin", pattern(53, 500)),
+        ("sub/stays.bin", pattern(54, 4000)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    put_tree(&server, "resync", "ds/", &files).await;
+    // Outside the prefix: never part of the pull, never a reason to remove anything.
+    server.put("resync", "elsewhere/old/leaves.bin", b"not ours".to_vec()).await;
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+    let source = server.uri("resync/ds/");
+    let pull = || stager(&server, &["pull", source.as_str(), dir, "--delete-removed"]);
+
+    let first = pull();
+    first.assert_ok();
+    assert_eq!(changes(&first), [(5, 10_500), (0, 0), (0, 0)], "{:#}", first.summary);
+
+    // In the store: one object changes (same size, new content), one
+    // arrives, two leave. Locally: a file of the user's, and an edit to
+    // a staged file whose object has left.
+    let changed = pattern(61, 2000);
+    server.put("resync", "ds/changes.bin", changed.clone()).await;
+    server.put("resync", "ds/new.bin", pattern(62, 700)).await;
+    common::delete(&server, "resync", "ds/old/leaves.bin").await;
+    common::delete(&server, "resync", "ds/edited-locally.bin").await;
+    std::fs::write(dst.path().join("sub/mine.txt"), b"user data").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(dst.path().join("edited-locally.bin"), b"edited").unwrap();
+
+    let second = pull();
+    second.assert_ok();
+    assert_eq!(changes(&second), [(1, 700), (1, 2000), (1, 1000)], "{:#}", second.summary);
+    assert_eq!((second.transferred(), second.skipped()), (2, 2), "{:#}", second.summary);
+    assert!(!dst.path().join("old").exists(), "the directory the removal emptied goes too");
+
+    files.remove("old/leaves.bin");
+    files.insert("changes.bin".into(), changed);
+    files.insert("new.bin".into(), pattern(62, 700));
+    files.insert("edited-locally.bin".into(), b"edited".to_vec());
+    files.insert("sub/mine.txt".into(), b"user data".to_vec());
+    assert_eq!(read_tree(dst.path()), files, "the store, plus the user's file and the edited one");
+
+    let third = pull();
+    third.assert_ok();
+    assert_eq!((third.transferred(), third.skipped()), (0, 4), "{:#}", third.summary);
+    assert_eq!(changes(&third), [(0, 0); 3], "{:#}", third.summary);
+    assert_eq!(read_tree(dst.path()), files);
+    assert_eq!(snapshot(&third), snapshot(&second), "nothing changed, the same snapshot");
+}
+
+async fn snapshots_are_equal_exactly_when_the_data_is(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("versions").await;
+    let files = small_files("v", 40, 70);
+    put_tree(&server, "versions", "data/", &files).await;
+    let source = server.uri("versions/data/");
+    let pull = |dir: &Path, extra: &[&str]| {
+        let run = stager(&server, &[&["pull", source.as_str(), dir.to_str().unwrap()], extra].concat());
+        run.assert_ok();
+        snapshot(&run)
+    };
+    let (one, two, shared) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+
+    let first = pull(one.path(), &[]);
+    assert_eq!(first.objects, 40);
+    assert_eq!(first.bytes, files.values().map(|v| v.len() as u64).sum::<u64>());
+    assert_eq!(pull(two.path(), &[]), first, "two nodes holding the same data");
+    assert_eq!(pull(one.path(), &[]), first, "a re-run that reuses everything");
+
+    let shards: Vec<Snapshot> = (0..2).map(|index| pull(shared.path(), &["--shard", &format!("{index}/2")])).collect();
+    assert!(shards.iter().all(|part| part.objects > 0 && part.objects < 40), "{shards:?}");
+    assert_eq!(Snapshot::combine(&shards), Some(first.clone()), "the shards together are the whole");
+
+    server.put("versions", "data/v/0007.bin", pattern(99, files["v/0007.bin"].len())).await;
+    let changed = pull(one.path(), &[]);
+    assert_ne!(changed.digest, first.digest, "one object changed: another version");
+    assert_eq!((changed.objects, changed.bytes), (first.objects, first.bytes));
+    assert_eq!(pull(two.path(), &[]), changed);
+}
+
 fn scrape(port: u16) -> Option<String> {
     ferry_testkit::http_get(port, "/metrics").map(|(_, body)| body)
 }
@@ -422,6 +529,8 @@ conformance!(
     include_and_exclude_select_by_relative_key,
     three_shards_partition_the_dataset_exactly,
     a_second_pull_transfers_nothing_and_a_third_only_what_changed,
+    a_resync_with_delete_removed_moves_only_changes_and_removes_what_left_the_store,
+    snapshots_are_equal_exactly_when_the_data_is,
     a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing,
     keys_that_would_escape_the_destination_are_refused,
     a_missing_bucket_ends_quickly_with_a_clear_message,

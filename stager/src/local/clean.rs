@@ -8,6 +8,10 @@
 //! wrote are never touched. Then the state directory goes, and directories
 //! left empty by the removals. The directory itself stays (in a pod it is a
 //! mount point).
+//!
+//! [`Remover`] is that judgement for one file at a time; a pull's
+//! `--delete-removed` ([`super::prune`]) uses it too, so the two never
+//! disagree about what "unchanged since staged" means.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -16,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::STATE_DIR;
-use super::manifest::Manifest;
+use super::manifest::{Manifest, ManifestEntry};
 use super::paths::{KeyPath, key_to_path};
 use super::staging::FileStamp;
 
@@ -60,29 +64,15 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
         return Err(CleanError::Busy(root.to_owned()));
     }
     let mut report = CleanReport::default();
-    let mut parents = BTreeSet::new();
+    let mut remover = Remover::new(root);
     for entry in Manifest::load(root).entries() {
-        // The manifest is a file on disk: never follow it outside `root`.
-        let Ok(KeyPath::File(rel)) = key_to_path(&entry.path) else {
-            tracing::warn!(path = %entry.path, "manifest entry is not a safe relative path; ignored");
-            continue;
-        };
-        let path = rel.under(root);
-        if through_a_symlink(root, &path) {
-            tracing::warn!(path = %entry.path, "a directory on the way is a symlink now; file kept");
-            report.kept.push(entry.path.clone());
-            continue;
-        }
-        match FileStamp::of(&path) {
-            Ok(stamp) if stamp.size == entry.size && stamp.mtime_ns == entry.mtime_ns => {
-                std::fs::remove_file(&path).map_err(|source| CleanError::Remove { path: path.clone(), source })?;
+        match remover.remove(entry)? {
+            Removal::Removed => {
                 report.files_removed += 1;
                 report.bytes_freed += entry.size;
-                parents.extend(path.ancestors().skip(1).take_while(|p| *p != root).map(Path::to_owned));
             }
-            Ok(_) => report.kept.push(entry.path.clone()),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(CleanError::Remove { path, source }),
+            Removal::Changed => report.kept.push(entry.path.clone()),
+            Removal::Missing | Removal::Unsafe => {}
         }
     }
     let state = root.join(STATE_DIR);
@@ -91,17 +81,80 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(CleanError::Remove { path: state, source }),
     }
-    // Deepest first, so a parent is tried after its children; a directory
-    // that still holds something is simply not empty and stays.
-    let mut parents: Vec<PathBuf> = parents.into_iter().collect();
-    parents.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for dir in parents {
-        if std::fs::remove_dir(&dir).is_ok() {
-            report.directories_removed += 1;
-        }
-    }
+    report.directories_removed = remover.remove_emptied_directories();
     report.kept.sort();
     Ok(report)
+}
+
+/// What became of one staged file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// It was exactly what was staged, and is gone now.
+    Removed,
+    /// It changed since it was staged (or a directory on its way became a
+    /// symlink): it is someone else's now, and stays.
+    Changed,
+    /// It was not there any more.
+    Missing,
+    /// The manifest entry does not name a safe path below the root; nothing
+    /// was looked at.
+    Unsafe,
+}
+
+/// Removes staged files one manifest entry at a time, only while they are
+/// exactly what was staged, and remembers their directories so that those
+/// the removals leave empty can go too. Shared by `clean` and by a pull's
+/// `--delete-removed`, so both judge "unchanged since staged" the same way.
+#[derive(Debug)]
+pub struct Remover<'r> {
+    root: &'r Path,
+    parents: BTreeSet<PathBuf>,
+}
+
+impl<'r> Remover<'r> {
+    /// A remover for files staged below `root`.
+    pub fn new(root: &'r Path) -> Self {
+        Self { root, parents: BTreeSet::new() }
+    }
+
+    /// Removes the file `entry` records if it still has the size and mtime
+    /// it was staged with.
+    ///
+    /// # Errors
+    /// [`CleanError::Remove`] when the file cannot be examined or removed.
+    pub fn remove(&mut self, entry: &ManifestEntry) -> Result<Removal, CleanError> {
+        let root = self.root;
+        // The manifest is a file on disk: never follow it outside `root`.
+        let Ok(KeyPath::File(rel)) = key_to_path(&entry.path) else {
+            tracing::warn!(path = %entry.path, "manifest entry is not a safe relative path; ignored");
+            return Ok(Removal::Unsafe);
+        };
+        let path = rel.under(root);
+        if through_a_symlink(root, &path) {
+            tracing::warn!(path = %entry.path, "a directory on the way is a symlink now; file kept");
+            return Ok(Removal::Changed);
+        }
+        match FileStamp::of(&path) {
+            Ok(stamp) if stamp.size == entry.size && stamp.mtime_ns == entry.mtime_ns => {
+                std::fs::remove_file(&path).map_err(|source| CleanError::Remove { path: path.clone(), source })?;
+                self.parents.extend(path.ancestors().skip(1).take_while(|p| *p != root).map(Path::to_owned));
+                Ok(Removal::Removed)
+            }
+            Ok(_) => Ok(Removal::Changed),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(Removal::Missing),
+            Err(source) => Err(CleanError::Remove { path, source }),
+        }
+    }
+
+    /// Removes the directories that held removed files and are empty now,
+    /// never the root; returns how many went.
+    pub fn remove_emptied_directories(self) -> u64 {
+        // Deepest first, so a parent is tried after its children; a directory
+        // that still holds something is simply not empty and stays.
+        let mut parents: Vec<PathBuf> = self.parents.into_iter().collect();
+        parents.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        parents.into_iter().filter(|dir| std::fs::remove_dir(dir).is_ok()).count() as u64
+    }
 }
 
 /// Whether a directory between `root` and `path` is a symlink, which could
@@ -116,7 +169,7 @@ fn through_a_symlink(root: &Path, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::manifest::{ManifestEntry, ManifestWriter};
+    use crate::local::manifest::ManifestWriter;
 
     fn manifest_writer(root: &Path) -> ManifestWriter {
         std::fs::create_dir_all(root.join(STATE_DIR)).unwrap();

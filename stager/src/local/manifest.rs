@@ -71,6 +71,11 @@ impl Manifest {
         self.entries.values()
     }
 
+    /// The entry for the relative path `path`, if an earlier run staged it.
+    pub fn get(&self, path: &str) -> Option<&ManifestEntry> {
+        self.entries.get(path)
+    }
+
     /// Number of entries loaded.
     pub fn len(&self) -> usize {
         self.entries.len()

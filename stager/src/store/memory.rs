@@ -70,6 +70,11 @@ impl MemoryStore {
         self.state.lock().unwrap().objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Md5(md5))));
     }
 
+    /// Deletes an object, as another client would.
+    pub fn remove(&self, key: &str) {
+        self.state.lock().unwrap().objects.remove(key);
+    }
+
     /// Queues faults for the next GETs of `key`, in order.
     pub fn fail_gets(&self, key: &str, faults: impl IntoIterator<Item = Fault>) {
         self.state.lock().unwrap().get_faults.entry(key.into()).or_default().extend(faults);

@@ -19,6 +19,8 @@ pub mod md5;
 pub mod pull;
 pub mod push;
 pub mod ranges;
+#[cfg(test)]
+mod resync_tests;
 pub mod tally;
 pub mod verify;
 

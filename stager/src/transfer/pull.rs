@@ -15,6 +15,13 @@
 //! threads that the general path makes per object (create the file, hash it,
 //! rename it) were a sixth of the pull's CPU in context switches and
 //! wake-ups; a file that fails verification is then never created either.
+//!
+//! A pull also accounts for what it changed: each object it copies is
+//! *added* (no earlier run had staged its path) or *updated*, and every
+//! object in place, copied or reused, goes into the snapshot of the dataset
+//! version it staged. With `--delete-removed`, files earlier runs staged
+//! from objects that have since left the store are removed at the end (see
+//! [`crate::local::prune`]).
 
 use std::fs::File;
 use std::ops::Range;
@@ -35,6 +42,7 @@ use super::{
 };
 use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
+use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
@@ -96,7 +104,19 @@ impl super::Retryable for ObjectError {
 #[derive(Debug, Clone)]
 struct Planned {
     object: ObjectMeta,
+    /// The path below the destination, which is also the key relative to
+    /// the prefix (the one selection and the snapshot use).
     rel: RelPath,
+    /// Whether an earlier run had staged something at `rel`: copying it
+    /// now is an update, not an addition.
+    known: bool,
+}
+
+impl Planned {
+    /// The store's version of the object, as the snapshot records it.
+    fn version(&self) -> &str {
+        self.object.etag.as_deref().unwrap_or_default()
+    }
 }
 
 /// Name of this run's manifest file: one per shard, so sharded workers that
@@ -108,7 +128,9 @@ pub fn manifest_name(engine: &Engine) -> String {
     }
 }
 
-/// Copies every selected object under `prefix` into `destination`.
+/// Copies every selected object under `prefix` into `destination`; with
+/// `delete_removed`, then removes what earlier runs staged from objects in
+/// this run's selection that are no longer in the store.
 ///
 /// Per-object failures are counted in the summary; the run continues.
 ///
@@ -139,15 +161,18 @@ pub async fn pull(
     let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
     let mut tasks = ObjectTasks::new();
+    let mut departed = Departed::new(&manifest, prefix, &engine.config.selection);
 
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
             let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
             for object in page {
-                let Some(planned) = plan_object(&engine, prefix, object) else { continue };
+                departed.listed(relative_key(&object.key, prefix));
+                let Some(planned) = plan_object(&engine, &manifest, prefix, object) else { continue };
                 if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
                     writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
                     engine.tally.skipped(planned.object.size);
+                    engine.tally.in_place(planned.rel.as_str(), planned.version(), planned.object.size);
                     engine.metrics.object(ObjectResult::Skipped);
                     continue;
                 }
@@ -170,7 +195,18 @@ pub async fn pull(
     // Every task is gone, so these are the last references.
     let writer = Arc::into_inner(writer).expect("all tasks joined");
     let staging = Arc::into_inner(staging).expect("all tasks joined");
-    let finished = writer.finish().map_err(TransferError::Manifest);
+    // Only a finished listing tells what left the store: after a failed
+    // listing every object not listed yet would look removed, and after a
+    // run with failures the data in place is not a complete version to
+    // reconcile against. Such runs remove nothing.
+    let reconcile = delete_removed && outcome.is_ok() && engine.tally.complete();
+    let departed = departed.into_entries();
+    let unremoved = if reconcile { remove_departed(&engine, destination, departed).await } else { departed };
+    // What was not removed stays in the manifest (a run with failures, or
+    // without `--delete-removed`, would otherwise forget those files, and a
+    // later `--delete-removed` or `clean` could not remove them).
+    let carried = unremoved.into_iter().try_for_each(|entry| writer.record(entry, false));
+    let finished = carried.and_then(|()| writer.finish()).map_err(TransferError::Manifest);
     staging.close();
     outcome?;
     finished?;
@@ -205,8 +241,28 @@ async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Resul
     }
 }
 
+/// Removes the files of objects that left the store (unless changed since
+/// staged) and counts them; returns the entries whose files could not be
+/// removed, for the manifest to keep.
+async fn remove_departed(engine: &Engine, destination: &Path, departed: Vec<ManifestEntry>) -> Vec<ManifestEntry> {
+    if departed.is_empty() {
+        return departed;
+    }
+    let root = destination.to_path_buf();
+    let pruned = tokio::task::spawn_blocking(move || prune(&root, departed)).await.expect("pruning panicked");
+    engine.tally.removed(pruned.files_removed, pruned.bytes_removed);
+    tracing::info!(
+        removed = pruned.files_removed,
+        bytes = pruned.bytes_removed,
+        kept = pruned.kept.len(),
+        directories = pruned.directories_removed,
+        "removed files whose objects left the store"
+    );
+    pruned.retained
+}
+
 /// Applies the selection and the key-to-path mapping; records refusals.
-fn plan_object(engine: &Engine, prefix: &str, object: ObjectMeta) -> Option<Planned> {
+fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: ObjectMeta) -> Option<Planned> {
     let relative = relative_key(&object.key, prefix);
     if !engine.config.selection.selects(relative) {
         return None;
@@ -214,7 +270,8 @@ fn plan_object(engine: &Engine, prefix: &str, object: ObjectMeta) -> Option<Plan
     match key_to_path(relative) {
         Ok(KeyPath::File(rel)) => {
             engine.tally.selected(object.size);
-            Some(Planned { object, rel })
+            let known = manifest.get(rel.as_str()).is_some();
+            Some(Planned { object, rel, known })
         }
         Ok(KeyPath::DirectoryMarker) => None,
         Err(reason) => {
@@ -266,6 +323,13 @@ async fn pull_object(
     match result {
         Ok(verified) => {
             engine.tally.transferred(verified);
+            let size = planned.object.size;
+            if planned.known {
+                engine.tally.updated(size)
+            } else {
+                engine.tally.added(size)
+            }
+            engine.tally.in_place(planned.rel.as_str(), planned.version(), size);
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = planned.object.size, "staged");
         }

@@ -1,10 +1,16 @@
 //! Counters of one run, read live by the progress bar and turned into the
 //! JSON summary at the end.
+//!
+//! A pull also counts what it changed in its destination (added, updated,
+//! removed) and builds the snapshot of what it staged; both are sums, so
+//! the counters stay atomics and the snapshot one short lock per object,
+//! never a list of objects.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use ferry_contract::summary::{Amount, Changes, SnapshotBuilder};
 pub use ferry_contract::summary::{Counts, Failure, Operation, Summary, VerifiedCounts};
 
 /// Failures kept in full for the summary; the count is always exact.
@@ -26,6 +32,28 @@ pub struct Tally {
     retries: AtomicU64,
     listing_done: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<Failure>>,
+    added: AmountCounter,
+    updated: AmountCounter,
+    removed: AmountCounter,
+    staged: Mutex<SnapshotBuilder>,
+}
+
+/// Objects and bytes, counted lock-free.
+#[derive(Debug, Default)]
+struct AmountCounter {
+    objects: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl AmountCounter {
+    fn add(&self, objects: u64, bytes: u64) {
+        self.objects.fetch_add(objects, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+    }
+
+    fn load(&self) -> Amount {
+        Amount { objects: self.objects.load(Relaxed), bytes: self.bytes.load(Relaxed) }
+    }
 }
 
 /// How a transferred object was verified.
@@ -98,6 +126,41 @@ impl Tally {
         }
     }
 
+    /// A pull staged an object whose path no earlier run had staged.
+    pub fn added(&self, size: u64) {
+        self.added.add(1, size);
+    }
+
+    /// A pull staged an object again over what an earlier run had staged
+    /// at its path (the store's version changed, or the file did).
+    pub fn updated(&self, size: u64) {
+        self.updated.add(1, size);
+    }
+
+    /// A pull removed `objects` staged files of `bytes` in all, because
+    /// their objects left the store.
+    pub fn removed(&self, objects: u64, bytes: u64) {
+        self.removed.add(objects, bytes);
+    }
+
+    /// A selected object is in place (copied or already there): it is part
+    /// of the snapshot this pull stages. `key` is relative to the prefix,
+    /// `version` the store's ETag or generation.
+    pub fn in_place(&self, key: &str, version: &str, size: u64) {
+        self.staged.lock().expect("snapshot lock poisoned").add(key, version, size);
+    }
+
+    /// Whether no object has failed so far: once the run has finished,
+    /// every selected object is in place and verified.
+    pub fn complete(&self) -> bool {
+        self.objects_failed.load(Relaxed) == 0
+    }
+
+    /// What a pull changed in its destination so far.
+    pub fn changes(&self) -> Changes {
+        Changes { added: self.added.load(), updated: self.updated.load(), removed: self.removed.load() }
+    }
+
     /// A request was retried.
     pub fn retried(&self) {
         self.retries.fetch_add(1, Relaxed);
@@ -121,17 +184,23 @@ impl Tally {
         }
     }
 
-    /// The final summary.
+    /// The final summary. A pull's carries what it changed, and, when every
+    /// selected object of a finished listing is in place, the snapshot of
+    /// what it staged: a partial run has staged no version of the dataset.
     pub fn summary(&self, operation: Operation, source: String, destination: String, elapsed: Duration) -> Summary {
         let transferred = self.bytes_transferred.load(Relaxed);
         let seconds = elapsed.as_secs_f64();
         let mut failures = self.failures.lock().expect("failures lock poisoned").clone();
         failures.sort_by(|a, b| a.key.cmp(&b.key));
+        let complete = self.complete();
+        let pull = operation == Operation::Pull;
+        let snapshot = (pull && complete && self.listing_done.load(Relaxed))
+            .then(|| self.staged.lock().expect("snapshot lock poisoned").finish());
         Summary {
             operation,
             source,
             destination,
-            complete: self.objects_failed.load(Relaxed) == 0,
+            complete,
             objects: Counts {
                 selected: self.objects_selected.load(Relaxed),
                 transferred: self.objects_transferred.load(Relaxed),
@@ -154,6 +223,8 @@ impl Tally {
             peak_rss_bytes: peak_rss_bytes(),
             failures_omitted: self.objects_failed.load(Relaxed).saturating_sub(failures.len() as u64),
             failures,
+            changes: pull.then(|| self.changes()),
+            snapshot,
             ..Summary::default()
         }
     }
@@ -222,5 +293,36 @@ mod tests {
         assert!(one_line(&summary).contains("first failure: b: checksum mismatch"));
         assert_eq!(summary.throughput_bytes_per_second, 5.0);
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn a_pull_reports_its_changes_and_a_snapshot_only_when_complete() {
+        let tally = Tally::default();
+        tally.added(10);
+        tally.updated(5);
+        tally.updated(7);
+        tally.removed(3, 300);
+        tally.in_place("a", "e1", 10);
+        tally.in_place("b", "e2", 5);
+        let summary = |tally: &Tally, operation| tally.summary(operation, "s".into(), "d".into(), Duration::ZERO);
+
+        // The listing is not finished: nothing says every object was seen.
+        assert_eq!(summary(&tally, Operation::Pull).snapshot, None);
+        tally.listing_finished();
+        let pulled = summary(&tally, Operation::Pull);
+        let changes = pulled.changes.unwrap();
+        assert_eq!((changes.added.objects, changes.added.bytes), (1, 10));
+        assert_eq!((changes.updated.objects, changes.updated.bytes), (2, 12));
+        assert_eq!((changes.removed.objects, changes.removed.bytes), (3, 300));
+        let mut expected = SnapshotBuilder::default();
+        expected.add("b", "e2", 5);
+        expected.add("a", "e1", 10);
+        assert_eq!(pulled.snapshot, Some(expected.finish()));
+
+        let pushed = summary(&tally, Operation::Push);
+        assert_eq!((pushed.changes, pushed.snapshot), (None, None), "a push stages no dataset version");
+
+        tally.failed("c", 1, "boom");
+        assert_eq!(summary(&tally, Operation::Pull).snapshot, None, "an incomplete pull has no snapshot");
     }
 }

@@ -83,6 +83,34 @@ pub async fn put_tree(server: &Store, bucket: &str, prefix: &str, files: &BTreeM
     }
 }
 
+/// Deletes one object with a client of its own (independent of the stager).
+pub async fn delete(server: &Store, bucket: &str, key: &str) {
+    match server {
+        Store::S3(s3) => {
+            s3.client()
+                .delete_object()
+                .bucket(bucket)
+                .key(key)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("delete {key}: {e:?}"));
+        }
+        Store::Gcs(gcs) => {
+            let encoded: String = key
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            let url = format!("{}/storage/v1/b/{bucket}/o/{encoded}", gcs.endpoint);
+            let response =
+                reqwest::Client::new().delete(url).send().await.unwrap_or_else(|e| panic!("delete {key}: {e}"));
+            assert!(response.status().is_success(), "delete {key}: {}", response.status());
+        }
+    }
+}
+
 /// `count` small files with varied sizes, named `dir/NNNN.bin`.
 pub fn small_files(dir: &str, count: usize, seed: u64) -> BTreeMap<String, Vec<u8>> {
     (0..count)
