@@ -541,6 +541,16 @@ mod tests {
     }
 
     #[test]
+    fn the_defaults_kubectl_explain_states_are_the_stagers() {
+        use ferry_contract::cli::{DEFAULT_CONCURRENCY, DEFAULT_MEMORY_LIMIT};
+        let yaml = crd_yaml();
+        assert!(yaml.contains(&format!(
+            "Requests in flight per worker, shared by all objects. Default {DEFAULT_CONCURRENCY}."
+        )));
+        assert!(yaml.contains(&format!("Default {DEFAULT_MEMORY_LIMIT}.")));
+    }
+
+    #[test]
     fn a_pull_spec_round_trips_in_camel_case() {
         let spec: DataStageSpec = serde_json::from_value(serde_json::json!({
             "source": {"uri": "s3://datasets/imagenet", "endpoint": "http://minio:9000", "credentials": {"name": "s3"}},

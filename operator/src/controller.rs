@@ -262,26 +262,40 @@ async fn place(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Result<
     }
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
     let matching = crate::placement::matching_nodes(ds.spec.placement.as_ref(), &nodes);
-    let waiting = |reason, message: String| {
-        Ok(Err(Blocked { phase: Phase::Pending, failed: false, reason, message, retry: None }))
-    };
+    Ok(per_node_workers(plan, &matching).map_err(|invalid| Blocked {
+        phase: Phase::Pending,
+        failed: false,
+        reason: invalid.reason,
+        message: invalid.message,
+        retry: None,
+    }))
+}
+
+/// The per-node workers for the nodes a placement matches: one per node
+/// for a pull, exactly one node for a push (two nodes pushing one prefix
+/// would race to write the same keys).
+///
+/// # Errors
+/// [`Invalid`] when no node matches, or several match a push; the
+/// DataStage waits (nodes are watched) until that changes.
+pub fn per_node_workers(plan: &Plan<'_>, matching: &[String]) -> Result<Vec<Worker>, Invalid> {
     if matching.is_empty() {
-        return waiting(
-            reasons::NO_MATCHING_NODES,
-            "no schedulable node matches spec.placement (nodeSelector, required node affinity, taints without a toleration); label a node or change the placement".into(),
-        );
+        return Err(Invalid {
+            reason: reasons::NO_MATCHING_NODES,
+            message: "no schedulable node matches spec.placement (nodeSelector, required node affinity, taints without a toleration); label a node or change the placement".into(),
+        });
     }
     if plan.direction == Direction::Push && matching.len() > 1 {
-        return waiting(
-            reasons::AMBIGUOUS_PUSH_SOURCE,
-            format!(
+        return Err(Invalid {
+            reason: reasons::AMBIGUOUS_PUSH_SOURCE,
+            message: format!(
                 "a push from hostPath reads one node's directory, but spec.placement matches {} nodes ({}); narrow it to one, e.g. with nodeSelector kubernetes.io/hostname",
                 matching.len(),
                 matching.join(", ")
             ),
-        );
+        });
     }
-    Ok(Ok(plan_workers(plan, &matching)))
+    Ok(plan_workers(plan, matching))
 }
 
 /// The Jobs of a run: creates the missing ones of workers that have not
@@ -739,6 +753,21 @@ mod tests {
         assert_eq!(check(&small_parts).unwrap_err().reason, reasons::INVALID_TRANSFER);
         small_parts.spec.transfer.as_mut().unwrap().part_size = Some("5Mi".parse().unwrap());
         assert_eq!(check(&small_parts), Ok(false));
+    }
+
+    #[test]
+    fn a_push_from_a_host_path_needs_exactly_one_node_and_a_pull_takes_them_all() {
+        let mut push = ds("/mnt/x", "s3://b/p");
+        std::mem::swap(&mut push.spec.source, &mut push.spec.destination);
+        let plan = push.spec.plan().unwrap();
+        let nodes = ["a".to_owned(), "b".to_owned()];
+        let refused = per_node_workers(&plan, &nodes).unwrap_err();
+        assert_eq!(refused.reason, reasons::AMBIGUOUS_PUSH_SOURCE);
+        assert!(refused.message.contains("matches 2 nodes (a, b)"), "{}", refused.message);
+        assert_eq!(per_node_workers(&plan, &nodes[..1]), Ok(vec![Worker::on_node("a")]));
+        let pull = ds("/mnt/x", "s3://b/p");
+        assert_eq!(per_node_workers(&pull.spec.plan().unwrap(), &nodes).unwrap().len(), 2);
+        assert_eq!(per_node_workers(&pull.spec.plan().unwrap(), &[]).unwrap_err().reason, reasons::NO_MATCHING_NODES);
     }
 
     #[test]
