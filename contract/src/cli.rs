@@ -269,13 +269,8 @@ impl Shard {
     /// count, stable across runs, versions and machines, so N shards see
     /// disjoint sets whose union is everything.
     pub fn owns(&self, relative_key: &str) -> bool {
-        fnv1a(relative_key.as_bytes()) % u64::from(self.count) == u64::from(self.index)
+        crate::hash::fnv1a(relative_key.as_bytes()) % u64::from(self.count) == u64::from(self.index)
     }
-}
-
-/// 64-bit FNV-1a: tiny, stable, and well spread over short keys.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl std::fmt::Display for Shard {

@@ -9,6 +9,7 @@
 
 pub mod cli;
 pub mod exit;
+pub mod hash;
 pub mod location;
 pub mod reason;
 pub mod size;

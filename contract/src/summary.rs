@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::{FNV_OFFSET, fnv1a_from};
 use crate::reason::Reason;
 
 /// The kubelet keeps at most this many bytes of a termination message.
@@ -214,15 +215,10 @@ impl Snapshot {
 /// across builds and machines: every node must compute the same value.
 fn entry_hash(key: &str, version: &str, size: u64) -> u128 {
     let fnv = |seed: u64| {
-        let mut hash = seed;
-        for part in [key.as_bytes(), &[0], version.as_bytes(), &[0], &size.to_le_bytes()] {
-            for &byte in part {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        splitmix(hash)
+        let parts: [&[u8]; 5] = [key.as_bytes(), &[0], version.as_bytes(), &[0], &size.to_le_bytes()];
+        splitmix(parts.iter().fold(seed, |hash, part| fnv1a_from(hash, part)))
     };
-    (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x84222325cbf29ce4))
+    (u128::from(fnv(FNV_OFFSET)) << 64) | u128::from(fnv(0x8422_2325_cbf2_9ce4))
 }
 
 fn splitmix(mut z: u64) -> u64 {

@@ -297,6 +297,20 @@ pub enum Phase {
     Failed,
 }
 
+impl Phase {
+    /// Whether the run is over, for good or not.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl WorkerStatus {
+    /// Whether this entry records a finished `run` (its Job may be gone).
+    pub fn finished_run(&self, run: i64) -> bool {
+        self.run == Some(run) && self.phase.is_some_and(Phase::is_finished)
+    }
+}
+
 /// Observed state of a DataStage.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -336,7 +336,7 @@ async fn carry_out(
     let mut status =
         status::aggregate(ds, &Inputs { run: &run, direction: plan.direction, observed: &observed, now: &now });
     status.workers.extend(departed(ds, workers, plan));
-    if matches!(status.phase, Some(Phase::Succeeded | Phase::Failed)) && status.run == Some(run.number) {
+    if status.phase.is_some_and(Phase::is_finished) && status.run == Some(run.number) {
         let last = status.last_sync_time.as_ref().map_or(now.0, |t| t.0);
         status.next_sync_time =
             schedule.filter(|_| ds.spec.suspend != Some(true)).and_then(|s| s.next_after(last)).map(Time);
@@ -365,9 +365,7 @@ async fn carry_out(
 /// Whether `worker`'s entry says it finished `run` (its Job may be gone:
 /// `ttlSecondsAfterFinished`, or deleted by hand).
 fn finished_in(recorded: &[WorkerStatus], worker: &Worker, run: i64) -> bool {
-    recorded.iter().any(|w| {
-        w.name == worker.name && w.run == Some(run) && matches!(w.phase, Some(Phase::Succeeded | Phase::Failed))
-    })
+    recorded.iter().any(|w| w.name == worker.name && w.finished_run(run))
 }
 
 /// Deletes the Jobs of runs other than `run` (their pods go with them)

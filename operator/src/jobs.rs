@@ -84,7 +84,7 @@ fn bounded_name(base: &str, suffix: &str) -> String {
     if full.len() <= 63 {
         return full;
     }
-    let hash = base.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = ferry_contract::hash::fnv1a(base.as_bytes());
     let keep = 63 - suffix.len() - 9;
     format!("{}-{:08x}{suffix}", base[..keep].trim_end_matches('-'), hash as u32)
 }

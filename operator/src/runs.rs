@@ -62,14 +62,12 @@ pub fn run_inputs(spec: &DataStageSpec) -> String {
         }
     }
     // serde_json's maps are sorted by key, so equal specs give equal text.
-    let text = value.to_string();
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    format!("{hash:016x}")
+    format!("{:016x}", ferry_contract::hash::fnv1a(value.to_string().as_bytes()))
 }
 
 /// Whether the DataStage's current run has finished (for good or not).
 pub fn finished(ds: &DataStage) -> bool {
-    ds.status.as_ref().and_then(|s| s.phase).is_some_and(|p| matches!(p, Phase::Succeeded | Phase::Failed))
+    ds.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_finished)
 }
 
 /// The run to work on now.

@@ -239,9 +239,8 @@ pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message
 /// while the Job exists; from its recorded entry once the Job is gone after
 /// finishing; a fresh Pending entry otherwise.
 fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) -> WorkerStatus {
-    let recorded = recorded.filter(|w| w.run == Some(run));
     if observed.job.is_none()
-        && let Some(done) = recorded.filter(|w| matches!(w.phase, Some(Phase::Succeeded | Phase::Failed)))
+        && let Some(done) = recorded.filter(|w| w.finished_run(run))
     {
         return done.clone();
     }
@@ -274,7 +273,7 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) 
     // Until its final summary exists, a running worker's own live entry
     // (written by the stager) is the best knowledge of its progress.
     if !matches!(observed.report, Report::Summary(_))
-        && let Some(live) = recorded
+        && let Some(live) = recorded.filter(|w| w.run == Some(run))
     {
         entry.bytes_done = live.bytes_done;
         entry.bytes_total = live.bytes_total;
@@ -393,8 +392,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let workers: Vec<WorkerStatus> =
         inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run)).collect();
     let mut phase = overall_phase(&workers);
-    let finished_now = matches!(phase, Phase::Succeeded | Phase::Failed)
-        && (run_is_new || !matches!(previous.phase, Some(Phase::Succeeded | Phase::Failed)));
+    let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
     let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
 
     let mut status = DataStageStatus {
@@ -447,7 +445,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
             None => {}
         }
     }
-    if finished_now && matches!(phase, Phase::Succeeded | Phase::Failed) {
+    if finished_now && phase.is_finished() {
         status.last_sync_time = Some(inputs.now.clone());
         status.last_sync = sync_changes(inputs.observed).or(status.last_sync);
     }

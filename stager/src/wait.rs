@@ -73,7 +73,7 @@ pub fn verdict(ds: Option<&DataStage>, node: Option<&str>, snapshot: Option<&str
     let (phase, digest, what) = match node.filter(|_| per_node) {
         Some(node) => match status.workers.iter().find(|w| w.node.as_deref() == Some(node)) {
             Some(worker) => (worker.phase, worker.snapshot.as_deref(), format!("the worker on {node}")),
-            None if matches!(status.phase, Some(Phase::Succeeded | Phase::Failed)) => {
+            None if status.phase.is_some_and(Phase::is_finished) => {
                 let nodes: Vec<&str> = status.workers.iter().filter_map(|w| w.node.as_deref()).collect();
                 return Verdict::Failed(format!(
                     "node {node} is not one the DataStage stages onto ({}): run this pod on one of them, or widen spec.placement so that {node} matches",
