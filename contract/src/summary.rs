@@ -42,6 +42,9 @@ pub struct Summary {
     /// How transferred objects were verified.
     #[serde(default)]
     pub verified: VerifiedCounts,
+    /// What this run kept of interrupted earlier runs' work.
+    #[serde(default, skip_serializing_if = "Resumed::is_none")]
+    pub resumed: Resumed,
     /// Requests retried.
     #[serde(default)]
     pub retries: u64,
@@ -76,6 +79,12 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+impl Resumed {
+    fn is_none(&self) -> bool {
+        *self == Resumed::default()
+    }
+}
+
 /// Object or byte counts of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -104,13 +113,134 @@ impl Counts {
     }
 }
 
-/// How transferred objects were verified.
+/// What a transferred object was verified against. The label values of
+/// `ferry_stager_verified_total` and the fields of [`VerifiedCounts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifiedKind {
+    /// A full-object CRC64NVME (S3's default for new uploads).
+    Crc64nvme,
+    /// A full-object CRC32C (what Ferry's pushes and GCS keep).
+    Crc32c,
+    /// A full-object CRC32.
+    Crc32,
+    /// A SHA-1 or SHA-256 of a single-part object.
+    Sha,
+    /// The MD5 a single-part object's ETag is.
+    Md5,
+    /// A checksum of per-part checksums (a multipart upload with CRC32C,
+    /// CRC32, SHA-1 or SHA-256), checked part by part.
+    Composite,
+    /// The ETag of a multipart upload without checksums (the MD5 of the
+    /// parts' MD5s), with the part layout read from the store.
+    EtagMultipart,
+    /// Its size only: the object carries no checksum at all, or `--verify size`.
+    SizeOnly,
+}
+
+impl VerifiedKind {
+    /// Every kind, for pre-registering metric series.
+    pub const ALL: [VerifiedKind; 8] = [
+        VerifiedKind::Crc64nvme,
+        VerifiedKind::Crc32c,
+        VerifiedKind::Crc32,
+        VerifiedKind::Sha,
+        VerifiedKind::Md5,
+        VerifiedKind::Composite,
+        VerifiedKind::EtagMultipart,
+        VerifiedKind::SizeOnly,
+    ];
+
+    /// The label value, spelled as the summary's field.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            VerifiedKind::Crc64nvme => "crc64nvme",
+            VerifiedKind::Crc32c => "crc32c",
+            VerifiedKind::Crc32 => "crc32",
+            VerifiedKind::Sha => "sha",
+            VerifiedKind::Md5 => "md5",
+            VerifiedKind::Composite => "composite",
+            VerifiedKind::EtagMultipart => "etag_multipart",
+            VerifiedKind::SizeOnly => "size_only",
+        }
+    }
+}
+
+/// How transferred objects were verified: `checksum` counts every object
+/// checked against any checksum, the kinds say against which.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifiedCounts {
-    /// Against a checksum from the store.
+    /// Against a checksum from the store, of any kind below.
     pub checksum: u64,
-    /// By size only.
+    /// By size only: the object carries no checksum at all, or `--verify size`.
     pub size_only: u64,
+    /// Full-object CRC64NVME.
+    #[serde(default)]
+    pub crc64nvme: u64,
+    /// Full-object CRC32C.
+    #[serde(default)]
+    pub crc32c: u64,
+    /// Full-object CRC32.
+    #[serde(default)]
+    pub crc32: u64,
+    /// SHA-1 or SHA-256 of a single-part object.
+    #[serde(default)]
+    pub sha: u64,
+    /// The MD5 of a single-part upload's ETag.
+    #[serde(default)]
+    pub md5: u64,
+    /// Composite (per-part) checksums of multipart uploads.
+    #[serde(default)]
+    pub composite: u64,
+    /// Multipart ETags.
+    #[serde(default)]
+    pub etag_multipart: u64,
+}
+
+impl VerifiedCounts {
+    /// Counts `n` objects verified as `kind`.
+    pub fn add(&mut self, kind: VerifiedKind, n: u64) {
+        let field = match kind {
+            VerifiedKind::SizeOnly => {
+                self.size_only += n;
+                return;
+            }
+            VerifiedKind::Crc64nvme => &mut self.crc64nvme,
+            VerifiedKind::Crc32c => &mut self.crc32c,
+            VerifiedKind::Crc32 => &mut self.crc32,
+            VerifiedKind::Sha => &mut self.sha,
+            VerifiedKind::Md5 => &mut self.md5,
+            VerifiedKind::Composite => &mut self.composite,
+            VerifiedKind::EtagMultipart => &mut self.etag_multipart,
+        };
+        *field += n;
+        self.checksum += n;
+    }
+
+    /// Objects counted as `kind`.
+    pub fn get(&self, kind: VerifiedKind) -> u64 {
+        match kind {
+            VerifiedKind::Crc64nvme => self.crc64nvme,
+            VerifiedKind::Crc32c => self.crc32c,
+            VerifiedKind::Crc32 => self.crc32,
+            VerifiedKind::Sha => self.sha,
+            VerifiedKind::Md5 => self.md5,
+            VerifiedKind::Composite => self.composite,
+            VerifiedKind::EtagMultipart => self.etag_multipart,
+            VerifiedKind::SizeOnly => self.size_only,
+        }
+    }
+}
+
+/// Work an earlier, interrupted run had done that this run kept instead of
+/// copying again: verified ranges of a partial download, parts of an
+/// unfinished multipart upload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// Objects finished from where an earlier run stopped.
+    pub objects: u64,
+    /// Bytes not copied again (ranges or parts already in place).
+    pub bytes: u64,
 }
 
 /// One object that did not make it.
@@ -240,8 +370,11 @@ impl Summary {
             total.complete &= shard.complete;
             total.objects.add(&shard.objects);
             total.bytes.add(&shard.bytes);
-            total.verified.checksum += shard.verified.checksum;
-            total.verified.size_only += shard.verified.size_only;
+            for kind in VerifiedKind::ALL {
+                total.verified.add(kind, shard.verified.get(kind));
+            }
+            total.resumed.objects += shard.resumed.objects;
+            total.resumed.bytes += shard.resumed.bytes;
             total.retries += shard.retries;
             total.seconds = total.seconds.max(shard.seconds);
             total.throughput_bytes_per_second += shard.throughput_bytes_per_second;

@@ -48,6 +48,16 @@ pub enum StoredChecksum {
 }
 
 impl StoredChecksum {
+    /// What verifying against it counts as in the summary.
+    pub fn kind(&self) -> ferry_contract::summary::VerifiedKind {
+        use ferry_contract::summary::VerifiedKind;
+        match self {
+            StoredChecksum::Crc32c(_) => VerifiedKind::Crc32c,
+            StoredChecksum::Crc32(_) => VerifiedKind::Crc32,
+            StoredChecksum::Md5(_) => VerifiedKind::Md5,
+        }
+    }
+
     /// The short name used in logs and summaries.
     pub fn algorithm(&self) -> &'static str {
         match self {

@@ -35,7 +35,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::ranges::{download_range_size, plan_ranges};
-use super::tally::{Summary, Verified};
+use super::tally::{Summary, Verified, VerifiedKind};
 use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
     Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
@@ -491,7 +491,7 @@ async fn check_received(
     if actual_size != size {
         return Err(ObjectError::Size { expected: size, actual: actual_size });
     }
-    let Some(expected) = expected else { return Ok(Verified::Size) };
+    let Some(expected) = expected else { return Ok(Verified::As(VerifiedKind::SizeOnly)) };
     let actual = match expected {
         StoredChecksum::Md5(_) => StoredChecksum::Md5(match written {
             Written::File(file) => engine
@@ -512,7 +512,7 @@ async fn check_received(
     if actual != expected {
         return Err(ObjectError::Mismatch { expected, actual });
     }
-    Ok(Verified::Checksum)
+    Ok(Verified::As(expected.kind()))
 }
 
 /// Where a range's bytes go as they arrive.

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 use super::pull::ObjectError;
 use super::ranges::{plan_ranges, upload_part_size};
-use super::tally::{Summary, Verified};
+use super::tally::{Summary, Verified, VerifiedKind};
 use super::{Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, dooms_the_run, join_objects, object_slot};
 use crate::local::walk::{LocalFile, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
@@ -115,7 +115,7 @@ async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result
     let result = upload(engine, &file, &key).await;
     match result {
         Ok(()) => {
-            engine.tally.transferred(Verified::Checksum);
+            engine.tally.transferred(Verified::As(VerifiedKind::Crc32c));
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = file.size, "uploaded");
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use ferry_contract::summary::{Amount, Changes, SnapshotBuilder};
-pub use ferry_contract::summary::{Counts, Failure, Operation, Summary, VerifiedCounts};
+pub use ferry_contract::summary::{Counts, Failure, Operation, Resumed, Summary, VerifiedCounts, VerifiedKind};
 
 /// Failures kept in full for the summary; the count is always exact.
 const FAILURES_KEPT: usize = 1000;
@@ -27,8 +27,8 @@ pub struct Tally {
     bytes_transferred: AtomicU64,
     bytes_skipped: AtomicU64,
     bytes_failed: AtomicU64,
-    verified_checksum: AtomicU64,
-    verified_size: AtomicU64,
+    verified: [AtomicU64; VerifiedKind::ALL.len()],
+    resumed: AmountCounter,
     retries: AtomicU64,
     listing_done: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<Failure>>,
@@ -59,10 +59,8 @@ impl AmountCounter {
 /// How a transferred object was verified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verified {
-    /// Against a checksum from the store.
-    Checksum,
-    /// By size only (the store offered no usable checksum, or --verify size).
-    Size,
+    /// Against a checksum of this kind (or by size only).
+    As(VerifiedKind),
     /// Not verified (--verify none).
     Unverified,
 }
@@ -102,11 +100,16 @@ impl Tally {
     /// An object was copied and verified.
     pub fn transferred(&self, verified: Verified) {
         self.objects_transferred.fetch_add(1, Relaxed);
-        match verified {
-            Verified::Checksum => self.verified_checksum.fetch_add(1, Relaxed),
-            Verified::Size => self.verified_size.fetch_add(1, Relaxed),
-            Verified::Unverified => 0,
-        };
+        if let Verified::As(kind) = verified {
+            let index = VerifiedKind::ALL.iter().position(|k| *k == kind).expect("ALL lists every kind");
+            self.verified[index].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// An object was finished from where an earlier run stopped, keeping
+    /// `bytes` that run had already copied and verified.
+    pub fn resumed(&self, bytes: u64) {
+        self.resumed.add(1, bytes);
     }
 
     /// An object was already in place.
@@ -213,9 +216,16 @@ impl Tally {
                 skipped: self.bytes_skipped.load(Relaxed),
                 failed: self.bytes_failed.load(Relaxed),
             },
-            verified: VerifiedCounts {
-                checksum: self.verified_checksum.load(Relaxed),
-                size_only: self.verified_size.load(Relaxed),
+            verified: VerifiedKind::ALL.iter().zip(&self.verified).fold(
+                VerifiedCounts::default(),
+                |mut counts, (kind, n)| {
+                    counts.add(*kind, n.load(Relaxed));
+                    counts
+                },
+            ),
+            resumed: {
+                let Amount { objects, bytes } = self.resumed.load();
+                Resumed { objects, bytes }
             },
             retries: self.retries.load(Relaxed),
             seconds,
@@ -285,7 +295,7 @@ mod tests {
         tally.selected(10);
         tally.selected(5);
         tally.bytes(10);
-        tally.transferred(Verified::Checksum);
+        tally.transferred(Verified::As(VerifiedKind::Crc32c));
         tally.failed("b", 5, "checksum mismatch");
         let summary = tally.summary(Operation::Pull, "s3://b/p/".into(), "/d".into(), Duration::from_secs(2));
         assert!(!summary.complete);
