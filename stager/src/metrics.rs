@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use ferry_contract::summary::VerifiedKind;
+
 use crate::store::RetryReason;
 
 /// Which way bytes moved.
@@ -80,6 +82,10 @@ pub enum Operation {
     CompleteMultipart,
     /// Aborting a multipart upload.
     AbortMultipart,
+    /// Listing the parts an unfinished multipart upload already has.
+    ListParts,
+    /// Listing unfinished multipart uploads under a prefix.
+    ListUploads,
 }
 
 impl Operation {
@@ -94,6 +100,8 @@ impl Operation {
             Operation::UploadPart => "upload_part",
             Operation::CompleteMultipart => "complete_multipart",
             Operation::AbortMultipart => "abort_multipart",
+            Operation::ListParts => "list_parts",
+            Operation::ListUploads => "list_uploads",
         }
     }
 }
@@ -114,6 +122,11 @@ struct OperationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -131,6 +144,8 @@ pub struct Metrics {
     objects: Family<ResultLabels, Counter>,
     request_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     retries: Family<ReasonLabels, Counter>,
+    verified: Family<KindLabels, Counter>,
+    resumed: Family<DirectionLabels, Counter>,
     in_flight: Gauge,
 }
 
@@ -149,6 +164,8 @@ impl Metrics {
         let request_duration =
             Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(duration_histogram);
         let retries = Family::<ReasonLabels, Counter>::default();
+        let verified = Family::<KindLabels, Counter>::default();
+        let resumed = Family::<DirectionLabels, Counter>::default();
         let in_flight = Gauge::default();
         registry.register_with_unit(
             "transferred",
@@ -164,6 +181,17 @@ impl Metrics {
             request_duration.clone(),
         );
         registry.register("retries", "Store requests retried, by reason", retries.clone());
+        registry.register(
+            "verified_objects",
+            "Objects transferred, by what they were verified against",
+            verified.clone(),
+        );
+        registry.register_with_unit(
+            "resumed",
+            "Bytes an interrupted earlier run had copied and this run kept instead of copying again",
+            Unit::Bytes,
+            resumed.clone(),
+        );
         registry.register("requests_in_flight", "Store requests currently in flight", in_flight.clone());
         // Pre-create label sets so every series exists from the first scrape.
         for result in [ObjectResult::Transferred, ObjectResult::Skipped, ObjectResult::Failed, ObjectResult::Refused] {
@@ -172,7 +200,13 @@ impl Metrics {
         for reason in RetryReason::ALL {
             let _ = retries.get_or_create(&ReasonLabels { reason: reason.as_str() });
         }
-        Self { registry, bytes, objects, request_duration, retries, in_flight }
+        for kind in VerifiedKind::ALL {
+            let _ = verified.get_or_create(&KindLabels { kind: kind.as_str() });
+        }
+        for direction in [Direction::Download, Direction::Upload] {
+            let _ = resumed.get_or_create(&DirectionLabels { direction: direction.as_str() });
+        }
+        Self { registry, bytes, objects, request_duration, retries, verified, resumed, in_flight }
     }
 
     /// Counts bytes that reached their destination.
@@ -190,6 +224,16 @@ impl Metrics {
         self.request_duration
             .get_or_create(&OperationLabels { operation: operation.as_str() })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a transferred object by what it was verified against.
+    pub fn verified(&self, kind: VerifiedKind) {
+        self.verified.get_or_create(&KindLabels { kind: kind.as_str() }).inc();
+    }
+
+    /// Counts bytes an earlier run had copied that this run kept.
+    pub fn resumed(&self, direction: Direction, bytes: u64) {
+        self.resumed.get_or_create(&DirectionLabels { direction: direction.as_str() }).inc_by(bytes);
     }
 
     /// Counts a retry.
@@ -257,6 +301,8 @@ mod tests {
         metrics.object(ObjectResult::Transferred);
         metrics.observe_request(Operation::Get, Duration::from_millis(3));
         metrics.retry(RetryReason::Throttled);
+        metrics.verified(VerifiedKind::EtagMultipart);
+        metrics.resumed(Direction::Upload, 7);
         let guard = metrics.request_started();
         let text = metrics.encode();
         drop(guard);
@@ -267,6 +313,9 @@ mod tests {
             "ferry_stager_request_duration_seconds_count{operation=\"get\"} 1",
             "ferry_stager_retries_total{reason=\"throttled\"} 1",
             "ferry_stager_requests_in_flight 1",
+            "ferry_stager_verified_objects_total{kind=\"etag_multipart\"} 1",
+            "ferry_stager_verified_objects_total{kind=\"crc64nvme\"} 0",
+            "ferry_stager_resumed_bytes_total{direction=\"upload\"} 7",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -323,6 +323,9 @@ async fn pull_object(
     match result {
         Ok(verified) => {
             engine.tally.transferred(verified);
+            if let Verified::As(kind) = verified {
+                engine.metrics.verified(kind);
+            }
             let size = planned.object.size;
             if planned.known {
                 engine.tally.updated(size)

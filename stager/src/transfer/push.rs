@@ -115,7 +115,9 @@ async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result
     let result = upload(engine, &file, &key).await;
     match result {
         Ok(()) => {
+            // The store checked every request's CRC32C, and the object's.
             engine.tally.transferred(Verified::As(VerifiedKind::Crc32c));
+            engine.metrics.verified(VerifiedKind::Crc32c);
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = file.size, "uploaded");
         }
