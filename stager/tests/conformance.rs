@@ -10,9 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use aws_sdk_s3::config::RequestChecksumCalculation;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
 use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
 use ferry_contract::summary::Snapshot;
-use ferry_testkit::{Backend, S3Server, Store, pattern, read_tree};
+use ferry_testkit::{Backend, CorruptingProxy, S3Server, Store, pattern, read_tree};
 
 const MIB: usize = 1 << 20;
 const PART: usize = 5 * MIB;
@@ -103,6 +106,208 @@ async fn objects_uploaded_by_other_clients_are_verified_against_the_stores_check
     // read-back for ranged ones). GCS: every object has a CRC32C.
     assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{:#}", pull.summary);
     assert_eq!(read_tree(dst.path()), files);
+}
+
+/// Planted in every object of the checksum tests; the corrupting proxy
+/// flips one bit of it in each response.
+const MARKER: &[u8] = b"<ferry-corrupt-this-byte>";
+
+/// `len` bytes of `pattern(seed)` with [`MARKER`] at `at`.
+fn marked(seed: u64, len: usize, at: usize) -> Vec<u8> {
+    let mut data = pattern(seed, len);
+    data[at..at + MARKER.len()].copy_from_slice(MARKER);
+    data
+}
+
+/// An S3 client that sends no checksum unless told to, as older SDKs and
+/// tools (s5cmd, rclone) do.
+fn plain_client(server: &S3Server) -> aws_sdk_s3::Client {
+    let config = server
+        .client()
+        .config()
+        .to_builder()
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// Uploads `data` in parts of the given sizes, with `checksum` (and its
+/// type) or none.
+async fn multipart_upload(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    data: &[u8],
+    parts: &[usize],
+    checksum: Option<(ChecksumAlgorithm, ChecksumType)>,
+) {
+    assert_eq!(parts.iter().sum::<usize>(), data.len());
+    let created = client
+        .create_multipart_upload()
+        .bucket(bucket)
+        .key(key)
+        .set_checksum_algorithm(checksum.as_ref().map(|c| c.0.clone()))
+        .set_checksum_type(checksum.as_ref().map(|c| c.1.clone()))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create {key}: {e:?}"));
+    let upload_id = created.upload_id().unwrap();
+    let mut completed = Vec::new();
+    let mut offset = 0;
+    for (index, len) in parts.iter().enumerate() {
+        let number = index as i32 + 1;
+        let part = client
+            .upload_part()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .set_checksum_algorithm(checksum.as_ref().map(|c| c.0.clone()))
+            .body(ByteStream::from(data[offset..offset + len].to_vec()))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("part {number} of {key}: {e:?}"));
+        offset += len;
+        completed.push(
+            CompletedPart::builder()
+                .part_number(number)
+                .set_e_tag(part.e_tag().map(str::to_owned))
+                .set_checksum_crc32_c(part.checksum_crc32_c().map(str::to_owned))
+                .set_checksum_crc32(part.checksum_crc32().map(str::to_owned))
+                .set_checksum_sha256(part.checksum_sha256().map(str::to_owned))
+                .set_checksum_crc64_nvme(part.checksum_crc64_nvme().map(str::to_owned))
+                .build(),
+        );
+    }
+    client
+        .complete_multipart_upload()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(upload_id)
+        .set_checksum_type(checksum.map(|c| c.1))
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(completed)).build())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("complete {key}: {e:?}"));
+}
+
+/// Objects as other clients write them, one per kind of checksum a store
+/// keeps; returns them and the verification kinds a pull should count.
+async fn foreign_objects(server: &Store, bucket: &str) -> (BTreeMap<String, Vec<u8>>, Vec<(&'static str, u64)>) {
+    let mut files = BTreeMap::new();
+    let Store::S3(s3) = server else {
+        // GCS keeps a CRC32C of every object, composed ones included.
+        files.insert("small.bin".to_owned(), marked(20, 300 << 10, 1000));
+        files.insert("ranged.bin".to_owned(), marked(21, 12 * MIB + 5, 9 * MIB));
+        put_tree(server, bucket, "", &files).await;
+        return (files, vec![("crc32c", 2)]);
+    };
+    let sdk = s3.client();
+    let plain = plain_client(s3);
+    let put = |client: &aws_sdk_s3::Client, key: &str, data: &[u8], algorithm: Option<ChecksumAlgorithm>| {
+        client
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .set_checksum_algorithm(algorithm)
+            .body(ByteStream::from(data.to_vec()))
+            .send()
+    };
+    // What SDKs and the CLI send by default now: a full-object CRC64NVME,
+    // for one object in one GET and for one fetched in ranges.
+    for (key, data) in
+        [("crc64-small.bin", marked(22, 200 << 10, 7)), ("crc64-ranged.bin", marked(23, 11 * MIB, 10 * MIB))]
+    {
+        put(&sdk, key, &data, Some(ChecksumAlgorithm::Crc64Nvme)).await.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        files.insert(key.to_owned(), data);
+    }
+    // A multipart upload with a full-object CRC64NVME (the CLI's large files).
+    let data = marked(24, 12 * MIB + 1, 11 * MIB);
+    multipart_upload(
+        &sdk,
+        bucket,
+        "crc64-multipart.bin",
+        &data,
+        &[5 * MIB, 5 * MIB, 2 * MIB + 1],
+        Some((ChecksumAlgorithm::Crc64Nvme, ChecksumType::FullObject)),
+    )
+    .await;
+    files.insert("crc64-multipart.bin".to_owned(), data);
+    // Composite checksums: a CRC32C and a SHA-256 per part, parts of unequal size.
+    let data = marked(25, 13 * MIB, 6 * MIB - 3);
+    multipart_upload(
+        &sdk,
+        bucket,
+        "composite-crc32c.bin",
+        &data,
+        &[6 * MIB, 5 * MIB, 2 * MIB],
+        Some((ChecksumAlgorithm::Crc32C, ChecksumType::Composite)),
+    )
+    .await;
+    files.insert("composite-crc32c.bin".to_owned(), data);
+    let data = marked(26, 11 * MIB + 17, 3);
+    multipart_upload(
+        &sdk,
+        bucket,
+        "composite-sha256.bin",
+        &data,
+        &[5 * MIB, 6 * MIB + 17],
+        Some((ChecksumAlgorithm::Sha256, ChecksumType::Composite)),
+    )
+    .await;
+    files.insert("composite-sha256.bin".to_owned(), data);
+    // Multipart without checksums (s5cmd, rclone, older SDKs): only the ETag.
+    let data = marked(27, 16 * MIB + 3, 15 * MIB);
+    multipart_upload(&plain, bucket, "etag-multipart.bin", &data, &[5 * MIB, 5 * MIB, 5 * MIB, MIB + 3], None).await;
+    files.insert("etag-multipart.bin".to_owned(), data);
+    // A multipart upload of one small part, received in memory in one GET.
+    let data = marked(28, 300 << 10, 5);
+    multipart_upload(&plain, bucket, "etag-multipart-small.bin", &data, &[300 << 10], None).await;
+    files.insert("etag-multipart-small.bin".to_owned(), data);
+    // One PUT without a checksum: the ETag is the content's MD5.
+    let data = marked(29, 100 << 10, 50);
+    put(&plain, "md5.bin", &data, None).await.unwrap();
+    files.insert("md5.bin".to_owned(), data);
+    let kinds = vec![("crc64nvme", 3), ("composite", 2), ("etag_multipart", 2), ("md5", 1), ("size_only", 0)];
+    (files, kinds)
+}
+
+async fn every_kind_of_checksum_is_verified_and_a_corrupted_byte_in_each_is_caught(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("kinds").await;
+    let (files, kinds) = foreign_objects(&server, "kinds").await;
+    let args = |dst: &Path| -> Vec<String> {
+        let uri = server.uri("kinds");
+        ["pull", uri.as_str(), dst.to_str().unwrap(), "--part-size", "4MiB"].map(str::to_owned).to_vec()
+    };
+
+    // Straight from the store: every object verified, each by its kind.
+    let dst = tempfile::tempdir().unwrap();
+    let pull = stager(&server, &args(dst.path()).iter().map(String::as_str).collect::<Vec<_>>());
+    pull.assert_ok();
+    assert_eq!(read_tree(dst.path()), files);
+    let verified = &pull.summary["verified"];
+    assert_eq!(verified["checksum"].as_u64(), Some(files.len() as u64), "{:#}", pull.summary);
+    for (kind, count) in kinds {
+        assert_eq!(verified[kind].as_u64(), Some(count), "{kind}: {:#}", pull.summary);
+    }
+
+    // Through a proxy that changes one byte of each object: every object
+    // fails verification, and none appears.
+    let endpoint = server.env().into_iter().find(|(k, _)| *k == "FERRY_ENDPOINT_URL").unwrap().1;
+    let proxy = CorruptingProxy::start(&endpoint, MARKER);
+    let dst = tempfile::tempdir().unwrap();
+    let mut cmd = command(&server, &args(dst.path()).iter().map(String::as_str).collect::<Vec<_>>());
+    cmd.env("FERRY_ENDPOINT_URL", &proxy.endpoint);
+    let corrupted = common::run(cmd);
+    assert_eq!(corrupted.code(), 1, "{}\n{:#}", corrupted.stderr, corrupted.summary);
+    assert_eq!(corrupted.summary["objects"]["failed"].as_u64(), Some(files.len() as u64), "{:#}", corrupted.summary);
+    for failure in corrupted.summary["failures"].as_array().unwrap() {
+        assert!(failure["error"].as_str().unwrap().contains("checksum mismatch"), "{failure}");
+    }
+    assert!(proxy.corrupted() >= files.len() as u64);
+    assert!(read_tree(dst.path()).is_empty(), "no corrupted file appears");
+    assert_eq!(leftover_temp_files(dst.path()), Vec::<String>::new());
 }
 
 async fn include_and_exclude_select_by_relative_key(backend: Backend) {
@@ -526,6 +731,7 @@ macro_rules! conformance {
 conformance!(
     push_then_pull_is_byte_identical,
     objects_uploaded_by_other_clients_are_verified_against_the_stores_checksum,
+    every_kind_of_checksum_is_verified_and_a_corrupted_byte_in_each_is_caught,
     include_and_exclude_select_by_relative_key,
     three_shards_partition_the_dataset_exactly,
     a_second_pull_transfers_nothing_and_a_third_only_what_changed,

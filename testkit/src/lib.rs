@@ -14,8 +14,10 @@
 //! asking `hack/tools.sh path`, which installs them on first use.
 
 mod gcs;
+mod proxy;
 
 pub use gcs::{Backend, GcsServer, Store};
+pub use proxy::CorruptingProxy;
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};

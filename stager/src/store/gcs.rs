@@ -35,7 +35,9 @@ use google_cloud_storage::client::Storage;
 use google_cloud_storage::model_ext::ReadRange;
 use serde::Deserialize;
 
-use super::{GetResponse, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart};
+use super::{
+    GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart,
+};
 
 /// The public GCS endpoint.
 const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
@@ -67,6 +69,11 @@ pub struct GcsStore {
     credentials: Credentials,
     /// Why no client could be built (e.g. no credentials found), reported on first use.
     unusable: Option<String>,
+    /// Time allowed for a data request until its response arrives (a read's
+    /// headers, a write's acknowledgement). The data client has no setting
+    /// for it, so the engine's is applied around each call; a stalled body
+    /// is the engine's stall timeout's to catch.
+    request_timeout: Duration,
 }
 
 impl GcsStore {
@@ -107,7 +114,8 @@ impl GcsStore {
                 None
             }
         };
-        Self { bucket: bucket.to_owned(), data, json, endpoint, credentials, unusable }
+        let request_timeout = options.request_timeout;
+        Self { bucket: bucket.to_owned(), data, json, endpoint, credentials, unusable, request_timeout }
     }
 
     fn data(&self) -> Result<&Storage, StoreError> {
@@ -119,6 +127,16 @@ impl GcsStore {
     }
 
     /// `projects/_/buckets/BUCKET`, as the crate names buckets.
+    /// Runs a data-client call within the request timeout.
+    async fn timed<T>(&self, what: &str, call: impl std::future::Future<Output = T>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.request_timeout, call).await.map_err(|_| {
+            StoreError::transient(
+                RetryReason::Timeout,
+                format!("no response to the {what} within {:?}", self.request_timeout),
+            )
+        })
+    }
+
     fn bucket_path(&self) -> String {
         format!("projects/_/buckets/{}", self.bucket)
     }
@@ -342,10 +360,10 @@ impl ObjectStore for GcsStore {
         Ok(ListPage { objects, next: page.next_page_token.filter(|t| !t.is_empty()) })
     }
 
-    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError> {
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
         let request = self.request(reqwest::Method::GET, &self.object_url(key)).await?;
         let object: JsonObject = self.send(request, NotFound::Object).await?;
-        Ok((object.meta(), object.checksum()))
+        Ok((object.meta(), object.checksum().map(Integrity::Whole)))
     }
 
     async fn get(
@@ -361,14 +379,15 @@ impl ObjectStore for GcsStore {
         if let Some(generation) = if_match.and_then(|g| g.parse::<i64>().ok()) {
             read = read.set_if_generation_match(generation);
         }
-        let response = read.send().await.map_err(|e| classify(&e, &self.bucket))?;
+        let response = self.timed("read", read.send()).await?.map_err(|e| classify(&e, &self.bucket))?;
         let object = response.object();
         let size = u64::try_from(object.size).unwrap_or(0);
         let content_length = match &range {
             Some(range) => range.end.min(size).saturating_sub(range.start),
             None => size,
         };
-        let checksum = object.checksums.as_ref().and_then(|c| c.crc32c).map(StoredChecksum::Crc32c);
+        let checksum =
+            object.checksums.as_ref().and_then(|c| c.crc32c).map(|crc| Integrity::Whole(StoredChecksum::Crc32c(crc)));
         let bucket = self.bucket.clone();
         let stream = futures::stream::unfold(Some(response), move |state| {
             let bucket = bucket.clone();
@@ -398,12 +417,9 @@ impl ObjectStore for GcsStore {
     }
 
     async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
-        self.data()?
-            .write_object(self.bucket_path(), key, body)
-            .with_known_crc32c(crc32c)
-            .send_unbuffered()
-            .await
-            .map_err(|e| classify(&e, &self.bucket))?;
+        let write =
+            self.data()?.write_object(self.bucket_path(), key, body).with_known_crc32c(crc32c).send_unbuffered();
+        self.timed("write", write).await?.map_err(|e| classify(&e, &self.bucket))?;
         Ok(())
     }
 

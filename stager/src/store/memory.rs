@@ -11,7 +11,9 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use md5::{Digest as _, Md5};
 
-use super::{GetResponse, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart};
+use super::{
+    GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart,
+};
 
 /// A fault to inject into the next matching request.
 #[derive(Clone, Debug)]
@@ -134,12 +136,12 @@ impl ObjectStore for MemoryStore {
         Ok(ListPage { objects, next })
     }
 
-    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError> {
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
         let state = self.state.lock().unwrap();
         let (data, checksum) = state.objects.get(key).ok_or(StoreError::NotFound)?;
         let meta =
             ObjectMeta { key: key.into(), size: data.len() as u64, etag: Some(etag_of(data)), last_modified: None };
-        Ok((meta, *checksum))
+        Ok((meta, checksum.map(Integrity::Whole)))
     }
 
     async fn get(
@@ -177,7 +179,7 @@ impl ObjectStore for MemoryStore {
         Ok(GetResponse {
             content_length,
             etag: Some(etag),
-            checksum: if whole { checksum } else { None },
+            checksum: if whole { checksum.map(Integrity::Whole) } else { None },
             body: futures::stream::iter(chunks).boxed(),
         })
     }

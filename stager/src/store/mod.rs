@@ -21,6 +21,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use ferry_contract::summary::VerifiedKind;
 use futures::stream::BoxStream;
 
 /// What an object store tells us about one object.
@@ -39,42 +40,146 @@ pub struct ObjectMeta {
 /// A whole-object checksum the store keeps and can be verified against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoredChecksum {
+    /// CRC64NVME of the whole object (S3's default for new uploads).
+    Crc64Nvme(u64),
     /// CRC32C (Castagnoli) of the whole object.
     Crc32c(u32),
     /// CRC32 (IEEE) of the whole object.
     Crc32(u32),
     /// MD5 of the whole object, known from the ETag of a single-part upload.
     Md5([u8; 16]),
+    /// SHA-1 of a single-part object.
+    Sha1([u8; 20]),
+    /// SHA-256 of a single-part object.
+    Sha256([u8; 32]),
 }
 
 impl StoredChecksum {
     /// What verifying against it counts as in the summary.
-    pub fn kind(&self) -> ferry_contract::summary::VerifiedKind {
-        use ferry_contract::summary::VerifiedKind;
+    pub fn kind(&self) -> VerifiedKind {
         match self {
+            StoredChecksum::Crc64Nvme(_) => VerifiedKind::Crc64nvme,
             StoredChecksum::Crc32c(_) => VerifiedKind::Crc32c,
             StoredChecksum::Crc32(_) => VerifiedKind::Crc32,
             StoredChecksum::Md5(_) => VerifiedKind::Md5,
+            StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) => VerifiedKind::Sha,
         }
     }
 
     /// The short name used in logs and summaries.
     pub fn algorithm(&self) -> &'static str {
         match self {
+            StoredChecksum::Crc64Nvme(_) => "crc64nvme",
             StoredChecksum::Crc32c(_) => "crc32c",
             StoredChecksum::Crc32(_) => "crc32",
             StoredChecksum::Md5(_) => "md5",
+            StoredChecksum::Sha1(_) => "sha1",
+            StoredChecksum::Sha256(_) => "sha256",
         }
+    }
+
+    /// Whether it can be computed range by range as bytes stream past and
+    /// combined (the CRCs); the others are hashed over the bytes in order.
+    pub fn is_combinable(&self) -> bool {
+        matches!(self, StoredChecksum::Crc64Nvme(_) | StoredChecksum::Crc32c(_) | StoredChecksum::Crc32(_))
     }
 }
 
 impl fmt::Display for StoredChecksum {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let algorithm = self.algorithm();
         match self {
-            StoredChecksum::Crc32c(v) | StoredChecksum::Crc32(v) => {
-                write!(f, "{}:{v:08x}", self.algorithm())
-            }
-            StoredChecksum::Md5(d) => write!(f, "md5:{}", hex::encode(d)),
+            StoredChecksum::Crc64Nvme(v) => write!(f, "{algorithm}:{v:016x}"),
+            StoredChecksum::Crc32c(v) | StoredChecksum::Crc32(v) => write!(f, "{algorithm}:{v:08x}"),
+            StoredChecksum::Md5(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
+            StoredChecksum::Sha1(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
+            StoredChecksum::Sha256(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
+        }
+    }
+}
+
+/// The hash a multipart object's per-part checksums are taken with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartAlgorithm {
+    /// CRC32C per part (a composite checksum).
+    Crc32c,
+    /// CRC32 per part (a composite checksum).
+    Crc32,
+    /// SHA-1 per part (a composite checksum).
+    Sha1,
+    /// SHA-256 per part (a composite checksum).
+    Sha256,
+    /// MD5 per part: the multipart ETag.
+    Md5,
+}
+
+impl PartAlgorithm {
+    /// The short name used in logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PartAlgorithm::Crc32c => "crc32c",
+            PartAlgorithm::Crc32 => "crc32",
+            PartAlgorithm::Sha1 => "sha1",
+            PartAlgorithm::Sha256 => "sha256",
+            PartAlgorithm::Md5 => "md5",
+        }
+    }
+}
+
+/// A checksum of a multipart object's per-part checksums: S3's composite
+/// checksums (`x-amz-checksum-crc32c: <base64>-N`) and multipart ETags
+/// (`<hex md5>-N`). Verifying one needs the part boundaries, which only the
+/// store knows ([`ObjectStore::part_size`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartsChecksum {
+    /// How each part, and then the list of part checksums, is hashed.
+    pub algorithm: PartAlgorithm,
+    /// The hash of the concatenated part checksums (big-endian for CRCs).
+    pub digest: Vec<u8>,
+    /// How many parts the object was uploaded in.
+    pub parts: u32,
+}
+
+impl fmt::Display for PartsChecksum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}-{}", self.algorithm.name(), hex::encode(&self.digest), self.parts)
+    }
+}
+
+/// What an object can be verified against, best first when a store offers
+/// several.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Integrity {
+    /// A checksum of the whole object.
+    Whole(StoredChecksum),
+    /// A checksum of per-part checksums.
+    Parts(PartsChecksum),
+}
+
+impl Integrity {
+    /// What verifying against it counts as in the summary.
+    pub fn kind(&self) -> VerifiedKind {
+        match self {
+            Integrity::Whole(checksum) => checksum.kind(),
+            Integrity::Parts(PartsChecksum { algorithm: PartAlgorithm::Md5, .. }) => VerifiedKind::EtagMultipart,
+            Integrity::Parts(_) => VerifiedKind::Composite,
+        }
+    }
+
+    /// The whole-object checksum, if it is one.
+    pub fn whole(&self) -> Option<&StoredChecksum> {
+        match self {
+            Integrity::Whole(checksum) => Some(checksum),
+            Integrity::Parts(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Integrity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Integrity::Whole(checksum) => checksum.fmt(f),
+            Integrity::Parts(parts) => parts.fmt(f),
         }
     }
 }
@@ -94,8 +199,9 @@ pub struct GetResponse {
     pub content_length: u64,
     /// The object's ETag, without quotes.
     pub etag: Option<String>,
-    /// The whole-object checksum, when the store sent one with this response.
-    pub checksum: Option<StoredChecksum>,
+    /// What the object can be verified against, when the store said so
+    /// with this response (whole-object reads only).
+    pub checksum: Option<Integrity>,
     /// The body. Errors in the stream are already mapped to [`StoreError`].
     pub body: BoxStream<'static, Result<Bytes, StoreError>>,
 }
@@ -269,8 +375,19 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     /// Lists one page of objects whose keys start with `prefix`.
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError>;
 
-    /// Reads an object's size, ETag and whole-object checksum.
-    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError>;
+    /// Reads an object's size, ETag and what it can be verified against.
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError>;
+
+    /// The size of part `number` (1-based) of a multipart object, as it was
+    /// uploaded, while its ETag is still `if_match`. Stores without
+    /// multipart objects never report a [`PartsChecksum`], so are never asked.
+    async fn part_size(&self, key: &str, number: u32, if_match: Option<&str>) -> Result<u64, StoreError> {
+        let _ = (key, number, if_match);
+        Err(StoreError::Rejected {
+            code: "NotImplemented".into(),
+            message: format!("{} does not keep multipart objects", self.describe()),
+        })
+    }
 
     /// Reads an object, or the byte `range` of it. With `if_match`, the read
     /// fails with [`StoreError::Changed`] when the ETag differs.

@@ -18,13 +18,18 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart, ServerSideEncryption,
+};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use super::{GetResponse, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart};
+use super::{
+    GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, PartAlgorithm, PartsChecksum, RetryReason, StoreError,
+    StoredChecksum, UploadedPart,
+};
 
 /// How to reach an S3-compatible store.
 #[derive(Clone, Debug, Default)]
@@ -165,29 +170,98 @@ fn encode_crc(crc: u32) -> String {
     BASE64.encode(crc.to_be_bytes())
 }
 
-fn decode_crc(value: &str) -> Option<u32> {
-    let bytes = BASE64.decode(value).ok()?;
-    Some(u32::from_be_bytes(bytes.try_into().ok()?))
+/// The checksum headers of a HEAD or GET response, as S3 sends them
+/// (base64 values, composite ones ending in `-N`).
+#[derive(Clone, Debug, Default)]
+struct ChecksumHeaders<'a> {
+    crc64nvme: Option<&'a str>,
+    crc32c: Option<&'a str>,
+    crc32: Option<&'a str>,
+    sha1: Option<&'a str>,
+    sha256: Option<&'a str>,
+    checksum_type: Option<&'a ChecksumType>,
+    etag: Option<&'a str>,
+    /// `x-amz-server-side-encryption`.
+    encryption: Option<&'a ServerSideEncryption>,
+    /// Whether the object is encrypted with a customer key (SSE-C).
+    customer_key: bool,
 }
 
-/// Picks the whole-object checksum the response offers, best first: a
-/// full-object CRC, else the MD5 carried by a single-part ETag. Composite
-/// (per-part) checksums end in `-N` and are not whole-object checksums.
-fn stored_checksum(
-    crc32c: Option<&str>,
-    crc32: Option<&str>,
-    checksum_type: Option<&ChecksumType>,
-    etag: Option<&str>,
-) -> Option<StoredChecksum> {
-    let full_object = !matches!(checksum_type, Some(ChecksumType::Composite));
-    let whole = |v: Option<&str>| v.filter(|v| full_object && !v.contains('-')).and_then(decode_crc);
-    if let Some(crc) = whole(crc32c) {
-        return Some(StoredChecksum::Crc32c(crc));
+/// Picks what to verify the object against, cheapest first: a full-object
+/// CRC (computed as ranges stream past), the MD5 a single-part ETag is
+/// (hashed in SIMD lanes), a full-object SHA, then checksums of per-part
+/// checksums (composite, then the multipart ETag), which need the part
+/// layout. SSE-KMS and SSE-C ETags are not MD5s of the content, so they are
+/// never taken for one.
+fn integrity(headers: &ChecksumHeaders<'_>) -> Option<Integrity> {
+    let composite = matches!(headers.checksum_type, Some(ChecksumType::Composite));
+    let whole = |value: Option<&str>| value.filter(|v| !composite && !v.contains('-')).and_then(decode_base64);
+    if let Some(crc) = whole(headers.crc64nvme).and_then(|b| b.try_into().ok()) {
+        return Some(Integrity::Whole(StoredChecksum::Crc64Nvme(u64::from_be_bytes(crc))));
     }
-    if let Some(crc) = whole(crc32) {
-        return Some(StoredChecksum::Crc32(crc));
+    if let Some(crc) = whole(headers.crc32c).and_then(|b| b.try_into().ok()) {
+        return Some(Integrity::Whole(StoredChecksum::Crc32c(u32::from_be_bytes(crc))));
     }
-    md5_from_etag(etag?)
+    if let Some(crc) = whole(headers.crc32).and_then(|b| b.try_into().ok()) {
+        return Some(Integrity::Whole(StoredChecksum::Crc32(u32::from_be_bytes(crc))));
+    }
+    let etag_is_content_hash = !headers.customer_key
+        && !matches!(headers.encryption, Some(ServerSideEncryption::AwsKms | ServerSideEncryption::AwsKmsDsse));
+    if etag_is_content_hash && let Some(md5) = headers.etag.and_then(md5_from_etag) {
+        return Some(Integrity::Whole(md5));
+    }
+    if let Some(sha) = whole(headers.sha256).and_then(|b| b.try_into().ok()) {
+        return Some(Integrity::Whole(StoredChecksum::Sha256(sha)));
+    }
+    if let Some(sha) = whole(headers.sha1).and_then(|b| b.try_into().ok()) {
+        return Some(Integrity::Whole(StoredChecksum::Sha1(sha)));
+    }
+    let composites = [
+        (headers.crc32c, PartAlgorithm::Crc32c),
+        (headers.crc32, PartAlgorithm::Crc32),
+        (headers.sha256, PartAlgorithm::Sha256),
+        (headers.sha1, PartAlgorithm::Sha1),
+    ];
+    for (value, algorithm) in composites {
+        if let Some(parts) = value.and_then(|v| composite_checksum(v, algorithm)) {
+            return Some(Integrity::Parts(parts));
+        }
+    }
+    if etag_is_content_hash {
+        return headers.etag.and_then(multipart_etag).map(Integrity::Parts);
+    }
+    None
+}
+
+fn decode_base64(value: &str) -> Option<Vec<u8>> {
+    BASE64.decode(value).ok()
+}
+
+/// Splits `<digest>-<parts>`.
+fn split_parts(value: &str) -> Option<(&str, u32)> {
+    let (digest, parts) = value.rsplit_once('-')?;
+    let parts: u32 = parts.parse().ok()?;
+    (parts > 0).then_some((digest, parts))
+}
+
+/// A composite checksum header, `<base64>-N`.
+fn composite_checksum(value: &str, algorithm: PartAlgorithm) -> Option<PartsChecksum> {
+    let (digest, parts) = split_parts(value)?;
+    let digest = decode_base64(digest)?;
+    let width = match algorithm {
+        PartAlgorithm::Crc32c | PartAlgorithm::Crc32 => 4,
+        PartAlgorithm::Sha1 => 20,
+        PartAlgorithm::Sha256 => 32,
+        PartAlgorithm::Md5 => 16,
+    };
+    (digest.len() == width).then_some(PartsChecksum { algorithm, digest, parts })
+}
+
+/// A multipart upload's ETag, `<hex MD5 of the parts' MD5s>-N`.
+fn multipart_etag(etag: &str) -> Option<PartsChecksum> {
+    let (digest, parts) = split_parts(etag.trim_matches('"'))?;
+    let digest = hex::decode(digest).ok().filter(|d| d.len() == 16)?;
+    Some(PartsChecksum { algorithm: PartAlgorithm::Md5, digest, parts })
 }
 
 /// The MD5 of a single-part object's content, when its ETag is one.
@@ -198,6 +272,24 @@ pub(crate) fn md5_from_etag(etag: &str) -> Option<StoredChecksum> {
     }
     let bytes = hex::decode(etag).ok()?;
     Some(StoredChecksum::Md5(bytes.try_into().ok()?))
+}
+
+/// The [`ChecksumHeaders`] of a HeadObject or GetObject output (the two
+/// are different types with the same accessors).
+macro_rules! checksum_headers {
+    ($output:expr) => {
+        ChecksumHeaders {
+            crc64nvme: $output.checksum_crc64_nvme(),
+            crc32c: $output.checksum_crc32_c(),
+            crc32: $output.checksum_crc32(),
+            sha1: $output.checksum_sha1(),
+            sha256: $output.checksum_sha256(),
+            checksum_type: $output.checksum_type(),
+            etag: $output.e_tag(),
+            encryption: $output.server_side_encryption(),
+            customer_key: $output.sse_customer_algorithm().is_some(),
+        }
+    };
 }
 
 #[async_trait]
@@ -236,7 +328,7 @@ impl ObjectStore for S3Store {
         Ok(ListPage { objects, next })
     }
 
-    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<StoredChecksum>), StoreError> {
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
         let output = self
             .client
             .head_object()
@@ -252,9 +344,25 @@ impl ObjectStore for S3Store {
             etag: output.e_tag().map(strip_quotes),
             last_modified: output.last_modified().and_then(|t| std::time::SystemTime::try_from(*t).ok()),
         };
-        let checksum =
-            stored_checksum(output.checksum_crc32_c(), output.checksum_crc32(), output.checksum_type(), output.e_tag());
+        let checksum = integrity(&checksum_headers!(output));
         Ok((meta, checksum))
+    }
+
+    async fn part_size(&self, key: &str, number: u32, if_match: Option<&str>) -> Result<u64, StoreError> {
+        let output = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .part_number(i32::try_from(number).unwrap_or(i32::MAX))
+            .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        u64::try_from(output.content_length().unwrap_or(-1)).map_err(|_| StoreError::Rejected {
+            code: "MissingContentLength".into(),
+            message: format!("the store did not say how large part {number} of '{key}' is"),
+        })
     }
 
     async fn get(
@@ -277,11 +385,7 @@ impl ObjectStore for S3Store {
             .map_err(|e| self.map_error(e))?;
         // A checksum header on a ranged response describes the whole object,
         // not the range: only trust it for full reads.
-        let checksum = if ranged {
-            None
-        } else {
-            stored_checksum(output.checksum_crc32_c(), output.checksum_crc32(), output.checksum_type(), output.e_tag())
-        };
+        let checksum = if ranged { None } else { integrity(&checksum_headers!(output)) };
         let content_length = u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0);
         let etag = output.e_tag().map(strip_quotes);
         let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
@@ -426,13 +530,93 @@ mod tests {
         assert!(matches!(classify_status(412, "PreconditionFailed", "", "b"), StoreError::Changed));
     }
 
+    fn headers() -> ChecksumHeaders<'static> {
+        ChecksumHeaders::default()
+    }
+
     #[test]
-    fn composite_checksums_are_not_taken_for_whole_object_ones() {
+    fn a_full_object_crc_is_preferred_and_a_composite_one_is_never_taken_for_it() {
         let crc = encode_crc(0xdead_beef);
-        assert_eq!(stored_checksum(Some(&crc), None, None, None), Some(StoredChecksum::Crc32c(0xdead_beef)));
-        assert_eq!(stored_checksum(Some("3q2+7w==-4"), None, Some(&ChecksumType::Composite), None), None);
+        let full =
+            ChecksumHeaders { crc32c: Some(&crc), etag: Some("\"9e107d9d372bb6826bd81d3542a419d6\""), ..headers() };
+        assert_eq!(integrity(&full), Some(Integrity::Whole(StoredChecksum::Crc32c(0xdead_beef))));
+        let nvme = BASE64.encode(0x0123_4567_89ab_cdef_u64.to_be_bytes());
+        let both = ChecksumHeaders { crc64nvme: Some(&nvme), ..full.clone() };
+        assert_eq!(integrity(&both), Some(Integrity::Whole(StoredChecksum::Crc64Nvme(0x0123_4567_89ab_cdef))));
+
+        let composite = ChecksumHeaders {
+            crc32c: Some("3q2+7w==-4"),
+            checksum_type: Some(&ChecksumType::Composite),
+            etag: Some("\"9e107d9d372bb6826bd81d3542a419d6-4\""),
+            ..headers()
+        };
+        let parts = PartsChecksum {
+            algorithm: PartAlgorithm::Crc32c,
+            digest: 0xdead_beef_u32.to_be_bytes().to_vec(),
+            parts: 4,
+        };
+        assert_eq!(integrity(&composite), Some(Integrity::Parts(parts)));
+    }
+
+    #[test]
+    fn single_part_etags_are_md5s_and_multipart_ones_md5s_of_parts() {
         let md5 = "\"9e107d9d372bb6826bd81d3542a419d6\"";
-        assert!(matches!(stored_checksum(None, None, None, Some(md5)), Some(StoredChecksum::Md5(_))));
-        assert_eq!(stored_checksum(None, None, None, Some("\"9e107d9d372bb6826bd81d3542a419d6-3\"")), None);
+        assert!(matches!(
+            integrity(&ChecksumHeaders { etag: Some(md5), ..headers() }),
+            Some(Integrity::Whole(StoredChecksum::Md5(_)))
+        ));
+        let multipart =
+            integrity(&ChecksumHeaders { etag: Some("\"9e107d9d372bb6826bd81d3542a419d6-3\""), ..headers() });
+        assert_eq!(
+            multipart,
+            Some(Integrity::Parts(PartsChecksum {
+                algorithm: PartAlgorithm::Md5,
+                digest: hex::decode("9e107d9d372bb6826bd81d3542a419d6").unwrap(),
+                parts: 3
+            }))
+        );
+        assert_eq!(integrity(&ChecksumHeaders { etag: Some("\"abc-3\""), ..headers() }), None);
+        assert_eq!(
+            integrity(&ChecksumHeaders { etag: Some("\"9e107d9d372bb6826bd81d3542a419d6-0\""), ..headers() }),
+            None
+        );
+    }
+
+    /// Recorded from AWS: an SSE-KMS object's ETag is 32 hex digits that are
+    /// not the content's MD5, and an SSE-C object's neither. Taking them for
+    /// MD5s would fail good objects.
+    #[test]
+    fn sse_kms_and_sse_c_etags_are_not_taken_for_md5s() {
+        let etag = Some("\"3f0e5b1c2c0a4d6e8b9a7c5d4e3f2a1b\"");
+        let kms = ChecksumHeaders { etag, encryption: Some(&ServerSideEncryption::AwsKms), ..headers() };
+        assert_eq!(integrity(&kms), None);
+        let customer =
+            ChecksumHeaders { etag, customer_key: true, encryption: Some(&ServerSideEncryption::Aes256), ..headers() };
+        assert_eq!(integrity(&customer), None);
+        let multipart_kms = ChecksumHeaders {
+            etag: Some("\"3f0e5b1c2c0a4d6e8b9a7c5d4e3f2a1b-2\""),
+            encryption: Some(&ServerSideEncryption::AwsKms),
+            ..headers()
+        };
+        assert_eq!(integrity(&multipart_kms), None);
+        // SSE-S3 (AES256) ETags are MD5s of the content.
+        let s3 = ChecksumHeaders { etag, encryption: Some(&ServerSideEncryption::Aes256), ..headers() };
+        assert!(matches!(integrity(&s3), Some(Integrity::Whole(StoredChecksum::Md5(_)))));
+        // A KMS object's checksum header still verifies it.
+        let crc = encode_crc(7);
+        assert_eq!(
+            integrity(&ChecksumHeaders { crc32c: Some(&crc), ..kms }),
+            Some(Integrity::Whole(StoredChecksum::Crc32c(7)))
+        );
+    }
+
+    #[test]
+    fn full_object_shas_are_taken_after_an_md5_etag() {
+        let sha = BASE64.encode([7u8; 32]);
+        let with_md5 =
+            ChecksumHeaders { sha256: Some(&sha), etag: Some("\"9e107d9d372bb6826bd81d3542a419d6\""), ..headers() };
+        assert!(matches!(integrity(&with_md5), Some(Integrity::Whole(StoredChecksum::Md5(_)))));
+        let kms = ChecksumHeaders { encryption: Some(&ServerSideEncryption::AwsKms), ..with_md5 };
+        assert_eq!(integrity(&kms), Some(Integrity::Whole(StoredChecksum::Sha256([7; 32]))));
     }
 }

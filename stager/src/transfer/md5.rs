@@ -52,6 +52,8 @@ const SIMD_FROM: usize = 4;
 /// One file to hash.
 struct Job {
     file: Arc<File>,
+    /// Where the bytes to hash begin in the file.
+    start: u64,
     len: u64,
     done: oneshot::Sender<io::Result<[u8; 16]>>,
 }
@@ -71,12 +73,22 @@ impl Md5Hasher {
     /// Read errors (including a file shorter than `len`), or a hasher thread
     /// that is gone.
     pub async fn digest(&self, file: Arc<File>, len: u64) -> io::Result<[u8; 16]> {
+        self.digest_range(file, 0, len).await
+    }
+
+    /// MD5 of the `len` bytes of `file` from `start`. The parts of one
+    /// multipart object are independent MD5s, so they share the lanes as
+    /// different files do.
+    ///
+    /// # Errors
+    /// As [`Md5Hasher::digest`].
+    pub async fn digest_range(&self, file: Arc<File>, start: u64, len: u64) -> io::Result<[u8; 16]> {
         let threads = self.threads.get_or_init(spawn_threads);
         // Round robin: files are alike enough that this balances.
         let thread = &threads[self.next.fetch_add(1, Ordering::Relaxed) % threads.len()];
         let (done, result) = oneshot::channel();
         let gone = || io::Error::other("the MD5 hasher thread stopped");
-        thread.send(Job { file, len, done }).map_err(|_| gone())?;
+        thread.send(Job { file, start, len, done }).map_err(|_| gone())?;
         result.await.map_err(|_| gone())?
     }
 }
@@ -134,7 +146,7 @@ fn hash_files(queue: &mpsc::Receiver<Job>) {
         for (index, lane) in lanes.iter_mut().enumerate() {
             let left = lane.job.len - lane.offset;
             lane.buffer.resize(usize::try_from(left).map_or(CHUNK, |left| left.min(CHUNK)), 0);
-            if let Err(error) = lane.job.file.read_exact_at(&mut lane.buffer, lane.offset) {
+            if let Err(error) = lane.job.file.read_exact_at(&mut lane.buffer, lane.job.start + lane.offset) {
                 failed.push((index, error));
             }
         }
@@ -200,6 +212,21 @@ mod tests {
         for (bytes, digest) in files.iter().zip(digests) {
             let expected: [u8; 16] = Md5::digest(bytes).into();
             assert_eq!(digest.unwrap(), expected, "{} bytes", bytes.len());
+        }
+    }
+
+    #[tokio::test]
+    async fn ranges_of_one_file_hash_like_their_bytes() {
+        let hasher = Md5Hasher::default();
+        let bytes = data(7, 5 * CHUNK + 3);
+        let file = file_with(&bytes);
+        let cuts = [0, 1, CHUNK - 1, 2 * CHUNK + 5, 5 * CHUNK + 3];
+        let digests = futures::future::join_all(
+            cuts.windows(2).map(|w| hasher.digest_range(Arc::clone(&file), w[0] as u64, (w[1] - w[0]) as u64)),
+        )
+        .await;
+        for (w, digest) in cuts.windows(2).zip(digests) {
+            assert_eq!(digest.unwrap(), <[u8; 16]>::from(Md5::digest(&bytes[w[0]..w[1]])));
         }
     }
 

@@ -19,6 +19,7 @@ pub mod md5;
 pub mod pull;
 pub mod push;
 pub mod ranges;
+pub mod readback;
 #[cfg(test)]
 mod resync_tests;
 pub mod tally;

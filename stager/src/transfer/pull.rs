@@ -35,6 +35,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::ranges::{download_range_size, plan_ranges};
+use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
@@ -46,7 +47,7 @@ use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
-use crate::store::{ObjectMeta, RetryReason, StoreError, StoredChecksum};
+use crate::store::{Integrity, ObjectMeta, RetryReason, StoreError, StoredChecksum};
 
 /// A checksum mismatch re-downloads the whole object this many times in all.
 const MISMATCH_ATTEMPTS: u32 = 3;
@@ -70,9 +71,9 @@ pub enum ObjectError {
     #[error("checksum mismatch: the store has {expected}, the downloaded bytes have {actual}")]
     Mismatch {
         /// The store's checksum.
-        expected: StoredChecksum,
+        expected: Integrity,
         /// What the bytes hash to.
-        actual: StoredChecksum,
+        actual: Integrity,
     },
     /// The file on disk is not the object's size.
     #[error("size mismatch: the store has {expected} bytes, {actual} were written")]
@@ -351,7 +352,7 @@ async fn download(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
     planned: &Planned,
-) -> Result<(Verified, Option<StoredChecksum>, FileStamp), ObjectError> {
+) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
     let object = &planned.object;
     let size = object.size;
     let verify = engine.config.verify;
@@ -371,8 +372,8 @@ async fn download(
     }
 
     // A multi-range object's checksum comes from a HEAD (ranged responses do
-    // not carry it); a single GET carries its own; an empty object has only
-    // its ETag.
+    // not carry it); a single GET carries its own; an empty object needs a
+    // HEAD unless its ETag is the MD5 of nothing.
     let mut expected = None;
     if verify == VerifyMode::Checksum {
         if ranges.len() > 1 {
@@ -382,12 +383,13 @@ async fn download(
             }
             expected = checksum;
         } else if ranges.is_empty() {
-            expected = object.etag.as_deref().and_then(md5_from_etag);
-            if expected.is_none() {
-                // No MD5 in the ETag (GCS generations, multipart ETags): ask
-                // for the stored checksum, which an empty file can match.
-                expected = engine.retrying(Operation::Head, || engine.store.head(&key)).await?.1;
-            }
+            let empty_md5 = object.etag.as_deref().and_then(md5_from_etag).filter(|md5| *md5 == MD5_OF_NOTHING);
+            expected = match empty_md5 {
+                Some(md5) => Some(Integrity::Whole(md5)),
+                // Another ETag (a GCS generation, a multipart or SSE-KMS
+                // ETag): ask for the stored checksum.
+                None => engine.retrying(Operation::Head, || engine.store.head(&key)).await?.1,
+            };
         }
     }
 
@@ -406,14 +408,14 @@ async fn download(
             let sink = Sink::File(Arc::clone(&file));
             let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
-                expected = fetched.checksum;
+                expected = fetched.checksum.clone();
             }
             vec![fetched.digest]
         }
         _ => fetch_ranges(engine, &key, ranges, if_match, Arc::clone(&file), wanted).await?,
     };
 
-    let verified = check_received(engine, Written::File(&file), size, expected, &digests).await?;
+    let verified = check_received(engine, planned, Received::File(&file), expected.as_ref(), &digests).await?;
 
     let stamp = {
         let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
@@ -435,13 +437,14 @@ async fn download_in_memory(
     key: Arc<str>,
     whole: Range<u64>,
     if_match: Option<Arc<str>>,
-) -> Result<(Verified, Option<StoredChecksum>, FileStamp), ObjectError> {
+) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
     let size = planned.object.size;
     // What to compute is learnt from the response itself (a full GET carries the checksum).
     let fetched = fetch_range(engine, &key, whole, true, if_match, Sink::Memory, Wanted::default()).await?;
     let (chunks, memory) = fetched.held.expect("a memory sink holds its bytes");
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
-    let verified = check_received(engine, Written::Memory(&chunks), size, expected, &[fetched.digest]).await?;
+    let verified =
+        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &[fetched.digest]).await?;
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
@@ -466,56 +469,89 @@ async fn download_in_memory(
     Ok((verified, expected, stamp))
 }
 
-/// Where an object's bytes are when they are verified.
-enum Written<'a> {
-    /// In a file, complete.
-    File(&'a Arc<File>),
-    /// In memory, not written yet.
-    Memory(&'a [Bytes]),
-}
+/// The MD5 of zero bytes: the ETag of an empty single-part object.
+const MD5_OF_NOTHING: StoredChecksum = StoredChecksum::Md5([
+    0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8, 0x42, 0x7e,
+]);
 
 /// Checks the received bytes against the object: their size, then (with
-/// `--verify checksum`) the store's checksum when there is one.
+/// `--verify checksum`) what the store says they hash to, when it says so.
 async fn check_received(
     engine: &Engine,
-    written: Written<'_>,
-    size: u64,
-    expected: Option<StoredChecksum>,
+    planned: &Planned,
+    received: Received<'_>,
+    expected: Option<&Integrity>,
     digests: &[RangeDigest],
 ) -> Result<Verified, ObjectError> {
     if engine.config.verify == VerifyMode::None {
         return Ok(Verified::Unverified);
     }
-    let actual_size = match written {
+    let size = planned.object.size;
+    let actual_size = match received {
         // One fstat of a file just written: no need for a blocking thread.
-        Written::File(file) => file.metadata().map_err(ObjectError::io_error("checking the size"))?.len(),
-        Written::Memory(chunks) => chunks.iter().map(|c| c.len() as u64).sum(),
+        Received::File(file) => file.metadata().map_err(ObjectError::io_error("checking the size"))?.len(),
+        Received::Memory(chunks) => chunks.iter().map(|c| c.len() as u64).sum(),
     };
     if actual_size != size {
         return Err(ObjectError::Size { expected: size, actual: actual_size });
     }
     let Some(expected) = expected else { return Ok(Verified::As(VerifiedKind::SizeOnly)) };
+    let not_computed = |what: &str| ObjectError::Io {
+        what: "verifying",
+        source: std::io::Error::other(format!("the {what} was not computed")),
+    };
     let actual = match expected {
-        StoredChecksum::Md5(_) => StoredChecksum::Md5(match written {
-            Written::File(file) => engine
+        Integrity::Whole(crc) if crc.is_combinable() => {
+            Integrity::Whole(combined_crc(*crc, digests).ok_or_else(|| not_computed("CRC of every range"))?)
+        }
+        Integrity::Whole(StoredChecksum::Md5(_)) => Integrity::Whole(StoredChecksum::Md5(match received {
+            Received::File(file) => engine
                 .md5
                 .digest(Arc::clone(file), size)
                 .await
                 .map_err(ObjectError::io_error("reading back for MD5"))?,
-            Written::Memory(_) => digests.first().and_then(|d| d.md5).ok_or_else(|| ObjectError::Io {
-                what: "checking the MD5",
-                source: std::io::Error::other("the MD5 was not computed"),
-            })?,
-        }),
-        crc => combined_crc(crc, digests).ok_or_else(|| ObjectError::Io {
-            what: "combining range checksums",
-            source: std::io::Error::other("a range's CRC32 was not computed"),
-        })?,
+            Received::Memory(_) => digests.first().and_then(|d| d.md5).ok_or_else(|| not_computed("MD5"))?,
+        })),
+        Integrity::Parts(parts) => {
+            let layout = part_layout(engine, planned, parts.parts).await?;
+            readback::digest(&engine.md5, received, expected, &layout)
+                .await
+                .map_err(ObjectError::io_error("reading back for the part checksums"))?
+                .ok_or_else(|| not_computed("part checksum"))?
+        }
+        Integrity::Whole(_) => readback::digest(&engine.md5, received, expected, &[size])
+            .await
+            .map_err(ObjectError::io_error("reading back for the checksum"))?
+            .ok_or_else(|| not_computed("checksum"))?,
     };
-    if actual != expected {
-        return Err(ObjectError::Mismatch { expected, actual });
+    if actual != *expected {
+        return Err(ObjectError::Mismatch { expected: expected.clone(), actual });
     }
     Ok(Verified::As(expected.kind()))
+}
+
+/// The sizes of the parts a multipart object was uploaded in, one HEAD with
+/// `partNumber` per part (as many at a time as ranges are fetched), each
+/// conditional on the listed ETag so a replaced object is noticed.
+async fn part_layout(engine: &Engine, planned: &Planned, parts: u32) -> Result<Vec<u64>, ObjectError> {
+    let key = planned.object.key.as_str();
+    let if_match = planned.object.etag.as_deref();
+    let sizes: Vec<u64> = futures::stream::iter(1..=parts)
+        .map(|number| engine.retrying(Operation::Head, move || engine.store.part_size(key, number, if_match)))
+        .buffered(engine.config.concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let total: u64 = sizes.iter().sum();
+    if total != planned.object.size {
+        return Err(StoreError::Rejected {
+            code: "InconsistentParts".into(),
+            message: format!("the parts of '{key}' add up to {total} bytes, the object has {}", planned.object.size),
+        }
+        .into());
+    }
+    Ok(sizes)
 }
 
 /// Where a range's bytes go as they arrive.
@@ -531,8 +567,8 @@ enum Sink {
 /// What one range delivered.
 struct Fetched {
     digest: RangeDigest,
-    /// The whole-object checksum from the response (full reads only).
-    checksum: Option<StoredChecksum>,
+    /// What the response says the object hashes to (full reads only).
+    checksum: Option<Integrity>,
     /// A memory sink's bytes, and the memory budget that holds them.
     held: Option<(Vec<Bytes>, OwnedSemaphorePermit)>,
 }

@@ -1,16 +1,18 @@
 //! Checksums computed as bytes stream past, and the comparison with what the
 //! store says the object should be.
 //!
-//! CRCs are computed per range and combined (CRC32C and CRC32 can be
-//! concatenated arithmetically), so an object fetched as 128 concurrent
-//! ranges is verified against one whole-object checksum without a second
-//! pass. MD5 cannot be combined, and is expensive: a file whose only
+//! CRCs are computed per range and combined (CRC64NVME, CRC32C and CRC32
+//! can be concatenated arithmetically), so an object fetched as 128
+//! concurrent ranges is verified against one whole-object checksum without a
+//! second pass. MD5 cannot be combined, and is expensive: a file whose only
 //! checksum is an MD5 ETag is read back once it is written, and hashed
 //! together with others in SIMD lanes (see `md5.rs`). Only a small object
 //! received into memory in one piece is MD5-hashed as it streams past: it is
 //! one range, and a hand-off to the hasher would cost it more than hashing.
+//! SHAs and checksums of per-part checksums are read back too (see
+//! `readback.rs`).
 
-use crate::store::StoredChecksum;
+use crate::store::{Integrity, StoredChecksum};
 
 /// What a range's bytes hashed to.
 #[derive(Clone, Debug)]
@@ -23,6 +25,8 @@ pub struct RangeDigest {
     pub crc32c: Option<u32>,
     /// CRC32 of the range, when the object's checksum is a CRC32.
     pub crc32: Option<crc32fast::Hasher>,
+    /// CRC64NVME of the range, when the object's checksum is one.
+    pub crc64nvme: Option<u64>,
     /// MD5 of the range, when it was asked for (whole objects only: MD5s
     /// cannot be combined).
     pub md5: Option<[u8; 16]>,
@@ -36,23 +40,27 @@ pub struct Wanted {
     pub crc32c: bool,
     /// Compute CRC32.
     pub crc32: bool,
+    /// Compute CRC64NVME.
+    pub crc64nvme: bool,
     /// Compute MD5.
     pub md5: bool,
 }
 
 impl Wanted {
-    /// The digests that can be checked against `checksum`.
-    pub fn for_checksum(checksum: Option<&StoredChecksum>) -> Self {
+    /// The digests that can be checked against `checksum` as ranges stream past.
+    pub fn for_checksum(checksum: Option<&Integrity>) -> Self {
+        let whole = checksum.and_then(Integrity::whole);
         Self {
-            crc32c: matches!(checksum, Some(StoredChecksum::Crc32c(_))),
-            crc32: matches!(checksum, Some(StoredChecksum::Crc32(_))),
+            crc32c: matches!(whole, Some(StoredChecksum::Crc32c(_))),
+            crc32: matches!(whole, Some(StoredChecksum::Crc32(_))),
+            crc64nvme: matches!(whole, Some(StoredChecksum::Crc64Nvme(_))),
             md5: false,
         }
     }
 
     /// Also MD5, when `checksum` is one (for a whole object in one piece).
-    pub fn with_md5_for(self, checksum: Option<&StoredChecksum>) -> Self {
-        Self { md5: matches!(checksum, Some(StoredChecksum::Md5(_))), ..self }
+    pub fn with_md5_for(self, checksum: Option<&Integrity>) -> Self {
+        Self { md5: matches!(checksum, Some(Integrity::Whole(StoredChecksum::Md5(_)))), ..self }
     }
 }
 
@@ -61,6 +69,7 @@ impl Wanted {
 pub struct Digester {
     crc32c: Option<u32>,
     crc32: Option<crc32fast::Hasher>,
+    crc64nvme: Option<crc_fast::Digest>,
     md5: Option<md5_many::Md5State>,
 }
 
@@ -70,6 +79,7 @@ impl Digester {
         Self {
             crc32c: wanted.crc32c.then_some(0),
             crc32: wanted.crc32.then(crc32fast::Hasher::new),
+            crc64nvme: wanted.crc64nvme.then(|| crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme)),
             md5: wanted.md5.then(md5_many::Md5State::new),
         }
     }
@@ -82,6 +92,9 @@ impl Digester {
         if let Some(h) = &mut self.crc32 {
             h.update(bytes);
         }
+        if let Some(h) = &mut self.crc64nvme {
+            h.update(bytes);
+        }
         if let Some(md5) = &mut self.md5 {
             md5.update(bytes);
         }
@@ -89,7 +102,14 @@ impl Digester {
 
     /// The digests of everything fed.
     pub fn finish(self, offset: u64, len: u64) -> RangeDigest {
-        RangeDigest { offset, len, crc32c: self.crc32c, crc32: self.crc32, md5: self.md5.map(|md5| md5.finalize()) }
+        RangeDigest {
+            offset,
+            len,
+            crc32c: self.crc32c,
+            crc32: self.crc32,
+            crc64nvme: self.crc64nvme.map(|h| h.finalize()),
+            md5: self.md5.map(|md5| md5.finalize()),
+        }
     }
 }
 
@@ -112,14 +132,30 @@ pub fn combine_crc32(digests: &[RangeDigest]) -> Option<u32> {
     Some(whole.finalize())
 }
 
+/// Combines per-range CRC64NVMEs into the object's, if all were computed.
+pub fn combine_crc64nvme(digests: &[RangeDigest]) -> Option<u64> {
+    let mut sorted: Vec<&RangeDigest> = digests.iter().collect();
+    sorted.sort_by_key(|d| d.offset);
+    let mut ranges = sorted.into_iter();
+    let first = ranges.next().map_or(Some(crc64nvme_of_nothing()), |d| d.crc64nvme)?;
+    ranges.try_fold(first, |acc, d| {
+        Some(crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, acc, d.crc64nvme?, d.len))
+    })
+}
+
+fn crc64nvme_of_nothing() -> u64 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &[])
+}
+
 /// What the downloaded ranges hash to, in the algorithm of the `expected`
-/// CRC; `None` for an MD5 (which ranges cannot give, see `md5.rs`) or a CRC
-/// that was not computed for every range.
+/// CRC; `None` for a hash (which ranges cannot give, see `md5.rs` and
+/// `readback.rs`) or a CRC that was not computed for every range.
 pub fn combined_crc(expected: StoredChecksum, digests: &[RangeDigest]) -> Option<StoredChecksum> {
     match expected {
+        StoredChecksum::Crc64Nvme(_) => combine_crc64nvme(digests).map(StoredChecksum::Crc64Nvme),
         StoredChecksum::Crc32c(_) => combine_crc32c(digests).map(StoredChecksum::Crc32c),
         StoredChecksum::Crc32(_) => combine_crc32(digests).map(StoredChecksum::Crc32),
-        StoredChecksum::Md5(_) => None,
+        StoredChecksum::Md5(_) | StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) => None,
     }
 }
 
@@ -145,15 +181,17 @@ mod tests {
         /// Combining range CRCs gives the CRC of the whole, wherever the cut.
         #[test]
         fn range_crcs_combine_to_the_whole_object_crc(data in proptest::collection::vec(any::<u8>(), 0..4096), cut in 0usize..4096) {
-            let digests = digest_ranges(&data, cut, Wanted { crc32c: true, crc32: true, md5: false });
+            let digests = digest_ranges(&data, cut, Wanted { crc32c: true, crc32: true, crc64nvme: true, md5: false });
             prop_assert_eq!(combine_crc32c(&digests), Some(crc32c::crc32c(&data)));
             prop_assert_eq!(combine_crc32(&digests), Some(crc32fast::hash(&data)));
+            prop_assert_eq!(combine_crc64nvme(&digests), Some(crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &data)));
         }
     }
 
     #[test]
     fn an_md5_is_never_taken_from_range_crcs() {
-        let digests = digest_ranges(b"hello world", 5, Wanted { crc32c: true, crc32: true, md5: false });
+        let digests =
+            digest_ranges(b"hello world", 5, Wanted { crc32c: true, crc32: true, crc64nvme: true, md5: false });
         assert_eq!(combined_crc(StoredChecksum::Md5([0; 16]), &digests), None);
         let crc = crc32c::crc32c(b"hello world");
         assert_eq!(combined_crc(StoredChecksum::Crc32c(0), &digests), Some(StoredChecksum::Crc32c(crc)));
@@ -163,7 +201,7 @@ mod tests {
         /// A streamed MD5 is the MD5 of the whole, however the bytes arrive.
         #[test]
         fn a_streamed_md5_matches_one_shot_md5(data in proptest::collection::vec(any::<u8>(), 0..4096), piece in 1usize..200) {
-            let mut digester = Digester::new(Wanted::default().with_md5_for(Some(&StoredChecksum::Md5([0; 16]))));
+            let mut digester = Digester::new(Wanted::default().with_md5_for(Some(&Integrity::Whole(StoredChecksum::Md5([0; 16])))));
             for bytes in data.chunks(piece) {
                 digester.update(bytes);
             }
@@ -177,5 +215,15 @@ mod tests {
         let digests = digest_ranges(b"hello world", 5, Wanted::default());
         assert_eq!(combined_crc(StoredChecksum::Crc32c(0), &digests), None);
         assert_eq!(combined_crc(StoredChecksum::Crc32(0), &digests), None);
+        assert_eq!(combined_crc(StoredChecksum::Crc64Nvme(0), &digests), None);
+    }
+
+    /// The check value of CRC-64/NVME (the catalogue's "123456789" test),
+    /// so the algorithm is the one S3 computes, not a neighbour.
+    #[test]
+    fn crc64nvme_is_the_catalogued_algorithm() {
+        let digests = digest_ranges(b"123456789", 4, Wanted { crc64nvme: true, ..Wanted::default() });
+        assert_eq!(combine_crc64nvme(&digests), Some(0xae8b_1486_0a79_9888));
+        assert_eq!(combine_crc64nvme(&[]), Some(crc64nvme_of_nothing()));
     }
 }

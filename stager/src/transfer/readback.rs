@@ -1,0 +1,257 @@
+//! Checksums that cannot be computed range by range as bytes stream past,
+//! computed over the received object once it is complete: SHAs of
+//! single-part objects, and checksums of per-part checksums (S3's composite
+//! checksums and multipart ETags).
+//!
+//! A checksum of per-part checksums is `H(H(part 1) ‖ H(part 2) ‖ …)`, so
+//! checking one needs the part boundaries the uploader chose. They are not
+//! in the listing, and ranges are cut without regard to them, so the parts
+//! are hashed from the received bytes (a read from the page cache, a tenth
+//! of a hash's cost) once their sizes are known (one HEAD with `partNumber`
+//! per part, see `pull.rs`). MD5 parts of a file go to the SIMD hasher as
+//! independent messages, as different files do (`md5.rs`); the others are
+//! hashed on a blocking thread.
+//!
+//! A mistake here can only make a good object fail (and be downloaded again,
+//! then reported), never let a bad one pass: that would need the bytes to
+//! hash to exactly the stored value.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt as _;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use md5::Digest as _;
+
+use super::md5::Md5Hasher;
+use crate::store::{Integrity, PartAlgorithm, PartsChecksum, StoredChecksum};
+
+/// Bytes read per step from a file being hashed.
+const CHUNK: usize = 1 << 20;
+
+/// A complete object's bytes, where they were received.
+#[derive(Clone, Copy, Debug)]
+pub enum Received<'a> {
+    /// In a file, from offset 0.
+    File(&'a Arc<File>),
+    /// In memory, in order.
+    Memory(&'a [Bytes]),
+}
+
+/// What the received bytes hash to, in the form of `expected`: a SHA of the
+/// whole, or the checksum of the parts' checksums for the part sizes
+/// `layout` (which must add up to the object's size). `None` for a kind this
+/// module does not compute (CRCs and whole MD5s are checked elsewhere).
+///
+/// # Errors
+/// Reading the file failed.
+pub async fn digest(
+    md5: &Md5Hasher,
+    received: Received<'_>,
+    expected: &Integrity,
+    layout: &[u64],
+) -> io::Result<Option<Integrity>> {
+    match expected {
+        Integrity::Whole(StoredChecksum::Sha1(_)) => {
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha1).await?;
+            Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha1(d))))
+        }
+        Integrity::Whole(StoredChecksum::Sha256(_)) => {
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha256).await?;
+            Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha256(d))))
+        }
+        Integrity::Whole(_) => Ok(None),
+        Integrity::Parts(PartsChecksum { algorithm, parts, .. }) => {
+            let offsets = layout.iter().scan(0u64, |offset, len| {
+                let start = *offset;
+                *offset += len;
+                Some((start, *len))
+            });
+            let part_digests = match (algorithm, received) {
+                (PartAlgorithm::Md5, Received::File(file)) => {
+                    let hashes = offsets.map(|(start, len)| md5.digest_range(Arc::clone(file), start, len));
+                    futures::future::try_join_all(hashes).await?.into_iter().map(Vec::from).collect()
+                }
+                _ => {
+                    let mut digests = Vec::with_capacity(layout.len());
+                    for (start, len) in offsets {
+                        digests.push(hash_range(received, start, len, *algorithm).await?);
+                    }
+                    digests
+                }
+            };
+            Ok(Some(Integrity::Parts(PartsChecksum {
+                algorithm: *algorithm,
+                digest: hash(*algorithm, [part_digests.concat().as_slice()]),
+                parts: *parts,
+            })))
+        }
+    }
+}
+
+/// Hashes `len` bytes from `start` of what was received.
+async fn hash_range(received: Received<'_>, start: u64, len: u64, algorithm: PartAlgorithm) -> io::Result<Vec<u8>> {
+    match received {
+        Received::Memory(chunks) => Ok(hash(algorithm, slices(chunks, start, len))),
+        Received::File(file) => {
+            let file = Arc::clone(file);
+            tokio::task::spawn_blocking(move || hash_file_range(&file, start, len, algorithm))
+                .await
+                .expect("hashing a file panicked")
+        }
+    }
+}
+
+fn hash_file_range(file: &File, start: u64, len: u64, algorithm: PartAlgorithm) -> io::Result<Vec<u8>> {
+    let mut buffer = vec![0; len.min(CHUNK as u64) as usize];
+    let mut hasher = Hasher::new(algorithm);
+    let mut done = 0u64;
+    while done < len {
+        let step = (len - done).min(buffer.len() as u64) as usize;
+        file.read_exact_at(&mut buffer[..step], start + done)?;
+        hasher.update(&buffer[..step]);
+        done += step as u64;
+    }
+    Ok(hasher.finish())
+}
+
+/// The pieces of `chunks` (one object, in order) that cover `len` bytes from `start`.
+fn slices(chunks: &[Bytes], start: u64, len: u64) -> impl Iterator<Item = &[u8]> {
+    let end = start + len;
+    chunks
+        .iter()
+        .scan(0u64, |offset, chunk| {
+            let chunk_start = *offset;
+            *offset += chunk.len() as u64;
+            Some((chunk_start, chunk))
+        })
+        .filter_map(move |(chunk_start, chunk)| {
+            let chunk_end = chunk_start + chunk.len() as u64;
+            let (from, to) = (start.max(chunk_start), end.min(chunk_end));
+            (from < to).then(|| &chunk[(from - chunk_start) as usize..(to - chunk_start) as usize])
+        })
+}
+
+/// Hashes the concatenation of `pieces`; CRCs come out big-endian, as S3
+/// writes them.
+fn hash<'a>(algorithm: PartAlgorithm, pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut hasher = Hasher::new(algorithm);
+    for piece in pieces {
+        hasher.update(piece);
+    }
+    hasher.finish()
+}
+
+/// One running hash of any part algorithm.
+enum Hasher {
+    Crc32c(u32),
+    Crc32(crc32fast::Hasher),
+    Sha1(sha1::Sha1),
+    Sha256(sha2::Sha256),
+    Md5(md5::Md5),
+}
+
+impl Hasher {
+    fn new(algorithm: PartAlgorithm) -> Self {
+        match algorithm {
+            PartAlgorithm::Crc32c => Hasher::Crc32c(0),
+            PartAlgorithm::Crc32 => Hasher::Crc32(crc32fast::Hasher::new()),
+            PartAlgorithm::Sha1 => Hasher::Sha1(sha1::Sha1::new()),
+            PartAlgorithm::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
+            PartAlgorithm::Md5 => Hasher::Md5(md5::Md5::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Crc32c(crc) => *crc = crc32c::crc32c_append(*crc, bytes),
+            Hasher::Crc32(h) => h.update(bytes),
+            Hasher::Sha1(h) => h.update(bytes),
+            Hasher::Sha256(h) => h.update(bytes),
+            Hasher::Md5(h) => h.update(bytes),
+        }
+    }
+
+    fn finish(self) -> Vec<u8> {
+        match self {
+            Hasher::Crc32c(crc) => crc.to_be_bytes().to_vec(),
+            Hasher::Crc32(h) => h.finalize().to_be_bytes().to_vec(),
+            Hasher::Sha1(h) => h.finalize().to_vec(),
+            Hasher::Sha256(h) => h.finalize().to_vec(),
+            Hasher::Md5(h) => h.finalize().to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 5) as u8).collect()
+    }
+
+    fn parts_of(algorithm: PartAlgorithm, data: &[u8], layout: &[u64]) -> PartsChecksum {
+        let mut offset = 0;
+        let mut concatenated = Vec::new();
+        for len in layout {
+            concatenated.extend(hash(algorithm, [&data[offset..offset + *len as usize]]));
+            offset += *len as usize;
+        }
+        PartsChecksum { algorithm, digest: hash(algorithm, [concatenated.as_slice()]), parts: layout.len() as u32 }
+    }
+
+    /// The multipart ETag of a known upload, computed independently: two
+    /// parts "hello " and "world".
+    #[test]
+    fn a_multipart_etag_is_the_md5_of_the_parts_md5s() {
+        let parts = parts_of(PartAlgorithm::Md5, b"hello world", &[6, 5]);
+        let mut md5s = md5::Md5::digest(b"hello ").to_vec();
+        md5s.extend(md5::Md5::digest(b"world"));
+        assert_eq!(parts.digest, md5::Md5::digest(&md5s).to_vec());
+    }
+
+    #[tokio::test]
+    async fn parts_hash_alike_from_a_file_and_from_memory_and_a_changed_byte_shows() {
+        let bytes = data(3 * CHUNK + 1234);
+        let layout = [CHUNK as u64 + 7, CHUNK as u64 + 7, (CHUNK + 1234 - 14) as u64];
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&bytes).unwrap();
+        let file = Arc::new(file);
+        // Memory chunks cut elsewhere than the parts.
+        let chunks: Vec<Bytes> = bytes.chunks(100_003).map(Bytes::copy_from_slice).collect();
+        let hasher = Md5Hasher::default();
+        for algorithm in [
+            PartAlgorithm::Crc32c,
+            PartAlgorithm::Crc32,
+            PartAlgorithm::Sha1,
+            PartAlgorithm::Sha256,
+            PartAlgorithm::Md5,
+        ] {
+            let expected = Integrity::Parts(parts_of(algorithm, &bytes, &layout));
+            for received in [Received::File(&file), Received::Memory(&chunks)] {
+                let actual = digest(&hasher, received, &expected, &layout).await.unwrap();
+                assert_eq!(actual.as_ref(), Some(&expected), "{algorithm:?} {received:?}");
+            }
+            let mut changed = bytes.clone();
+            changed[CHUNK + 9] ^= 1;
+            let changed = Integrity::Parts(parts_of(algorithm, &changed, &layout));
+            let actual = digest(&hasher, Received::File(&file), &changed, &layout).await.unwrap();
+            assert_ne!(actual.as_ref(), Some(&changed), "{algorithm:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_whole_sha_is_of_the_whole_object() {
+        let bytes = data(5000);
+        let chunks = vec![Bytes::copy_from_slice(&bytes[..10]), Bytes::copy_from_slice(&bytes[10..])];
+        let sha: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+        let expected = Integrity::Whole(StoredChecksum::Sha256(sha));
+        let actual = digest(&Md5Hasher::default(), Received::Memory(&chunks), &expected, &[5000]).await.unwrap();
+        assert_eq!(actual, Some(expected));
+        let crc = Integrity::Whole(StoredChecksum::Crc32c(0));
+        assert_eq!(digest(&Md5Hasher::default(), Received::Memory(&chunks), &crc, &[5000]).await.unwrap(), None);
+    }
+}
