@@ -487,8 +487,61 @@ async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_miss
     resumed.assert_ok();
     assert_eq!(resumed.skipped() as usize, partial.len(), "{:#}", resumed.summary);
     assert_eq!(resumed.transferred() as usize, files.len() - partial.len());
+    // Bytes fetched again are only what was not kept from the first run.
+    let missing: usize = files.iter().filter(|(rel, _)| !partial.contains_key(*rel)).map(|(_, d)| d.len()).sum();
+    let kept = resumed.summary["resumed"]["bytes"].as_u64().unwrap_or(0);
+    assert_eq!(resumed.summary["bytes"]["transferred"].as_u64().unwrap() + kept, missing as u64);
     assert_eq!(read_tree(dst.path()), files);
     assert!(leftover_temp_files(dst.path()).is_empty(), "{:?}", leftover_temp_files(dst.path()));
+}
+
+async fn a_pull_killed_inside_a_large_object_fetches_only_the_rest(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("checkpoint").await;
+    let size = 48 * MIB + 7;
+    let data = pattern(50, size);
+    server.put("checkpoint", "ckpt/model.bin", data.clone()).await;
+
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+    let uri = server.uri("checkpoint/ckpt");
+    let port = ferry_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    // Two ranges of 24 MiB, paced so the kill lands inside both.
+    let args = ["pull", uri.as_str(), dir, "--part-size", "4MiB", "--concurrency", "2"];
+    let mut child = command(&server, &args)
+        .args(["--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let at_kill = loop {
+        assert!(Instant::now() < deadline, "the pull made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
+        let transferred = scrape(port).map_or(0, |e| transferred_bytes(&e));
+        if transferred >= (16 * MIB) as u64 {
+            break transferred;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!dst.path().join("model.bin").exists(), "no partial file under the final name");
+
+    let resumed = stager(&server, &args);
+    resumed.assert_ok();
+    assert_eq!(std::fs::read(dst.path().join("model.bin")).unwrap(), data);
+    let kept = resumed.summary["resumed"]["bytes"].as_u64().unwrap_or(0);
+    let sent = resumed.summary["bytes"]["transferred"].as_u64().unwrap();
+    eprintln!("written before the kill: {at_kill} B; kept: {kept} B; fetched again: {sent} B of {size}");
+    // What was written before the kill is kept (all but the pieces in
+    // flight), and only the rest is fetched.
+    assert!(kept + (2 * MIB) as u64 >= at_kill, "kept {kept} of the {at_kill} bytes written before the kill");
+    assert_eq!(kept + sent, size as u64, "{:#}", resumed.summary);
+    assert_eq!(resumed.summary["resumed"]["objects"].as_u64(), Some(1));
+    assert!(resumed.summary["verified"]["checksum"].as_u64() == Some(1), "{:#}", resumed.summary);
+    let partials = std::fs::read_dir(dst.path().join(".ferry/partial")).map_or(0, |d| d.count());
+    assert_eq!(partials, 0, "the partial is gone once the object is in place");
 }
 
 /// The `changes` of a pull's summary as (added, updated, removed), each
@@ -738,6 +791,7 @@ conformance!(
     a_resync_with_delete_removed_moves_only_changes_and_removes_what_left_the_store,
     snapshots_are_equal_exactly_when_the_data_is,
     a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing,
+    a_pull_killed_inside_a_large_object_fetches_only_the_rest,
     keys_that_would_escape_the_destination_are_refused,
     a_missing_bucket_ends_quickly_with_a_clear_message,
     an_unreachable_endpoint_ends_quickly_with_a_clear_message,

@@ -1,11 +1,13 @@
 //! Everything that touches the local filesystem: mapping keys to safe paths,
 //! the staging area where files are written before they are renamed into
-//! place, the manifest of what has been staged, walking a directory for
-//! a push, removing what was staged, and removing what a pull staged from
-//! objects that left the store.
+//! place, the manifest of what has been staged, large objects downloaded
+//! part way and kept across runs, walking a directory for a push, removing
+//! what was staged, and removing what a pull staged from objects that left
+//! the store.
 
 pub mod clean;
 pub mod manifest;
+pub mod partial;
 pub mod paths;
 pub mod prune;
 pub mod staging;

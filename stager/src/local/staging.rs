@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use super::STATE_DIR;
+use super::partial::PartialObject;
 use super::paths::{DirMaker, RelPath};
 
 /// Files at or below this size are not preallocated: one write does it.
@@ -143,8 +144,30 @@ impl StagingArea {
     /// # Errors
     /// Fails when a parent cannot be created safely or the rename fails.
     pub fn commit(&self, mut temp: TempFile, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
+        let stamp = self.commit_file(&temp.path, &temp.file, rel, mtime)?;
+        temp.committed = true;
+        Ok(stamp)
+    }
+
+    /// Moves a complete, verified partial object (kept across runs, see
+    /// [`super::partial`]) to its final name.
+    ///
+    /// # Errors
+    /// As [`StagingArea::commit`].
+    pub fn commit_partial(
+        &self,
+        partial: PartialObject,
+        rel: &RelPath,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<FileStamp> {
+        let stamp = self.commit_file(partial.part_path(), &partial.handle(), rel, mtime)?;
+        partial.finished();
+        Ok(stamp)
+    }
+
+    fn commit_file(&self, path: &Path, file: &File, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
         if let Some(mtime) = mtime {
-            temp.file.set_modified(mtime)?;
+            file.set_modified(mtime)?;
         }
         self.dirs.ensure_parents(rel)?;
         let target = rel.under(&self.root);
@@ -152,8 +175,7 @@ impl StagingArea {
             return Err(io::Error::other(format!("'{}' exists and is a directory", target.display())));
         }
         // rename() replaces a symlink at the target itself, never its referent.
-        std::fs::rename(&temp.path, &target)?;
-        temp.committed = true;
+        std::fs::rename(path, &target)?;
         FileStamp::of(&target)
     }
 

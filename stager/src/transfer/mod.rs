@@ -339,6 +339,9 @@ pub struct Engine {
     pub buffers: buffers::BufferPool,
     /// Hashes files whose checksum is an MD5, many at once.
     pub md5: md5::Md5Hasher,
+    /// This boot of the machine: partial downloads recorded in another are
+    /// not trusted (see `local/partial.rs`).
+    pub boot_id: String,
 }
 
 impl Engine {
@@ -363,6 +366,7 @@ impl Engine {
             bandwidth,
             buffers: buffers::BufferPool::default(),
             md5: md5::Md5Hasher::default(),
+            boot_id: crate::local::partial::boot_id(),
         }))
     }
 

@@ -42,9 +42,10 @@ use super::{
     Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
 };
 use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
+use crate::local::partial::{self, PartialHeader, PartialObject, RangeRecord};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
 use crate::local::prune::{Departed, prune};
-use crate::local::staging::{FileStamp, StagingArea, write_chunks_at};
+use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
 use crate::store::{Integrity, ObjectMeta, RetryReason, StoreError, StoredChecksum};
@@ -200,7 +201,19 @@ pub async fn pull(
     // listing every object not listed yet would look removed, and after a
     // run with failures the data in place is not a complete version to
     // reconcile against. Such runs remove nothing.
-    let reconcile = delete_removed && outcome.is_ok() && engine.tally.complete();
+    let complete = outcome.is_ok() && engine.tally.complete();
+    if complete {
+        // Every selected object is in place: a partial left is of an object
+        // this dataset no longer needs (changed, deselected, removed).
+        // Sharded workers sharing the directory sweep only their own.
+        let (root, prefix, shard) = (destination.to_path_buf(), prefix.to_owned(), engine.config.selection.shard());
+        let owned = move |key: &str| shard.is_none_or(|shard| shard.owns(relative_key(key, &prefix)));
+        let swept = tokio::task::spawn_blocking(move || partial::sweep(&root, owned)).await.expect("sweeping panicked");
+        if swept > 0 {
+            tracing::info!(removed = swept, "removed partial downloads no object needs any more");
+        }
+    }
+    let reconcile = delete_removed && complete;
     let departed = departed.into_entries();
     let unremoved = if reconcile { remove_departed(&engine, destination, departed).await } else { departed };
     // What was not removed stays in the manifest (a run with failures, or
@@ -393,38 +406,145 @@ async fn download(
         }
     }
 
-    let temp = {
-        let staging = Arc::clone(staging);
-        tokio::task::spawn_blocking(move || staging.temp_file(size))
-            .await
-            .expect("temp file creation panicked")
-            .map_err(ObjectError::io_error("creating a temporary file"))?
-    };
-    let file = temp.handle();
     let wanted = Wanted::for_checksum(expected.as_ref());
+    let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
+    let file = landing.handle();
+    let kept = landing.kept();
+    let resumed: u64 = kept.iter().map(|d| d.len).sum();
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
         [whole] => {
-            let sink = Sink::File(Arc::clone(&file));
+            let sink = Sink::File(Arc::clone(&file), None);
             let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum.clone();
             }
-            vec![fetched.digest]
+            fetched.digests
         }
-        _ => fetch_ranges(engine, &key, ranges, if_match, Arc::clone(&file), wanted).await?,
+        _ => {
+            let missing = missing_ranges(ranges, &kept);
+            let sink = Sink::File(Arc::clone(&file), landing.partial());
+            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted).await?;
+            digests.extend(kept);
+            digests
+        }
     };
 
-    let verified = check_received(engine, planned, Received::File(&file), expected.as_ref(), &digests).await?;
+    let verified = match check_received(engine, planned, Received::File(&file), expected.as_ref(), &digests).await {
+        Ok(verified) => verified,
+        Err(mismatch @ ObjectError::Mismatch { .. }) => {
+            // Some byte is wrong, kept or new: the next attempt starts over.
+            landing.discard();
+            return Err(mismatch);
+        }
+        Err(other) => return Err(other),
+    };
 
     let stamp = {
         let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
-        tokio::task::spawn_blocking(move || staging.commit(temp, &rel, mtime))
-            .await
-            .expect("commit panicked")
-            .map_err(ObjectError::io_error("moving the file into place"))?
+        tokio::task::spawn_blocking(move || match landing {
+            Landing::Temp(temp) => staging.commit(temp, &rel, mtime),
+            Landing::Partial(partial) => {
+                let partial = Arc::into_inner(partial).expect("every range task has finished");
+                staging.commit_partial(partial, &rel, mtime)
+            }
+        })
+        .await
+        .expect("commit panicked")
+        .map_err(ObjectError::io_error("moving the file into place"))?
     };
+    if resumed > 0 {
+        tracing::info!(key = %object.key, resumed, "finished an object an earlier run had started");
+        engine.tally.resumed(resumed);
+        engine.metrics.resumed(Direction::Download, resumed);
+    }
     Ok((verified, expected, stamp))
+}
+
+/// Where an object's bytes are written until it is verified.
+enum Landing {
+    /// A temporary file of this run, deleted unless committed.
+    Temp(TempFile),
+    /// A partial object kept across runs (large objects with a version).
+    Partial(Arc<PartialObject>),
+}
+
+impl Landing {
+    fn handle(&self) -> Arc<File> {
+        match self {
+            Landing::Temp(temp) => temp.handle(),
+            Landing::Partial(partial) => partial.handle(),
+        }
+    }
+
+    /// The partial, for range tasks to record what they wrote.
+    fn partial(&self) -> Option<Arc<PartialObject>> {
+        match self {
+            Landing::Partial(partial) => Some(Arc::clone(partial)),
+            Landing::Temp(_) => None,
+        }
+    }
+
+    /// The pieces an earlier run completed, as digests.
+    fn kept(&self) -> Vec<RangeDigest> {
+        let Landing::Partial(partial) = self else { return Vec::new() };
+        partial
+            .done()
+            .iter()
+            .map(|r| RangeDigest {
+                offset: r.offset,
+                len: r.len,
+                crc32c: r.crc32c,
+                crc32: r.crc32.map(|crc| crc32fast::Hasher::new_with_initial_len(crc, r.len)),
+                crc64nvme: r.crc64nvme,
+                md5: None,
+            })
+            .collect()
+    }
+
+    fn discard(self) {
+        match self {
+            Landing::Temp(temp) => drop(temp),
+            Landing::Partial(partial) => {
+                if let Some(partial) = Arc::into_inner(partial) {
+                    partial.discard();
+                }
+            }
+        }
+    }
+}
+
+/// Opens where the object's bytes go: for an object of several ranges with a
+/// version to match, its partial (resuming what an earlier run recorded);
+/// otherwise, or when another run holds that partial, a temporary file.
+async fn land(
+    engine: &Engine,
+    staging: &Arc<StagingArea>,
+    planned: &Planned,
+    several_ranges: bool,
+    wanted: Wanted,
+) -> Result<Landing, ObjectError> {
+    let size = planned.object.size;
+    let staging = Arc::clone(staging);
+    let header = planned.object.etag.as_ref().filter(|_| several_ranges).map(|version| PartialHeader {
+        key: planned.object.key.clone(),
+        version: version.clone(),
+        size,
+        digests: format!("crc32c={},crc32={},crc64nvme={}", wanted.crc32c, wanted.crc32, wanted.crc64nvme),
+        boot: engine.boot_id.clone(),
+    });
+    let name = format!("{:016x}", ferry_contract::hash::fnv1a(planned.rel.as_str().as_bytes()));
+    tokio::task::spawn_blocking(move || -> std::io::Result<Landing> {
+        if let Some(header) = header
+            && let Some(partial) = PartialObject::open(staging.root(), &name, &header)?
+        {
+            return Ok(Landing::Partial(Arc::new(partial)));
+        }
+        staging.temp_file(size).map(Landing::Temp)
+    })
+    .await
+    .expect("temp file creation panicked")
+    .map_err(ObjectError::io_error("creating a temporary file"))
 }
 
 /// Downloads a small object (one GET, at most one write buffer) into
@@ -444,7 +564,7 @@ async fn download_in_memory(
     let (chunks, memory) = fetched.held.expect("a memory sink holds its bytes");
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
     let verified =
-        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &[fetched.digest]).await?;
+        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests).await?;
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
@@ -557,8 +677,9 @@ async fn part_layout(engine: &Engine, planned: &Planned, parts: u32) -> Result<V
 /// Where a range's bytes go as they arrive.
 #[derive(Clone)]
 enum Sink {
-    /// Written into this file at the range's offset, a write buffer at a time.
-    File(Arc<File>),
+    /// Written into this file at the range's offset, a write buffer at a
+    /// time; each write recorded in the partial, if the file is one.
+    File(Arc<File>, Option<Arc<PartialObject>>),
     /// Kept in memory (the range must fit one write buffer), with the memory
     /// budget they take.
     Memory,
@@ -566,7 +687,8 @@ enum Sink {
 
 /// What one range delivered.
 struct Fetched {
-    digest: RangeDigest,
+    /// Digests of the range's pieces, in order (one per write for a file).
+    digests: Vec<RangeDigest>,
     /// What the response says the object hashes to (full reads only).
     checksum: Option<Integrity>,
     /// A memory sink's bytes, and the memory budget that holds them.
@@ -581,15 +703,17 @@ async fn fetch_ranges(
     key: &Arc<str>,
     ranges: Vec<Range<u64>>,
     if_match: Option<Arc<str>>,
-    file: Arc<File>,
+    sink: Sink,
     wanted: Wanted,
 ) -> Result<Vec<RangeDigest>, ObjectError> {
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
     let window = engine.config.concurrency.clamp(1, ranges.len());
     let mut pending = ranges.into_iter();
     let mut tasks = JoinSet::new();
     let spawn = |tasks: &mut JoinSet<_>, range: Range<u64>| {
-        let (engine, key, if_match) = (Arc::clone(engine), Arc::clone(key), if_match.clone());
-        let sink = Sink::File(Arc::clone(&file));
+        let (engine, key, if_match, sink) = (Arc::clone(engine), Arc::clone(key), if_match.clone(), sink.clone());
         tasks.spawn(async move { fetch_range(&engine, &key, range, false, if_match, sink, wanted).await });
     };
     for range in pending.by_ref().take(window) {
@@ -601,12 +725,34 @@ async fn fetch_ranges(
             Ok(result) => result?,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        digests.push(fetched.digest);
+        digests.extend(fetched.digests);
         if let Some(range) = pending.next() {
             spawn(&mut tasks, range);
         }
     }
     Ok(digests)
+}
+
+/// The parts of `ranges` that the `kept` pieces (sorted, not overlapping)
+/// do not cover: what a resumed download still has to fetch.
+fn missing_ranges(ranges: Vec<Range<u64>>, kept: &[RangeDigest]) -> Vec<Range<u64>> {
+    if kept.is_empty() {
+        return ranges;
+    }
+    let mut missing = Vec::new();
+    for range in ranges {
+        let mut cursor = range.start;
+        for piece in kept.iter().filter(|k| k.offset < range.end && k.offset + k.len > range.start) {
+            if piece.offset > cursor {
+                missing.push(cursor..piece.offset);
+            }
+            cursor = cursor.max(piece.offset + piece.len);
+        }
+        if cursor < range.end {
+            missing.push(cursor..range.end);
+        }
+    }
+    missing
 }
 
 /// Fetches one range (or, with `whole`, the whole object without a Range
@@ -662,11 +808,14 @@ async fn fetch_attempt(
     // MD5 is hashed in flight only when the bytes stay in memory (see `verify.rs`).
     let wanted = match (whole, &sink) {
         (true, Sink::Memory) => Wanted::for_checksum(checksum.as_ref()).with_md5_for(checksum.as_ref()),
-        (true, Sink::File(_)) => Wanted::for_checksum(checksum.as_ref()),
+        (true, Sink::File(..)) => Wanted::for_checksum(checksum.as_ref()),
         (false, _) => wanted,
     };
 
+    // One digest per piece written (they combine), so a piece is recorded,
+    // with its digest, as soon as it is on disk.
     let mut digester = Digester::new(wanted);
+    let mut pieces: Vec<RangeDigest> = Vec::new();
     let mut body = response.body;
     // Chunks are held (not copied) until a write buffer's worth has arrived,
     // then written with one vectored write.
@@ -691,23 +840,34 @@ async fn fetch_attempt(
             digester.update(&chunk);
             pending_len += chunk.len() as u64;
             pending.push(chunk);
-            if let Sink::File(file) = &sink
+            if let Sink::File(file, partial) = &sink
                 && pending_len >= capacity
             {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
+                let piece =
+                    std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
+                record_piece(partial.as_deref(), &piece)?;
+                pieces.push(piece);
             }
         }
         match &sink {
-            Sink::File(file) if pending_len > 0 => {
+            Sink::File(file, partial) if pending_len > 0 => {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
+                let piece =
+                    std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
+                record_piece(partial.as_deref(), &piece)?;
+                pieces.push(piece);
             }
             // Paced here, inside the request, as a flush is: the request
             // slot is held while waiting, so `--max-bandwidth` bounds what
             // is read from the network, not only what reaches the disk.
-            Sink::Memory => engine.pace(pending_len).await,
-            Sink::File(_) => {}
+            Sink::Memory => {
+                engine.pace(pending_len).await;
+                pieces.push(std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start, len));
+            }
+            Sink::File(..) => {}
         }
         if received != len {
             return Err(StoreError::transient(
@@ -724,7 +884,20 @@ async fn fetch_attempt(
         return Err(error);
     }
     let held = matches!(sink, Sink::Memory).then_some((pending, memory));
-    Ok(Fetched { digest: digester.finish(range.start, len), checksum, held })
+    Ok(Fetched { digests: pieces, checksum, held })
+}
+
+/// Records a piece written into a partial object.
+fn record_piece(partial: Option<&PartialObject>, piece: &RangeDigest) -> Result<(), ObjectError> {
+    let Some(partial) = partial else { return Ok(()) };
+    let record = RangeRecord {
+        offset: piece.offset,
+        len: piece.len,
+        crc32c: piece.crc32c,
+        crc32: piece.crc32.clone().map(crc32fast::Hasher::finalize),
+        crc64nvme: piece.crc64nvme,
+    };
+    partial.record(&record).map_err(ObjectError::io_error("recording a downloaded range"))
 }
 
 /// Writes the pending chunks at `offset` and empties the list. The write
@@ -738,4 +911,24 @@ async fn flush(engine: &Engine, file: &File, pending: &mut Vec<Bytes>, offset: u
     engine.tally.bytes(n);
     engine.metrics.add_bytes(Direction::Download, n);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(offset: u64, len: u64) -> RangeDigest {
+        RangeDigest { offset, len, crc32c: None, crc32: None, crc64nvme: None, md5: None }
+    }
+
+    #[test]
+    fn a_resumed_download_fetches_exactly_what_the_kept_pieces_do_not_cover() {
+        let ranges = vec![0..10, 10..20, 20..25];
+        assert_eq!(missing_ranges(ranges.clone(), &[]), ranges);
+        // Pieces cut by another run's plan: across range boundaries.
+        let kept = [piece(0, 4), piece(8, 5), piece(13, 2), piece(20, 5)];
+        assert_eq!(missing_ranges(ranges, &kept), vec![4..8, 15..20]);
+        let everything = [piece(0, 25)];
+        assert!(missing_ranges(vec![0..10, 10..25], &everything).is_empty());
+    }
 }
