@@ -662,6 +662,137 @@ fn transferred_bytes(exposition: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Unfinished uploads under `prefix`, seen with a client of the test's own:
+/// S3's ListMultipartUploads (of the whole bucket, since MinIO matches a
+/// prefix against whole keys only), GCS's temporary part objects.
+async fn pending_uploads(server: &Store, bucket: &str, prefix: &str) -> Vec<String> {
+    match server {
+        Store::S3(s3) => {
+            let listed = s3.client().list_multipart_uploads().bucket(bucket).send().await.unwrap();
+            listed
+                .uploads()
+                .iter()
+                .filter_map(|u| u.key())
+                .filter(|k| k.starts_with(prefix))
+                .map(str::to_owned)
+                .collect()
+        }
+        Store::Gcs(_) => server.list(bucket, ".ferry-uploads/").await.into_iter().map(|(key, _)| key).collect(),
+    }
+}
+
+fn uploaded_bytes(exposition: &str) -> u64 {
+    exposition
+        .lines()
+        .find(|l| l.starts_with("ferry_stager_transferred_bytes_total{direction=\"upload\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(backend: Backend) {
+    const FILE: usize = 40 * MIB;
+    let server = Store::start(backend);
+    server.create_bucket("push-resume").await;
+    let files: BTreeMap<String, Vec<u8>> = (0..3).map(|i| (format!("shard-{i}.bin"), pattern(80 + i, FILE))).collect();
+    let total = (3 * FILE) as u64;
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &files);
+    let destination = server.uri("push-resume/ckpt/");
+    let push = ["push", src.path().to_str().unwrap(), destination.as_str(), "--part-size", "5MiB"];
+
+    // Three kills: the first at a random moment from the start, the others
+    // once a random amount (at least one part) was sent, so that they land
+    // mid-upload. The cap keeps each killed run from finishing first.
+    for kill in 0..3 {
+        let port = ferry_testkit::free_port();
+        let metrics_addr = format!("127.0.0.1:{port}");
+        let capped = [&push[..], &["--max-bandwidth", "64MiB", "--metrics-addr", metrics_addr.as_str()]].concat();
+        let mut child = command(&server, &capped).stderr(std::process::Stdio::null()).spawn().unwrap();
+        let started = Instant::now();
+        let (delay, sent) = (Duration::from_millis(rand::random_range(50..800)), rand::random_range(PART..=25 * MIB));
+        loop {
+            assert!(started.elapsed() < Duration::from_secs(30), "push {kill} made no visible progress");
+            assert!(child.try_wait().unwrap().is_none(), "push {kill} finished before it could be killed");
+            let due = match kill {
+                0 => started.elapsed() >= delay,
+                _ => scrape(port).is_some_and(|exposition| uploaded_bytes(&exposition) >= sent as u64),
+            };
+            if due {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    let pending = pending_uploads(&server, "push-resume", "ckpt/").await;
+    assert!(!pending.is_empty(), "no kill landed mid-upload");
+    let mut finished = 0;
+    for (key, size) in server.list("push-resume", "ckpt/").await {
+        let rel = key.strip_prefix("ckpt/").unwrap();
+        assert!(server.get("push-resume", &key).await == files[rel], "{key} is in the store but not the file");
+        finished += size;
+    }
+    let left = total - finished;
+
+    let rerun = stager(&server, &push);
+    rerun.assert_ok();
+    let bytes = |path: &[&str]| path.iter().fold(&rerun.summary, |v, k| &v[*k]).as_u64().unwrap_or_default();
+    let (sent, resumed, skipped) =
+        (bytes(&["bytes", "transferred"]), bytes(&["resumed", "bytes"]), bytes(&["bytes", "skipped"]));
+    eprintln!(
+        "{backend:?}: after 3 kills {left} of {total} bytes left; the re-run sent {sent}, kept {resumed}, skipped {skipped}"
+    );
+    assert!(resumed > 0, "nothing of the killed runs was kept: {:#}", rerun.summary);
+    assert_eq!(sent + resumed + skipped, total, "every byte is sent, kept or skipped once: {:#}", rerun.summary);
+    // Only a file finished in the instant before a kill (before its record
+    // was written) is done again, and then as a whole.
+    assert!(sent + resumed >= left && (sent + resumed - left) % FILE as u64 == 0, "{left} left: {:#}", rerun.summary);
+    for (rel, data) in &files {
+        assert!(server.get("push-resume", &format!("ckpt/{rel}")).await == *data, "{rel} differs in the store");
+    }
+    assert_eq!(pending_uploads(&server, "push-resume", "ckpt/").await, Vec::<String>::new(), "uploads left behind");
+
+    let again = stager(&server, &push);
+    again.assert_ok();
+    assert_eq!((again.transferred(), again.skipped()), (0, 3), "{:#}", again.summary);
+    assert_eq!(again.summary["bytes"]["transferred"].as_u64(), Some(0));
+}
+
+async fn a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("stateless").await;
+    let data = pattern(90, 4 * PART);
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("big.bin"), &data).unwrap();
+    // A file where the state directory would go: no state, whoever runs it.
+    std::fs::write(src.path().join(".ferry"), b"").unwrap();
+    let destination = server.uri("stateless/out/");
+    let push = ["push", src.path().to_str().unwrap(), destination.as_str(), "--part-size", "5MiB"];
+
+    let port = ferry_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let capped = [&push[..], &["--max-bandwidth", "16MiB", "--metrics-addr", metrics_addr.as_str()]].concat();
+    let mut child = command(&server, &capped).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(port).is_none_or(|exposition| uploaded_bytes(&exposition) < PART as u64) {
+        assert!(Instant::now() < deadline, "the push made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the push finished before it could be killed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!pending_uploads(&server, "stateless", "out/").await.is_empty(), "the kill left no upload");
+
+    let rerun = stager(&server, &push);
+    rerun.assert_ok();
+    assert!(rerun.stderr.contains("pushing without resume"), "{}", rerun.stderr);
+    assert!(rerun.summary["resumed"].is_null(), "{:#}", rerun.summary);
+    assert!(server.get("stateless", "out/big.bin").await == data);
+    assert_eq!(pending_uploads(&server, "stateless", "out/").await, Vec::<String>::new(), "uploads left behind");
+}
+
 async fn keys_that_would_escape_the_destination_are_refused(backend: Backend) {
     // MinIO refuses such keys itself; moto stores them, as real S3 does, and
     // so does fake-gcs-server, as real GCS does.
@@ -795,4 +926,6 @@ conformance!(
     keys_that_would_escape_the_destination_are_refused,
     a_missing_bucket_ends_quickly_with_a_clear_message,
     an_unreachable_endpoint_ends_quickly_with_a_clear_message,
+    a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind,
+    a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs,
 );

@@ -1,19 +1,21 @@
 //! Everything that touches the local filesystem: mapping keys to safe paths,
 //! the staging area where files are written before they are renamed into
 //! place, the manifest of what has been staged, large objects downloaded
-//! part way and kept across runs, walking a directory for a push, removing
-//! what was staged, and removing what a pull staged from objects that left
-//! the store.
+//! part way and kept across runs, walking a directory for a push and the
+//! state that lets a push resume, removing what was staged, and removing
+//! what a pull staged from objects that left the store.
 
 pub mod clean;
 pub mod manifest;
 pub mod partial;
 pub mod paths;
 pub mod prune;
+pub mod push_state;
 pub mod staging;
 pub mod walk;
 
 /// Name of the directory, directly under the destination, that holds the
-/// manifest and in-progress temporary files. Keys that would land in it are
-/// refused.
+/// manifest and in-progress temporary files (and, in a push's source, the
+/// push state). Keys that would land in it are refused, and a push's walk
+/// skips it.
 pub const STATE_DIR: &str = ".ferry";

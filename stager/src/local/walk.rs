@@ -5,6 +5,7 @@
 //! root is uploaded with the target's content under the link's name; a link
 //! that leads outside, or to a directory, is refused and reported.
 
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use super::STATE_DIR;
@@ -19,6 +20,14 @@ pub struct LocalFile {
     pub rel: RelPath,
     /// Size in bytes when walked.
     pub size: u64,
+    /// Modification time when walked, in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+}
+
+/// A file's modification time in nanoseconds since the epoch, the unit the
+/// push state records.
+pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
+    meta.mtime() * 1_000_000_000 + meta.mtime_nsec()
 }
 
 /// An entry that cannot be uploaded.
@@ -70,7 +79,9 @@ pub fn walk(root: &Path, mut emit: impl FnMut(Result<LocalFile, Refused>) -> boo
                     refuse("symlink leads outside the directory being pushed")
                 }
                 Ok(target) => match std::fs::metadata(&target) {
-                    Ok(meta) if meta.is_file() => Ok(LocalFile { path: target, rel, size: meta.len() }),
+                    Ok(meta) if meta.is_file() => {
+                        Ok(LocalFile { path: target, rel, size: meta.len(), mtime_ns: mtime_ns(&meta) })
+                    }
                     Ok(_) => refuse("symlink to a directory or special file"),
                     Err(e) => refuse(&e.to_string()),
                 },
@@ -78,7 +89,9 @@ pub fn walk(root: &Path, mut emit: impl FnMut(Result<LocalFile, Refused>) -> boo
             }
         } else if entry.file_type().is_file() {
             match entry.metadata() {
-                Ok(meta) => Ok(LocalFile { path: entry.path().to_path_buf(), rel, size: meta.len() }),
+                Ok(meta) => {
+                    Ok(LocalFile { path: entry.path().to_path_buf(), rel, size: meta.len(), mtime_ns: mtime_ns(&meta) })
+                }
                 Err(e) => refuse(&e.to_string()),
             }
         } else {
@@ -103,6 +116,8 @@ mod tests {
         std::fs::create_dir_all(root.path().join(".ferry/tmp")).unwrap();
         std::fs::write(root.path().join("d/e/f.txt"), b"x").unwrap();
         std::fs::write(root.path().join(".ferry/manifest.jsonl"), b"").unwrap();
+        std::fs::create_dir_all(root.path().join(".ferry/push")).unwrap();
+        std::fs::write(root.path().join(".ferry/push/0123456789abcdef.jsonl"), b"").unwrap();
         std::fs::write(outside.path().join("secret"), b"s").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("out")).unwrap();
         std::os::unix::fs::symlink(root.path().join("d/e/f.txt"), root.path().join("in")).unwrap();

@@ -15,7 +15,11 @@
 //!   temporary objects under `.ferry-uploads/<id>/` at the bucket root
 //!   (outside any dataset prefix), composed into the destination (32 sources
 //!   per compose, in rounds for more), checked against the whole file's
-//!   CRC32C, and deleted. An aborted upload deletes its parts.
+//!   CRC32C, and deleted. An aborted upload deletes its parts. Each part
+//!   carries the destination key in its custom metadata, so the uploads
+//!   pending under a prefix, and an upload's parts, are found by listing
+//!   `.ferry-uploads/` (an upload with no part written yet has nothing to
+//!   find or to remove).
 //! * The crate's own retries, read resumption and checksumming are off: the
 //!   engine retries (counted by reason) and verifies every byte itself.
 //!
@@ -23,6 +27,7 @@
 //! service-account key through `GOOGLE_APPLICATION_CREDENTIALS`, metadata
 //! server), or none at all (`anonymous`) for public buckets and emulators.
 
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -38,6 +43,7 @@ use serde::Deserialize;
 use super::{
     GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart,
 };
+use super::{ListedPart, PendingUpload};
 
 /// The public GCS endpoint.
 const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
@@ -45,6 +51,8 @@ const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
 const COMPOSE_LIMIT: usize = 32;
 /// Where parts of composite uploads live until they are composed.
 const UPLOADS_PREFIX: &str = ".ferry-uploads/";
+/// The custom metadata entry of a part that names the key it is for.
+const UPLOAD_KEY_METADATA: &str = "ferry-upload-key";
 
 /// How to reach GCS.
 #[derive(Clone, Debug, Default)]
@@ -416,11 +424,11 @@ impl ObjectStore for GcsStore {
         })
     }
 
-    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
         let write =
             self.data()?.write_object(self.bucket_path(), key, body).with_known_crc32c(crc32c).send_unbuffered();
-        self.timed("write", write).await?.map_err(|e| classify(&e, &self.bucket))?;
-        Ok(())
+        let object = self.timed("write", write).await?.map_err(|e| classify(&e, &self.bucket))?;
+        Ok(Some(object.generation.to_string()))
     }
 
     async fn create_multipart(&self, _key: &str) -> Result<String, StoreError> {
@@ -430,13 +438,19 @@ impl ObjectStore for GcsStore {
 
     async fn upload_part(
         &self,
-        _key: &str,
+        key: &str,
         upload_id: &str,
         number: u32,
         body: Bytes,
         crc32c: u32,
     ) -> Result<UploadedPart, StoreError> {
-        self.put(&Self::part_name(upload_id, number), body, crc32c).await?;
+        self.data()?
+            .write_object(self.bucket_path(), Self::part_name(upload_id, number), body)
+            .with_known_crc32c(crc32c)
+            .set_metadata([(UPLOAD_KEY_METADATA, key)])
+            .send_unbuffered()
+            .await
+            .map_err(|e| classify(&e, &self.bucket))?;
         Ok(UploadedPart { number, etag: String::new(), crc32c })
     }
 
@@ -446,7 +460,7 @@ impl ObjectStore for GcsStore {
         upload_id: &str,
         mut parts: Vec<UploadedPart>,
         crc32c: u32,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<String>, StoreError> {
         parts.sort_by_key(|p| p.number);
         let mut sources: Vec<String> = parts.iter().map(|p| Self::part_name(upload_id, p.number)).collect();
         let mut created = Vec::new();
@@ -469,7 +483,7 @@ impl ObjectStore for GcsStore {
         let composed = composed?;
         self.abort_multipart(key, upload_id).await?;
         match composed.checksum() {
-            Some(StoredChecksum::Crc32c(stored)) if stored == crc32c => Ok(()),
+            Some(StoredChecksum::Crc32c(stored)) if stored == crc32c => Ok(Some(composed.generation.to_string())),
             stored => {
                 // The object is wrong: remove it rather than leave bad bytes under the name.
                 self.delete(key).await?;
@@ -492,6 +506,110 @@ impl ObjectStore for GcsStore {
             match page.next {
                 Some(next) => token = Some(next),
                 None => return Ok(()),
+            }
+        }
+    }
+
+    async fn list_parts(&self, _key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
+        // No store-side upload exists to be gone: an id without parts
+        // simply lists none.
+        let prefix = format!("{UPLOADS_PREFIX}{upload_id}/");
+        let mut parts: Vec<ListedPart> = (self.list_parts_below(&prefix).await?)
+            .into_iter()
+            .filter_map(|part| {
+                // Only `NNNNNN`: intermediate compose results are not parts.
+                let suffix = part.name.strip_prefix(&prefix)?;
+                if !suffix.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let number = suffix.parse().ok()?;
+                Some(ListedPart {
+                    number,
+                    size: part.size,
+                    etag: part.generation.to_string(),
+                    crc32c: part.crc32c.as_deref().and_then(decode_crc32c),
+                })
+            })
+            .collect();
+        parts.sort_by_key(|part| part.number);
+        Ok(parts)
+    }
+
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        let mut uploads: BTreeMap<String, PendingUpload> = BTreeMap::new();
+        for part in self.list_parts_below(UPLOADS_PREFIX).await? {
+            let Some((upload_id, _)) = part.name.strip_prefix(UPLOADS_PREFIX).and_then(|rest| rest.split_once('/'))
+            else {
+                continue;
+            };
+            let upload = uploads.entry(upload_id.to_owned()).or_insert_with(|| PendingUpload {
+                key: String::new(),
+                upload_id: upload_id.to_owned(),
+                initiated: None,
+            });
+            if let Some(key) = part.metadata.as_ref().and_then(|m| m.get(UPLOAD_KEY_METADATA)) {
+                upload.key.clone_from(key);
+            }
+            let created = part.time_created.as_deref().and_then(parse_rfc3339);
+            upload.initiated = match (upload.initiated, created) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        // Parts that name no key (written before parts carried one) cannot
+        // be told apart by destination: they are left to a lifecycle rule.
+        Ok(uploads.into_values().filter(|u| !u.key.is_empty() && u.key.starts_with(prefix)).collect())
+    }
+}
+
+/// A temporary part object as the JSON API lists it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonPart {
+    name: String,
+    #[serde(default, deserialize_with = "number_string")]
+    size: u64,
+    #[serde(default, deserialize_with = "number_string")]
+    generation: u64,
+    #[serde(default)]
+    crc32c: Option<String>,
+    #[serde(default)]
+    metadata: Option<HashMap<String, String>>,
+    #[serde(default)]
+    time_created: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonPartList {
+    #[serde(default)]
+    items: Vec<JsonPart>,
+    #[serde(default)]
+    next_page_token: Option<String>,
+}
+
+impl GcsStore {
+    /// Every object below `prefix` with what resuming and sweeping uploads
+    /// need to know of it, every page.
+    async fn list_parts_below(&self, prefix: &str) -> Result<Vec<JsonPart>, StoreError> {
+        let url = format!("{}/storage/v1/b/{}/o", self.endpoint, self.bucket);
+        let mut parts = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut query = vec![
+                ("prefix", prefix.to_owned()),
+                ("maxResults", "1000".to_owned()),
+                ("fields", "items(name,size,generation,crc32c,metadata,timeCreated),nextPageToken".to_owned()),
+            ];
+            if let Some(token) = token.take() {
+                query.push(("pageToken", token));
+            }
+            let request = self.request(reqwest::Method::GET, &url).await?.query(&query);
+            let page: JsonPartList = self.send(request, NotFound::Bucket).await?;
+            parts.extend(page.items);
+            match page.next_page_token.filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(parts),
             }
         }
     }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::Mutex;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use md5::{Digest as _, Md5};
 use super::{
     GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, RetryReason, StoreError, StoredChecksum, UploadedPart,
 };
+use super::{ListedPart, PendingUpload};
 
 /// A fault to inject into the next matching request.
 #[derive(Clone, Debug)]
@@ -37,15 +39,28 @@ pub struct Calls {
     pub aborts: usize,
     /// Multipart uploads completed.
     pub completes: usize,
+    /// Parts stored by `upload_part`.
+    pub parts: usize,
+    /// Multipart uploads started.
+    pub creates: usize,
 }
 
 #[derive(Debug, Default)]
 struct State {
     objects: BTreeMap<String, (Bytes, Option<StoredChecksum>)>,
-    uploads: BTreeMap<String, BTreeMap<u32, Bytes>>,
+    uploads: BTreeMap<String, Upload>,
+    uploads_started: usize,
     get_faults: BTreeMap<String, VecDeque<Fault>>,
     upload_faults: VecDeque<Fault>,
     calls: Calls,
+}
+
+/// An unfinished multipart upload.
+#[derive(Debug)]
+struct Upload {
+    key: String,
+    initiated: SystemTime,
+    parts: BTreeMap<u32, Bytes>,
 }
 
 /// The in-memory store.
@@ -100,6 +115,12 @@ impl MemoryStore {
     /// Multipart uploads neither completed nor aborted.
     pub fn open_uploads(&self) -> usize {
         self.state.lock().unwrap().uploads.len()
+    }
+
+    /// Whether the multipart upload `upload_id` is still neither completed
+    /// nor aborted.
+    pub fn upload_is_open(&self, upload_id: &str) -> bool {
+        self.state.lock().unwrap().uploads.contains_key(upload_id)
     }
 
     fn injected(fault: &Fault) -> Option<StoreError> {
@@ -184,17 +205,23 @@ impl ObjectStore for MemoryStore {
         })
     }
 
-    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
         if crc32c::crc32c(&body) != crc32c {
             return Err(StoreError::Rejected { code: "BadDigest".into(), message: "CRC32C mismatch".into() });
         }
+        let etag = etag_of(&body);
         self.state.lock().unwrap().objects.insert(key.into(), (body, Some(StoredChecksum::Crc32c(crc32c))));
-        Ok(())
+        Ok(Some(etag))
     }
 
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
-        let id = format!("upload-{key}");
-        self.state.lock().unwrap().uploads.insert(id.clone(), BTreeMap::new());
+        let mut state = self.state.lock().unwrap();
+        // Unique per upload, as real stores' ids are.
+        state.uploads_started += 1;
+        state.calls.creates += 1;
+        let id = format!("upload-{}-{key}", state.uploads_started);
+        let upload = Upload { key: key.to_owned(), initiated: SystemTime::now(), parts: BTreeMap::new() };
+        state.uploads.insert(id.clone(), upload);
         Ok(id)
     }
 
@@ -214,7 +241,8 @@ impl ObjectStore for MemoryStore {
             return Err(StoreError::Rejected { code: "BadDigest".into(), message: "CRC32C mismatch".into() });
         }
         let etag = etag_of(&body);
-        state.uploads.get_mut(upload_id).ok_or(StoreError::NotFound)?.insert(number, body);
+        state.uploads.get_mut(upload_id).ok_or(StoreError::NotFound)?.parts.insert(number, body);
+        state.calls.parts += 1;
         Ok(UploadedPart { number, etag, crc32c })
     }
 
@@ -224,19 +252,24 @@ impl ObjectStore for MemoryStore {
         upload_id: &str,
         parts: Vec<UploadedPart>,
         crc32c: u32,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<String>, StoreError> {
         let mut state = self.state.lock().unwrap();
         let uploaded = state.uploads.remove(upload_id).ok_or(StoreError::NotFound)?;
         let mut data = Vec::new();
         for part in &parts {
-            data.extend_from_slice(uploaded.get(&part.number).ok_or(StoreError::NotFound)?);
+            let stored = uploaded.parts.get(&part.number).ok_or(StoreError::NotFound)?;
+            if etag_of(stored) != part.etag {
+                return Err(StoreError::Rejected { code: "InvalidPart".into(), message: "ETag mismatch".into() });
+            }
+            data.extend_from_slice(stored);
         }
         if crc32c::crc32c(&data) != crc32c {
             return Err(StoreError::Rejected { code: "BadDigest".into(), message: "whole-object CRC32C".into() });
         }
         state.calls.completes += 1;
+        let etag = etag_of(&data);
         state.objects.insert(key.into(), (Bytes::from(data), Some(StoredChecksum::Crc32c(crc32c))));
-        Ok(())
+        Ok(Some(etag))
     }
 
     async fn abort_multipart(&self, _key: &str, upload_id: &str) -> Result<(), StoreError> {
@@ -244,5 +277,34 @@ impl ObjectStore for MemoryStore {
         state.calls.aborts += 1;
         state.uploads.remove(upload_id);
         Ok(())
+    }
+
+    async fn list_parts(&self, _key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
+        let state = self.state.lock().unwrap();
+        let upload = state.uploads.get(upload_id).ok_or(StoreError::NotFound)?;
+        Ok(upload
+            .parts
+            .iter()
+            .map(|(number, body)| ListedPart {
+                number: *number,
+                size: body.len() as u64,
+                etag: etag_of(body),
+                crc32c: Some(crc32c::crc32c(body)),
+            })
+            .collect())
+    }
+
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        let state = self.state.lock().unwrap();
+        Ok(state
+            .uploads
+            .iter()
+            .filter(|(_, upload)| upload.key.starts_with(prefix))
+            .map(|(id, upload)| PendingUpload {
+                key: upload.key.clone(),
+                upload_id: id.clone(),
+                initiated: Some(upload.initiated),
+            })
+            .collect())
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! The transfer engine speaks only to [`ObjectStore`]: list a prefix page by
 //! page, read a whole object or a byte range, write an object in one request
-//! or as a multipart upload. Errors are semantic ([`StoreError`]) so that the
+//! or as a multipart upload, and find what an interrupted multipart upload
+//! left (its parts, the uploads still pending under a prefix) so a push can
+//! resume it or abort it. Errors are semantic ([`StoreError`]) so that the
 //! retry policy, the exit message and the metrics never look at a
 //! backend-specific type. Backends (S3 today) live in submodules and keep
 //! their SDK types to themselves.
@@ -399,7 +401,9 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     ) -> Result<GetResponse, StoreError>;
 
     /// Writes a whole object in one request; the store verifies `crc32c`.
-    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError>;
+    /// Returns the new object's ETag as listings report it, when the store
+    /// gave one.
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError>;
 
     /// Starts a multipart upload with CRC32C checksums; returns its id.
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError>;
@@ -415,14 +419,52 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     ) -> Result<UploadedPart, StoreError>;
 
     /// Completes a multipart upload; `crc32c` is the whole object's CRC32C.
+    /// Returns the new object's ETag as listings report it, when the store
+    /// gave one.
     async fn complete_multipart(
         &self,
         key: &str,
         upload_id: &str,
         parts: Vec<UploadedPart>,
         crc32c: u32,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Option<String>, StoreError>;
 
     /// Abandons a multipart upload so its parts stop costing storage.
     async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError>;
+
+    /// Lists the parts an unfinished multipart upload holds, every page, in
+    /// part order, so an interrupted push can keep them.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the upload no longer exists (completed,
+    /// aborted, or expired by a lifecycle rule).
+    async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError>;
+
+    /// Lists every unfinished multipart upload whose key starts with
+    /// `prefix`, every page.
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError>;
+}
+
+/// A part an unfinished multipart upload already holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedPart {
+    /// 1-based part number.
+    pub number: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// The part's ETag, without quotes, as completing the upload needs it.
+    pub etag: String,
+    /// The part's CRC32C, when the store kept one.
+    pub crc32c: Option<u32>,
+}
+
+/// A multipart upload that was started and neither completed nor aborted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingUpload {
+    /// The key the upload writes.
+    pub key: String,
+    /// The upload's id.
+    pub upload_id: String,
+    /// When it was started, by the store's clock, when the store says.
+    pub initiated: Option<SystemTime>,
 }

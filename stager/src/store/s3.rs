@@ -30,6 +30,7 @@ use super::{
     GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, PartAlgorithm, PartsChecksum, RetryReason, StoreError,
     StoredChecksum, UploadedPart,
 };
+use super::{ListedPart, PendingUpload};
 
 /// How to reach an S3-compatible store.
 #[derive(Clone, Debug, Default)]
@@ -140,7 +141,7 @@ fn classify_status(status: u16, code: &str, message: &str, bucket: &str) -> Stor
             StoreError::transient(RetryReason::ServerError, format!("HTTP {status} {code} {}", summary()))
         }
         (_, "NoSuchBucket") => StoreError::NoSuchBucket { bucket: bucket.to_owned() },
-        (_, "NoSuchKey") | (404, _) => StoreError::NotFound,
+        (_, "NoSuchKey" | "NoSuchUpload") | (404, _) => StoreError::NotFound,
         (412, _) | (_, "PreconditionFailed") => StoreError::Changed,
         (
             _,
@@ -235,6 +236,11 @@ fn integrity(headers: &ChecksumHeaders<'_>) -> Option<Integrity> {
 
 fn decode_base64(value: &str) -> Option<Vec<u8>> {
     BASE64.decode(value).ok()
+}
+
+/// A whole CRC header value (not a composite `-N` one).
+fn decode_crc(value: &str) -> Option<u32> {
+    Some(u32::from_be_bytes(decode_base64(value)?.try_into().ok()?))
 }
 
 /// Splits `<digest>-<parts>`.
@@ -397,9 +403,10 @@ impl ObjectStore for S3Store {
         Ok(GetResponse { content_length, etag, checksum, body })
     }
 
-    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<(), StoreError> {
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
         let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
-        self.client
+        let output = self
+            .client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
@@ -411,7 +418,7 @@ impl ObjectStore for S3Store {
             .send()
             .await
             .map_err(|e| self.map_error(e))?;
-        Ok(())
+        Ok(output.e_tag().map(strip_quotes))
     }
 
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
@@ -468,7 +475,7 @@ impl ObjectStore for S3Store {
         upload_id: &str,
         parts: Vec<UploadedPart>,
         crc32c: u32,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<String>, StoreError> {
         let parts = parts
             .into_iter()
             .map(|part| {
@@ -479,7 +486,8 @@ impl ObjectStore for S3Store {
                     .build()
             })
             .collect();
-        self.client
+        let output = self
+            .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
@@ -490,7 +498,7 @@ impl ObjectStore for S3Store {
             .send()
             .await
             .map_err(|e| self.map_error(e))?;
-        Ok(())
+        Ok(output.e_tag().map(strip_quotes))
     }
 
     async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
@@ -503,6 +511,82 @@ impl ObjectStore for S3Store {
             .await
             .map_err(|e| self.map_error(e))?;
         Ok(())
+    }
+
+    async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
+        let mut parts = Vec::new();
+        let mut marker = None;
+        loop {
+            let output = self
+                .client
+                .list_parts()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .set_part_number_marker(marker)
+                .send()
+                .await
+                .map_err(|e| self.map_error(e))?;
+            parts.extend(output.parts().iter().filter_map(|part| {
+                Some(ListedPart {
+                    number: u32::try_from(part.part_number()?).ok()?,
+                    size: u64::try_from(part.size()?).ok()?,
+                    etag: part.e_tag().map(strip_quotes)?,
+                    crc32c: part.checksum_crc32_c().and_then(decode_crc),
+                })
+            }));
+            marker = output.next_part_number_marker().map(str::to_owned);
+            if !output.is_truncated().unwrap_or(false) || marker.is_none() {
+                parts.sort_by_key(|part| part.number);
+                return Ok(parts);
+            }
+        }
+    }
+
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        let uploads = self.list_uploads_page_by_page(prefix).await?;
+        if !uploads.is_empty() || prefix.is_empty() {
+            return Ok(uploads);
+        }
+        // MinIO matches the prefix of ListMultipartUploads against whole
+        // keys only, so a directory-like prefix finds nothing there; all of
+        // the bucket's uploads, filtered here, is the same answer from
+        // either kind of server, at the price of one more listing when
+        // nothing is pending.
+        let mut all = self.list_uploads_page_by_page("").await?;
+        all.retain(|upload| upload.key.starts_with(prefix));
+        Ok(all)
+    }
+}
+
+impl S3Store {
+    async fn list_uploads_page_by_page(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        let mut uploads = Vec::new();
+        let (mut key_marker, mut upload_id_marker) = (None, None);
+        loop {
+            let output = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker)
+                .set_upload_id_marker(upload_id_marker)
+                .send()
+                .await
+                .map_err(|e| self.map_error(e))?;
+            uploads.extend(output.uploads().iter().filter_map(|upload| {
+                Some(PendingUpload {
+                    key: upload.key()?.to_owned(),
+                    upload_id: upload.upload_id()?.to_owned(),
+                    initiated: upload.initiated().and_then(|t| std::time::SystemTime::try_from(*t).ok()),
+                })
+            }));
+            key_marker = output.next_key_marker().filter(|m| !m.is_empty()).map(str::to_owned);
+            upload_id_marker = output.next_upload_id_marker().filter(|m| !m.is_empty()).map(str::to_owned);
+            if !output.is_truncated().unwrap_or(false) || key_marker.is_none() {
+                return Ok(uploads);
+            }
+        }
     }
 }
 
@@ -618,5 +702,10 @@ mod tests {
         assert!(matches!(integrity(&with_md5), Some(Integrity::Whole(StoredChecksum::Md5(_)))));
         let kms = ChecksumHeaders { encryption: Some(&ServerSideEncryption::AwsKms), ..with_md5 };
         assert_eq!(integrity(&kms), Some(Integrity::Whole(StoredChecksum::Sha256([7; 32]))));
+    }
+
+    #[test]
+    fn an_upload_that_is_gone_is_not_found() {
+        assert!(matches!(classify_status(404, "NoSuchUpload", "", "b"), StoreError::NotFound));
     }
 }

@@ -8,8 +8,9 @@
 //!   FIFO).
 //! * [`Engine::retrying`] runs one request with bounded, jittered
 //!   exponential backoff and records its duration and retries.
-//! * [`pull`] and [`push`] are the two directions; [`tally`] counts what
-//!   happened and produces the run summary.
+//! * [`pull`] and [`push`] are the two directions ([`push_resume`] is what
+//!   a push keeps of, and cleans up after, interrupted ones); [`tally`]
+//!   counts what happened and produces the run summary.
 
 pub mod bandwidth;
 pub mod buffers;
@@ -18,6 +19,9 @@ mod fault_tests;
 pub mod md5;
 pub mod pull;
 pub mod push;
+pub mod push_resume;
+#[cfg(test)]
+mod push_resume_tests;
 pub mod ranges;
 pub mod readback;
 #[cfg(test)]

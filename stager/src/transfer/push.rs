@@ -9,24 +9,49 @@
 //! CRC32C (combined from the parts), so the object ends up with a
 //! full-object checksum that later pulls verify. A multipart upload that
 //! fails is aborted.
+//!
+//! What a killed push leaves is for the next run ([`super::push_resume`]):
+//! files still in the store as pushed are skipped, unfinished uploads of
+//! unchanged files keep the parts the store holds, and what is not resumed
+//! is aborted.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::pull::ObjectError;
+use super::push_resume::{MultipartStart, Resume, Stamp};
 use super::ranges::{plan_ranges, upload_part_size};
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::{Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, dooms_the_run, join_objects, object_slot};
-use crate::local::walk::{LocalFile, walk};
+use crate::local::push_state::StartedUpload;
+use crate::local::walk::{LocalFile, mtime_ns, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::{StoreError, UploadedPart};
+
+/// What every file of one push shares.
+#[derive(Debug)]
+struct PushRun {
+    engine: Arc<Engine>,
+    resume: Resume,
+}
+
+/// What the store holds after a file was uploaded.
+#[derive(Debug)]
+struct Written {
+    /// The file as it was read.
+    stamp: Stamp,
+    /// The new object's ETag, when the store gave one.
+    etag: Option<String>,
+    /// CRC32C of the whole file.
+    crc32c: u32,
+}
 
 /// Copies every selected file below `source` to `prefix` in the store.
 ///
@@ -45,7 +70,9 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
         });
     }
     preflight(&engine, prefix).await?;
+    let resume = Resume::prepare(&engine, source, &destination_uri, prefix).await?;
     tracing::info!(source = %source.display(), destination = %destination_uri, "push started");
+    let run = Arc::new(PushRun { engine: Arc::clone(&engine), resume });
 
     let (files_tx, mut files) = mpsc::channel(1024);
     let root = source.to_path_buf();
@@ -66,14 +93,20 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
                 }
             };
             if !engine.config.selection.selects(file.rel.as_str()) {
+                run.resume.not_selected(&file);
                 continue;
             }
             engine.tally.selected(file.size);
-            let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
-            let engine = Arc::clone(&engine);
             let key = format!("{prefix}{}", file.rel);
+            if run.resume.still_in_store(&file, &key) {
+                engine.tally.skipped(file.size);
+                engine.metrics.object(ObjectResult::Skipped);
+                continue;
+            }
+            let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
+            let run = Arc::clone(&run);
             tasks.spawn(async move {
-                let result = push_file(&engine, file, key).await;
+                let result = push_file(&run, file, key).await;
                 drop(permit);
                 result
             });
@@ -83,11 +116,15 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
     }
     .await;
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
     outcome?;
     walker
         .await
         .expect("walk panicked")
         .map_err(|e| TransferError::Source { path: source.to_path_buf(), source: e })?;
+    // Every task is gone, so this is the last reference.
+    let run = Arc::into_inner(run).expect("all tasks joined");
+    run.resume.finish(&engine, prefix).await;
     Ok(engine.tally.summary(
         super::tally::Operation::Push,
         source.display().to_string(),
@@ -111,10 +148,13 @@ async fn preflight(engine: &Engine, prefix: &str) -> Result<(), TransferError> {
 }
 
 /// Uploads one file. Returns `Err` only for errors that doom the whole run.
-async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result<(), StoreError> {
-    let result = upload(engine, &file, &key).await;
+async fn push_file(run: &Arc<PushRun>, file: LocalFile, key: String) -> Result<(), StoreError> {
+    let engine = &run.engine;
+    let claimed = run.resume.claim(&key);
+    let result = upload(run, &file, &key, claimed).await;
     match result {
-        Ok(()) => {
+        Ok(written) => {
+            run.resume.pushed(&file, &key, written.stamp, written.etag, written.crc32c);
             // The store checked every request's CRC32C, and the object's.
             engine.tally.transferred(Verified::As(VerifiedKind::Crc32c));
             engine.metrics.verified(VerifiedKind::Crc32c);
@@ -132,14 +172,12 @@ async fn push_file(engine: &Arc<Engine>, file: LocalFile, key: String) -> Result
 }
 
 /// Size and mtime, to notice a file that changes while it is uploaded.
-type Stamp = (u64, Option<SystemTime>);
-
 fn stamp(path: &Path) -> std::io::Result<Stamp> {
     Ok(stamp_of(&std::fs::metadata(path)?))
 }
 
 fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
-    (meta.len(), meta.modified().ok())
+    Stamp { size: meta.len(), mtime_ns: mtime_ns(meta) }
 }
 
 /// The file changed between the two stamps.
@@ -150,9 +188,20 @@ fn changed() -> ObjectError {
     }
 }
 
-async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(), ObjectError> {
-    if file.size <= engine.config.multipart_threshold && upload_small(engine, file, key).await? {
-        return Ok(());
+/// Uploads one file; `claimed` are the uploads earlier runs left for its
+/// key, resumed when one fits this version of the file, else aborted.
+async fn upload(
+    run: &Arc<PushRun>,
+    file: &LocalFile,
+    key: &str,
+    mut claimed: Vec<StartedUpload>,
+) -> Result<Written, ObjectError> {
+    let engine = &run.engine;
+    if file.size <= engine.config.multipart_threshold {
+        run.resume.abort_recorded(engine, std::mem::take(&mut claimed)).await;
+        if let Some(written) = upload_small(engine, file, key).await? {
+            return Ok(written);
+        }
     }
     let path = file.path.clone();
     let (handle, before) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
@@ -162,15 +211,16 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
     .await
     .expect("open panicked")
     .map_err(ObjectError::io_error("opening the file"))?;
-    let size = before.0;
+    let size = before.size;
 
-    if size <= engine.config.multipart_threshold {
+    let (etag, crc32c) = if size <= engine.config.multipart_threshold {
+        run.resume.abort_recorded(engine, claimed).await;
         let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
         let (body, crc) = read_part(engine, Arc::clone(&handle), 0, size).await?;
-        put_whole(engine, key, body, crc).await?;
+        (put_whole(engine, key, body, crc).await?, crc)
     } else {
-        upload_multipart(engine, &handle, key, size).await?;
-    }
+        upload_multipart(run, &handle, key, before, claimed).await?
+    };
 
     let path = file.path.clone();
     let after = tokio::task::spawn_blocking(move || stamp(&path))
@@ -180,7 +230,7 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
     if after != before {
         return Err(changed());
     }
-    Ok(())
+    Ok(Written { stamp: before, etag, crc32c })
 }
 
 /// Uploads a file of at most one part with a single hop to a blocking
@@ -190,9 +240,9 @@ async fn upload(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<(),
 /// so it notices writes to the file that was read, but not a new file renamed
 /// over its path meanwhile (the general path stats the path): what was sent
 /// is then still one whole version of the file.
-/// Returns `false`, having sent nothing, when the file is no longer the size
+/// Returns `None`, having sent nothing, when the file is no longer the size
 /// the walk saw; the general path then takes it.
-async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<bool, ObjectError> {
+async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Result<Option<Written>, ObjectError> {
     let size = file.size;
     let _memory = engine.budget.memory(size + REQUEST_OVERHEAD).await;
     let mut buffer = engine.buffers.take(size as usize);
@@ -200,7 +250,7 @@ async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Resu
     let read = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
         let handle = File::open(&path)?;
         let before = stamp_of(&handle.metadata()?);
-        if before.0 != size {
+        if before.size != size {
             return Ok(None);
         }
         handle.read_exact_at(&mut buffer, 0)?;
@@ -210,26 +260,27 @@ async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Resu
     .await
     .expect("reading a small file panicked")
     .map_err(ObjectError::io_error("reading the file"))?;
-    let Some((handle, before, body, crc)) = read else { return Ok(false) };
-    put_whole(engine, key, body, crc).await?;
+    let Some((handle, before, body, crc)) = read else { return Ok(None) };
+    let etag = put_whole(engine, key, body, crc).await?;
     // One fstat of an open file: no need for a blocking thread.
     let after = stamp_of(&handle.metadata().map_err(ObjectError::io_error("checking the file after upload"))?);
     if after != before {
         return Err(changed());
     }
-    Ok(true)
+    Ok(Some(Written { stamp: before, etag, crc32c: crc }))
 }
 
 /// Sends `body` as one PUT with its CRC32C, paced, and recycles its buffer.
-async fn put_whole(engine: &Engine, key: &str, body: Bytes, crc: u32) -> Result<(), ObjectError> {
+/// Returns the ETag the store gave the object.
+async fn put_whole(engine: &Engine, key: &str, body: Bytes, crc: u32) -> Result<Option<String>, ObjectError> {
     let size = body.len() as u64;
     engine.pace(size).await;
     let put = engine.retrying(Operation::Put, || engine.store.put(key, body.clone(), crc)).await;
     engine.buffers.give_bytes(body);
-    put?;
+    let etag = put?;
     engine.tally.bytes(size);
     engine.metrics.add_bytes(Direction::Upload, size);
-    Ok(())
+    Ok(etag)
 }
 
 /// Reads `len` bytes at `offset` and their CRC32C on a blocking thread.
@@ -245,33 +296,51 @@ async fn read_part(engine: &Engine, handle: Arc<File>, offset: u64, len: u64) ->
     .map_err(ObjectError::io_error("reading the file"))
 }
 
-async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, size: u64) -> Result<(), ObjectError> {
-    let part_size = upload_part_size(size, engine.config.part_size);
-    let ranges = plan_ranges(size, part_size);
-    let upload_id: Arc<str> =
-        Arc::from(engine.retrying(Operation::CreateMultipart, || engine.store.create_multipart(key)).await?);
+/// Uploads a file in parts into a new upload, or into the claimed one that
+/// fits it, keeping the parts the store holds with this part's size and
+/// CRC32C. Returns the object's ETag and the whole file's CRC32C.
+async fn upload_multipart(
+    run: &Arc<PushRun>,
+    handle: &Arc<File>,
+    key: &str,
+    stamp: Stamp,
+    claimed: Vec<StartedUpload>,
+) -> Result<(Option<String>, u32), ObjectError> {
+    let engine = &run.engine;
+    let part_size = upload_part_size(stamp.size, engine.config.part_size);
+    let ranges = plan_ranges(stamp.size, part_size);
+    let MultipartStart { upload_id, held } = run.resume.start_or_resume(engine, key, stamp, part_size, claimed).await?;
+    let held = Arc::new(held);
     let key_arc: Arc<str> = Arc::from(key);
     // Bytes of parts already sent, taken back from the progress if the upload fails.
     let uploaded_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
-    let uploaded: Result<Vec<UploadedPart>, ObjectError> = async {
+    let uploaded: Result<(Option<String>, u32, u64), ObjectError> = async {
         let window = engine.config.concurrency.clamp(1, ranges.len());
         let mut pending = ranges.into_iter().enumerate();
         let mut tasks = JoinSet::new();
         let spawn = |tasks: &mut JoinSet<_>, (index, range): (usize, std::ops::Range<u64>)| {
-            let (engine, handle, key, upload_id, progress) = (
+            let (engine, handle, key, upload_id, progress, held) = (
                 Arc::clone(engine),
                 Arc::clone(handle),
                 Arc::clone(&key_arc),
                 Arc::clone(&upload_id),
                 Arc::clone(&uploaded_bytes),
+                Arc::clone(&held),
             );
             tasks.spawn(async move {
                 let len = range.end - range.start;
                 let _memory = engine.budget.memory(len + REQUEST_OVERHEAD).await;
                 let (body, crc) = read_part(&engine, handle, range.start, len).await?;
-                engine.pace(len).await;
                 let number = index as u32 + 1;
+                // A part an earlier run sent is kept only when its bytes are
+                // this part's: same size, same CRC32C of what is on disk now.
+                if let Some(kept) = held.get(&number).filter(|p| p.size == len && p.crc32c == Some(crc)) {
+                    engine.buffers.give_bytes(body);
+                    let part = UploadedPart { number, etag: kept.etag.clone(), crc32c: crc };
+                    return Ok::<_, ObjectError>((part, len, true));
+                }
+                engine.pace(len).await;
                 let part = engine
                     .retrying(Operation::UploadPart, || {
                         engine.store.upload_part(&key, &upload_id, number, body.clone(), crc)
@@ -282,7 +351,7 @@ async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, s
                 engine.tally.bytes(len);
                 progress.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                 engine.metrics.add_bytes(Direction::Upload, len);
-                Ok::<_, ObjectError>((part, len))
+                Ok((part, len, false))
             });
         };
         for item in pending.by_ref().take(window) {
@@ -290,35 +359,48 @@ async fn upload_multipart(engine: &Arc<Engine>, handle: &Arc<File>, key: &str, s
         }
         let mut parts = Vec::new();
         while let Some(joined) = tasks.join_next().await {
-            let (part, len) = match joined {
+            let done = match joined {
                 Ok(result) => result?,
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             };
-            parts.push((part, len));
+            parts.push(done);
             if let Some(item) = pending.next() {
                 spawn(&mut tasks, item);
             }
         }
-        parts.sort_by_key(|(part, _)| part.number);
-        let whole = parts.iter().fold(0, |acc, (part, len)| crc32c::crc32c_combine(acc, part.crc32c, *len as usize));
-        let parts: Vec<UploadedPart> = parts.into_iter().map(|(part, _)| part).collect();
-        engine
+        parts.sort_by_key(|(part, _, _)| part.number);
+        let whole = parts.iter().fold(0, |acc, (part, len, _)| crc32c::crc32c_combine(acc, part.crc32c, *len as usize));
+        let kept_bytes = parts.iter().filter(|(_, _, kept)| *kept).map(|(_, len, _)| len).sum();
+        let parts: Vec<UploadedPart> = parts.into_iter().map(|(part, _, _)| part).collect();
+        let etag = engine
             .retrying(Operation::CompleteMultipart, || {
                 engine.store.complete_multipart(key, &upload_id, parts.clone(), whole)
             })
             .await?;
-        Ok(parts)
+        Ok((etag, whole, kept_bytes))
     }
     .await;
 
-    if let Err(error) = uploaded {
-        engine.tally.unbytes(uploaded_bytes.load(std::sync::atomic::Ordering::Relaxed));
-        let aborted =
-            engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
-        if let Err(abort_error) = aborted {
-            tracing::warn!(%key, upload_id = %upload_id, %abort_error, "could not abort the failed multipart upload; a bucket lifecycle rule will reclaim it");
+    match uploaded {
+        Ok((etag, whole, kept_bytes)) => {
+            run.resume.completed(key, &upload_id);
+            if kept_bytes > 0 {
+                engine.tally.resumed(kept_bytes);
+                engine.metrics.resumed(Direction::Upload, kept_bytes);
+            }
+            Ok((etag, whole))
         }
-        return Err(error);
+        Err(error) => {
+            engine.tally.unbytes(uploaded_bytes.load(std::sync::atomic::Ordering::Relaxed));
+            let aborted =
+                engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
+            match aborted {
+                Ok(()) => run.resume.aborted(key, &upload_id),
+                Err(abort_error) => {
+                    tracing::warn!(%key, upload_id = %upload_id, %abort_error, "could not abort the failed multipart upload; the next push tries again");
+                }
+            }
+            Err(error)
+        }
     }
-    Ok(())
 }

@@ -1,0 +1,397 @@
+//! The push state: what earlier pushes of one directory to one destination
+//! started and finished, so that a re-run resumes the multipart uploads a
+//! killed run left, aborts those it will not resume, and skips files the
+//! store already holds.
+//!
+//! One JSON-lines file per destination, `.ferry/push/<FNV-1a of the
+//! destination URI>.jsonl` in the source directory, so pushes of one
+//! directory to two places never mix. Records are appended and flushed as
+//! they happen; an upload's id right after the store returned it, before any
+//! part is sent, so a kill at any later moment leaves the upload findable.
+//! A torn line (a kill mid-write) is skipped. At the end of a run the file is
+//! rewritten with only what is still true.
+//!
+//! The file sits in a subdirectory so that a pull into the same directory,
+//! whose manifest loader reads every `*.jsonl` directly in `.ferry/`, never
+//! reads it. This module only remembers: every record is checked against the
+//! store before it is acted on (see `transfer::push`), and it does not
+//! guard against two pushes of one directory to one destination at once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::STATE_DIR;
+
+/// The subdirectory of the state directory that holds push states.
+const PUSH_STATE_DIR: &str = "push";
+
+/// Why the push state cannot be kept.
+#[derive(Debug, thiserror::Error)]
+pub enum PushStateError {
+    /// The state file cannot be created or opened (e.g. a read-only source).
+    #[error("cannot open the push state '{path}': {source}")]
+    Open {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The state file cannot be written.
+    #[error("cannot write the push state '{path}': {source}")]
+    Write {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A multipart upload the store started for one version of a file, not
+/// known to be completed or aborted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedUpload {
+    /// The key it writes.
+    pub key: String,
+    /// The store's id for it.
+    pub upload_id: String,
+    /// The file's size when the upload started.
+    pub size: u64,
+    /// The file's mtime when the upload started, in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// The size of every part but the last.
+    pub part_size: u64,
+}
+
+impl StartedUpload {
+    /// Whether this upload's parts are parts of this version of the file,
+    /// cut the same way: only then can they be kept.
+    pub fn fits(&self, size: u64, mtime_ns: i64, part_size: u64) -> bool {
+        (self.size, self.mtime_ns, self.part_size) == (size, mtime_ns, part_size)
+    }
+}
+
+/// A file the store was left holding, as the store described it then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushedFile {
+    /// Path relative to the source directory.
+    pub path: String,
+    /// The key it was written to.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The file's mtime when it was read, in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// The ETag (GCS: the generation) the store gave the new object.
+    pub etag: String,
+    /// CRC32C of the whole file.
+    pub crc32c: u32,
+}
+
+/// One line of the state file.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+enum Record {
+    UploadStarted(StartedUpload),
+    UploadCompleted { key: String, upload_id: String },
+    UploadAborted { key: String, upload_id: String },
+    Pushed(PushedFile),
+}
+
+/// The state of pushes of one directory to one destination: what earlier
+/// runs left, and the journal of this run.
+#[derive(Debug)]
+pub struct PushState {
+    path: PathBuf,
+    /// Every key the loaded state named: a pending upload for one of them
+    /// is taken to be an earlier push's.
+    earlier_keys: HashSet<String>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `None` once a write failed: the run goes on without a journal.
+    journal: Option<BufWriter<File>>,
+    /// Files earlier runs pushed that this run has not yet looked at, by path.
+    earlier_pushed: HashMap<String, PushedFile>,
+    /// Uploads earlier runs left open that no file of this run has claimed, by key.
+    unclaimed: HashMap<String, Vec<StartedUpload>>,
+    /// Every upload open as far as this state knows, by id.
+    open: BTreeMap<String, StartedUpload>,
+    /// Pushed records that are still true, by path.
+    current: BTreeMap<String, PushedFile>,
+}
+
+impl PushState {
+    /// The state file's name for `destination` (e.g. `s3://bucket/prefix/`).
+    pub fn file_name(destination: &str) -> String {
+        format!("{:016x}.jsonl", ferry_contract::hash::fnv1a(destination.as_bytes()))
+    }
+
+    /// Loads the state of pushes from `source` to `destination` and opens
+    /// its journal for appending, creating the state directory if needed.
+    ///
+    /// # Errors
+    /// [`PushStateError::Open`] when the state directory or file cannot be
+    /// created or opened, e.g. because the source directory is read-only.
+    pub fn open(source: &Path, destination: &str) -> Result<Self, PushStateError> {
+        let dir = source.join(STATE_DIR).join(PUSH_STATE_DIR);
+        let path = dir.join(Self::file_name(destination));
+        let opened = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path));
+        let open_error = |source| PushStateError::Open { path: path.clone(), source };
+        let mut file = opened.map_err(open_error)?;
+        let mut text = Vec::new();
+        io::Read::read_to_end(&mut file, &mut text).map_err(open_error)?;
+        let (open, earlier_pushed) = Self::replay(&text);
+        if !text.is_empty() && !text.ends_with(b"\n") {
+            // A torn last line: what this run appends starts a line of its own.
+            file.write_all(b"\n").map_err(open_error)?;
+        }
+        let earlier_keys =
+            open.values().map(|u| &u.key).chain(earlier_pushed.values().map(|f| &f.key)).cloned().collect();
+        let mut unclaimed: HashMap<String, Vec<StartedUpload>> = HashMap::new();
+        for upload in open.values() {
+            unclaimed.entry(upload.key.clone()).or_default().push(upload.clone());
+        }
+        let inner =
+            Inner { journal: Some(BufWriter::new(file)), earlier_pushed, unclaimed, open, current: BTreeMap::new() };
+        Ok(Self { path, earlier_keys, inner: Mutex::new(inner) })
+    }
+
+    /// Replays the records in order: what is open at the end, and what was
+    /// pushed. Lines that do not parse (a torn last line) are skipped: they
+    /// cost at most a re-upload or an upload left to the final sweep.
+    fn replay(text: &[u8]) -> (BTreeMap<String, StartedUpload>, HashMap<String, PushedFile>) {
+        let (mut open, mut pushed) = (BTreeMap::new(), HashMap::new());
+        for line in text.split(|&b| b == b'\n') {
+            match serde_json::from_slice::<Record>(line) {
+                Ok(Record::UploadStarted(upload)) => {
+                    open.insert(upload.upload_id.clone(), upload);
+                }
+                Ok(Record::UploadCompleted { upload_id, .. } | Record::UploadAborted { upload_id, .. }) => {
+                    open.remove(&upload_id);
+                }
+                Ok(Record::Pushed(file)) => {
+                    pushed.insert(file.path.clone(), file);
+                }
+                Err(_) => {}
+            }
+        }
+        (open, pushed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("push state lock poisoned")
+    }
+
+    /// Whether an earlier run recorded any pushed file.
+    pub fn has_pushed(&self) -> bool {
+        !self.lock().earlier_pushed.is_empty()
+    }
+
+    /// What an earlier run recorded for the file at `path`, if anything.
+    pub fn pushed(&self, path: &str) -> Option<PushedFile> {
+        self.lock().earlier_pushed.get(path).cloned()
+    }
+
+    /// Carries an earlier run's record for `path` into this run's state:
+    /// the file was not selected, or is still in the store as pushed.
+    pub fn keep(&self, path: &str) {
+        let mut inner = self.lock();
+        if let Some(file) = inner.earlier_pushed.remove(path) {
+            inner.current.insert(file.path.clone(), file);
+        }
+    }
+
+    /// Takes the uploads earlier runs left open for `key`: the caller
+    /// resumes one of them or aborts them.
+    pub fn claim(&self, key: &str) -> Vec<StartedUpload> {
+        self.lock().unclaimed.remove(key).unwrap_or_default()
+    }
+
+    /// Takes every upload earlier runs left that no file of this run
+    /// claimed (their files are gone, or were not selected).
+    pub fn unclaimed(&self) -> Vec<StartedUpload> {
+        self.lock().unclaimed.drain().flat_map(|(_, uploads)| uploads).collect()
+    }
+
+    /// Whether `upload_id` is an upload this state knows to be open.
+    pub fn is_open(&self, upload_id: &str) -> bool {
+        self.lock().open.contains_key(upload_id)
+    }
+
+    /// Whether an earlier run started an upload for `key` or pushed to it.
+    pub fn knows_key(&self, key: &str) -> bool {
+        self.earlier_keys.contains(key)
+    }
+
+    /// Whether earlier runs left any record of an upload or a pushed file.
+    pub fn knows_any_key(&self) -> bool {
+        !self.earlier_keys.is_empty()
+    }
+
+    /// Records an upload the store just started, before any part is sent.
+    pub fn upload_started(&self, upload: StartedUpload) {
+        let mut inner = self.lock();
+        inner.open.insert(upload.upload_id.clone(), upload.clone());
+        self.append(&mut inner, &Record::UploadStarted(upload));
+    }
+
+    /// Records an upload that was completed: nothing of it is left to abort.
+    pub fn upload_completed(&self, key: &str, upload_id: &str) {
+        let mut inner = self.lock();
+        inner.open.remove(upload_id);
+        self.append(&mut inner, &Record::UploadCompleted { key: key.to_owned(), upload_id: upload_id.to_owned() });
+    }
+
+    /// Records an upload that was aborted, or that the store no longer has.
+    pub fn upload_aborted(&self, key: &str, upload_id: &str) {
+        let mut inner = self.lock();
+        inner.open.remove(upload_id);
+        self.append(&mut inner, &Record::UploadAborted { key: key.to_owned(), upload_id: upload_id.to_owned() });
+    }
+
+    /// Records a file the store now holds.
+    pub fn file_pushed(&self, file: PushedFile) {
+        let mut inner = self.lock();
+        inner.earlier_pushed.remove(&file.path);
+        inner.current.insert(file.path.clone(), file.clone());
+        self.append(&mut inner, &Record::Pushed(file));
+    }
+
+    /// Appends one record and flushes it, so a kill right after keeps it.
+    /// The first failure is reported once; the run goes on without a
+    /// journal (what it does is still in memory for [`PushState::finish`]).
+    fn append(&self, inner: &mut Inner, record: &Record) {
+        let Some(journal) = inner.journal.as_mut() else { return };
+        let mut line = serde_json::to_vec(record).expect("records serialize");
+        line.push(b'\n');
+        if let Err(source) = journal.write_all(&line).and_then(|()| journal.flush()) {
+            let error = PushStateError::Write { path: self.path.clone(), source };
+            tracing::warn!(%error, "the push goes on, but a killed run may not resume what follows");
+            inner.journal = None;
+        }
+    }
+
+    /// Rewrites the state with only what is still true: the files pushed or
+    /// kept by this run, and the uploads still open (an abort that failed is
+    /// tried again by the next run). Call it only after a run whose walk
+    /// finished, since files the run never looked at lose their records.
+    ///
+    /// # Errors
+    /// [`PushStateError::Write`] when the new state cannot be written or renamed.
+    pub fn finish(self) -> Result<(), PushStateError> {
+        let inner = self.inner.into_inner().expect("push state lock poisoned");
+        drop(inner.journal);
+        let write_error = |source| PushStateError::Write { path: self.path.clone(), source };
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let mut out = BufWriter::new(File::create(&tmp).map_err(write_error)?);
+        let records = (inner.current.into_values().map(Record::Pushed))
+            .chain(inner.open.into_values().map(Record::UploadStarted));
+        for record in records {
+            serde_json::to_writer(&mut out, &record).map_err(io::Error::from).map_err(write_error)?;
+            out.write_all(b"\n").map_err(write_error)?;
+        }
+        out.into_inner().map_err(|e| write_error(e.into_error()))?;
+        std::fs::rename(&tmp, &self.path).map_err(write_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upload(key: &str, id: &str) -> StartedUpload {
+        StartedUpload { key: key.into(), upload_id: id.into(), size: 12, mtime_ns: 7, part_size: 5 }
+    }
+
+    fn pushed(path: &str) -> PushedFile {
+        PushedFile {
+            path: path.into(),
+            key: format!("p/{path}"),
+            size: 3,
+            mtime_ns: 9,
+            etag: "e".into(),
+            crc32c: 0xdead_beef,
+        }
+    }
+
+    #[test]
+    fn a_torn_last_line_costs_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        state.upload_started(upload("p/a", "u1"));
+        state.upload_started(upload("p/b", "u2"));
+        state.upload_completed("p/b", "u2");
+        state.file_pushed(pushed("b"));
+        drop(state);
+        let file = dir.path().join(".ferry/push").join(PushState::file_name("s3://b/p/"));
+        std::fs::OpenOptions::new().append(true).open(&file).unwrap().write_all(b"{\"record\":\"upload_sta").unwrap();
+
+        let again = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        assert_eq!(again.claim("p/a"), vec![upload("p/a", "u1")]);
+        assert!(again.claim("p/b").is_empty(), "completed uploads are not open");
+        assert_eq!(again.pushed("b"), Some(pushed("b")));
+        assert!(again.knows_key("p/a") && again.knows_key("p/b") && !again.knows_key("p/c"));
+        // Appending after the torn line starts a line of its own.
+        again.upload_aborted("p/a", "u1");
+        drop(again);
+        let third = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        assert!(third.claim("p/a").is_empty(), "{:?}", std::fs::read_to_string(&file));
+    }
+
+    #[test]
+    fn finishing_keeps_only_what_is_still_true() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = PushState::open(dir.path(), "gs://b/p/").unwrap();
+        for path in ["kept", "gone", "again"] {
+            state.file_pushed(pushed(path));
+        }
+        state.upload_started(upload("p/x", "open"));
+        state.upload_started(upload("p/y", "done"));
+        state.upload_completed("p/y", "done");
+        state.finish().unwrap();
+
+        let state = PushState::open(dir.path(), "gs://b/p/").unwrap();
+        state.keep("kept");
+        state.file_pushed(PushedFile { etag: "e2".into(), ..pushed("again") });
+        assert_eq!(state.unclaimed(), vec![upload("p/x", "open")]);
+        state.finish().unwrap();
+
+        let file = dir.path().join(".ferry/push").join(PushState::file_name("gs://b/p/"));
+        let lines = std::fs::read_to_string(file).unwrap();
+        assert_eq!(lines.lines().count(), 3, "{lines}");
+        let state = PushState::open(dir.path(), "gs://b/p/").unwrap();
+        assert_eq!(state.pushed("kept"), Some(pushed("kept")));
+        assert_eq!(state.pushed("again").map(|f| f.etag), Some("e2".into()));
+        assert_eq!(state.pushed("gone"), None, "a file the run never saw is gone");
+        assert!(state.is_open("open"), "an upload not yet aborted stays recorded");
+        assert!(!state.is_open("done"));
+    }
+
+    #[test]
+    fn two_destinations_keep_two_states() {
+        let dir = tempfile::tempdir().unwrap();
+        PushState::open(dir.path(), "s3://b/one/").unwrap().file_pushed(pushed("f"));
+        let other = PushState::open(dir.path(), "s3://b/two/").unwrap();
+        assert!(!other.has_pushed());
+        assert!(PushState::open(dir.path(), "s3://b/one/").unwrap().has_pushed());
+    }
+
+    #[test]
+    fn a_state_directory_that_cannot_be_created_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the state directory should be: fails even for root,
+        // which a read-only permission would not stop.
+        std::fs::write(dir.path().join(STATE_DIR), b"").unwrap();
+        assert!(matches!(PushState::open(dir.path(), "s3://b/p/"), Err(PushStateError::Open { .. })));
+    }
+}

@@ -1,0 +1,284 @@
+//! What a push keeps of earlier, interrupted pushes, and what it cleans up
+//! after them, on top of the push state ([`crate::local::push_state`]).
+//!
+//! * **Skip**: a file recorded as pushed whose size and mtime still match,
+//!   and whose object the store still lists with the recorded size and
+//!   ETag, is not uploaded again.
+//! * **Resume**: a file whose recorded unfinished upload was started for
+//!   this very version of it (size, mtime) with the same part size keeps
+//!   the parts the store lists with the size and CRC32C of the local part
+//!   (re-read and checksummed: the record is never trusted alone); the
+//!   others are sent.
+//! * **Clean up**: recorded uploads no file resumes (changed, removed, not
+//!   selected, other part size) are aborted; after a push with no failure,
+//!   the uploads still pending under the destination are listed and those
+//!   that are Ferry's are aborted (see [`Resume::finish`]).
+//!
+//! Aborts that fail are warnings: a push never fails for its clean-up.
+//! Without a state (a read-only source) nothing is skipped or resumed, and
+//! the clean-up after a successful push still runs for the keys it wrote.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use super::pull::ObjectError;
+use super::{Engine, TransferError, dooms_the_run};
+use crate::local::push_state::{PushState, PushedFile, StartedUpload};
+use crate::local::walk::LocalFile;
+use crate::metrics::Operation;
+use crate::store::{ListedPart, StoreError};
+
+/// A file's size and mtime when it was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+}
+
+/// The multipart upload a file's parts go to.
+#[derive(Debug)]
+pub struct MultipartStart {
+    /// The upload's id.
+    pub upload_id: Arc<str>,
+    /// Parts the store already holds (a resumed upload), by number.
+    pub held: HashMap<u32, ListedPart>,
+}
+
+/// The resume side of one push.
+#[derive(Debug)]
+pub struct Resume {
+    /// `None` when the source directory cannot hold a state.
+    state: Option<PushState>,
+    /// Size and ETag of every object under the prefix at the start, by key;
+    /// listed only when an earlier run recorded pushed files.
+    in_store: HashMap<String, (u64, String)>,
+    /// Keys this run uploaded in parts: an upload for one of them that
+    /// started before this run is one a killed run could not record.
+    multipart_keys: Mutex<HashSet<String>>,
+    /// When this run started.
+    started: SystemTime,
+}
+
+impl Resume {
+    /// Loads the state of earlier pushes from `source` to `destination` and,
+    /// when it records pushed files, lists what the store holds under
+    /// `prefix`. A source that cannot hold a state is warned about once and
+    /// pushed without resume.
+    ///
+    /// # Errors
+    /// Run-level store failures while listing (missing bucket, refused
+    /// credentials, unreachable endpoint).
+    pub async fn prepare(
+        engine: &Engine,
+        source: &Path,
+        destination: &str,
+        prefix: &str,
+    ) -> Result<Self, TransferError> {
+        let started = SystemTime::now();
+        let opened = {
+            let (source, destination) = (source.to_path_buf(), destination.to_owned());
+            tokio::task::spawn_blocking(move || PushState::open(&source, &destination))
+                .await
+                .expect("opening the push state panicked")
+        };
+        let state = match opened {
+            Ok(state) => Some(state),
+            Err(error) => {
+                tracing::warn!(%error, "pushing without resume: a killed push will send its files again");
+                None
+            }
+        };
+        let in_store = match &state {
+            Some(state) if state.has_pushed() => list_in_store(engine, prefix).await?,
+            _ => HashMap::new(),
+        };
+        Ok(Self { state, in_store, multipart_keys: Mutex::default(), started })
+    }
+
+    /// A file this run does not select keeps what earlier runs recorded of it.
+    pub fn not_selected(&self, file: &LocalFile) {
+        if let Some(state) = &self.state {
+            state.keep(file.rel.as_str());
+        }
+    }
+
+    /// Whether `file` is, unchanged, the object the store holds at `key`,
+    /// as an earlier run pushed it: then it need not be sent again.
+    pub fn still_in_store(&self, file: &LocalFile, key: &str) -> bool {
+        let Some(state) = &self.state else { return false };
+        let Some(record) = state.pushed(file.rel.as_str()) else { return false };
+        let unchanged = record.key == key && record.size == file.size && record.mtime_ns == file.mtime_ns;
+        let listed = self.in_store.get(key).is_some_and(|(size, etag)| *size == record.size && *etag == record.etag);
+        if unchanged && listed {
+            state.keep(file.rel.as_str());
+        }
+        unchanged && listed
+    }
+
+    /// Takes the uploads earlier runs left open for `key`.
+    pub fn claim(&self, key: &str) -> Vec<StartedUpload> {
+        self.state.as_ref().map(|state| state.claim(key)).unwrap_or_default()
+    }
+
+    /// Resumes the claimed upload started for this version of the file with
+    /// this part size, if the store still has it, and aborts the other
+    /// claimed ones; otherwise starts a new upload and records it before
+    /// any part is sent.
+    ///
+    /// # Errors
+    /// Creating the upload failed, or listing parts failed with an error
+    /// that dooms the run.
+    pub async fn start_or_resume(
+        &self,
+        engine: &Engine,
+        key: &str,
+        stamp: Stamp,
+        part_size: u64,
+        claimed: Vec<StartedUpload>,
+    ) -> Result<MultipartStart, ObjectError> {
+        self.multipart_keys.lock().expect("keys lock poisoned").insert(key.to_owned());
+        let (mut fitting, mut stale): (Vec<_>, Vec<_>) =
+            claimed.into_iter().partition(|upload| upload.fits(stamp.size, stamp.mtime_ns, part_size));
+        let candidate = fitting.pop();
+        stale.append(&mut fitting);
+        self.abort_recorded(engine, stale).await;
+        if let Some(upload) = candidate {
+            match engine.retrying(Operation::ListParts, || engine.store.list_parts(key, &upload.upload_id)).await {
+                Ok(parts) => {
+                    let held = parts.into_iter().map(|part| (part.number, part)).collect();
+                    return Ok(MultipartStart { upload_id: Arc::from(upload.upload_id), held });
+                }
+                // Completed, aborted or expired meanwhile: nothing to keep, nothing to abort.
+                Err(StoreError::NotFound) => self.aborted(key, &upload.upload_id),
+                Err(error) if dooms_the_run(&error) => return Err(error.into()),
+                Err(error) => {
+                    tracing::warn!(%key, %error, "cannot list the parts of an earlier upload; sending the file again");
+                    self.abort_recorded(engine, vec![upload]).await;
+                }
+            }
+        }
+        let upload_id = engine.retrying(Operation::CreateMultipart, || engine.store.create_multipart(key)).await?;
+        if let Some(state) = &self.state {
+            let (size, mtime_ns) = (stamp.size, stamp.mtime_ns);
+            state.upload_started(StartedUpload {
+                key: key.to_owned(),
+                upload_id: upload_id.clone(),
+                size,
+                mtime_ns,
+                part_size,
+            });
+        }
+        Ok(MultipartStart { upload_id: Arc::from(upload_id), held: HashMap::new() })
+    }
+
+    /// Aborts uploads earlier runs recorded; one that cannot be aborted
+    /// stays recorded for the next run.
+    pub async fn abort_recorded(&self, engine: &Engine, uploads: Vec<StartedUpload>) {
+        for upload in uploads {
+            self.abort(engine, &upload.key, &upload.upload_id, "an earlier run's upload").await;
+        }
+    }
+
+    async fn abort(&self, engine: &Engine, key: &str, upload_id: &str, whose: &'static str) {
+        match engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, upload_id)).await {
+            Ok(()) | Err(StoreError::NotFound) => {
+                tracing::debug!(%key, %upload_id, whose, "aborted");
+                self.aborted(key, upload_id);
+            }
+            Err(error) => {
+                tracing::warn!(%key, %upload_id, %error, whose, "cannot abort an unfinished upload; the next push tries again");
+            }
+        }
+    }
+
+    /// The upload was completed.
+    pub fn completed(&self, key: &str, upload_id: &str) {
+        if let Some(state) = &self.state {
+            state.upload_completed(key, upload_id);
+        }
+    }
+
+    /// The upload was aborted, or the store no longer has it.
+    pub fn aborted(&self, key: &str, upload_id: &str) {
+        if let Some(state) = &self.state {
+            state.upload_aborted(key, upload_id);
+        }
+    }
+
+    /// `file` is now the object at `key`, which the store gave `etag`.
+    pub fn pushed(&self, file: &LocalFile, key: &str, stamp: Stamp, etag: Option<String>, crc32c: u32) {
+        let (Some(state), Some(etag)) = (&self.state, etag) else { return };
+        let (size, mtime_ns) = (stamp.size, stamp.mtime_ns);
+        state.file_pushed(PushedFile { path: file.rel.to_string(), key: key.to_owned(), size, mtime_ns, etag, crc32c });
+    }
+
+    /// Ends a run whose walk finished: aborts the recorded uploads no file
+    /// claimed; after a run with no failure, aborts every upload still
+    /// pending under `prefix` that is Ferry's (recorded, or for a key this
+    /// or an earlier run wrote and started before this run); then rewrites
+    /// the state compactly.
+    pub async fn finish(self, engine: &Engine, prefix: &str) {
+        if let Some(state) = &self.state {
+            self.abort_recorded(engine, state.unclaimed()).await;
+        }
+        if engine.tally.complete() {
+            self.sweep(engine, prefix).await;
+        }
+        if let Some(state) = self.state {
+            let finished = tokio::task::spawn_blocking(move || state.finish()).await.expect("push state panicked");
+            if let Err(error) = finished {
+                tracing::warn!(%error, "the next push may send again what this one skipped or kept");
+            }
+        }
+    }
+
+    async fn sweep(&self, engine: &Engine, prefix: &str) {
+        let ours = std::mem::take(&mut *self.multipart_keys.lock().expect("keys lock poisoned"));
+        if ours.is_empty() && self.state.as_ref().is_none_or(|state| !state.knows_any_key()) {
+            return;
+        }
+        let pending = match engine.retrying(Operation::ListUploads, || engine.store.list_uploads(prefix)).await {
+            Ok(pending) => pending,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list unfinished uploads; a bucket lifecycle rule will reclaim any left");
+                return;
+            }
+        };
+        for upload in pending {
+            let recorded = self.state.as_ref().is_some_and(|state| state.is_open(&upload.upload_id));
+            let before_this_run = upload.initiated.is_some_and(|initiated| initiated < self.started);
+            let our_key = ours.contains(&upload.key) || self.state.as_ref().is_some_and(|s| s.knows_key(&upload.key));
+            if recorded || (before_this_run && our_key) {
+                self.abort(engine, &upload.key, &upload.upload_id, "a pending upload of an earlier run").await;
+            }
+        }
+    }
+}
+
+/// Size and ETag of every object under `prefix`, by key. A listing that
+/// fails for this run's objects only costs the skips: every file is sent.
+async fn list_in_store(engine: &Engine, prefix: &str) -> Result<HashMap<String, (u64, String)>, TransferError> {
+    let mut objects = HashMap::new();
+    let mut token = None;
+    loop {
+        let page = match engine.retrying(Operation::List, || engine.store.list_page(prefix, token.clone())).await {
+            Ok(page) => page,
+            Err(source) if dooms_the_run(&source) => {
+                return Err(TransferError::Store { uri: engine.store.describe(), source });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the destination; every file is sent again");
+                return Ok(HashMap::new());
+            }
+        };
+        objects.extend(page.objects.into_iter().filter_map(|object| Some((object.key, (object.size, object.etag?)))));
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok(objects),
+        }
+    }
+}
