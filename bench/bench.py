@@ -371,6 +371,9 @@ def one_run(t, direction, workload, source, scratch_root, concurrency, env, mini
         prefix, path = workload, local
     else:
         prefix, path = f"up/{t}/{workload}", source
+        # Every run is a first push: no state an earlier run left in the
+        # source (Ferry's .ferry/push), which peers would upload as data.
+        shutil.rmtree(source / ".ferry", ignore_errors=True)
         subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "rm", f"s3://{BUCKET}/{prefix}/*"],
                        env=env, stdout=log, stderr=log)
     cmd = commands(t, direction, prefix, str(path), concurrency, minio.endpoint)
@@ -380,6 +383,7 @@ def one_run(t, direction, workload, source, scratch_root, concurrency, env, mini
     ok = code == 0 and not too_slow and check(direction, source, local, prefix, env, minio, log)
     shutil.rmtree(local, ignore_errors=True)
     if direction == "upload":
+        shutil.rmtree(source / ".ferry", ignore_errors=True)
         subprocess.run([tool("s5cmd"), "--endpoint-url", minio.endpoint, "rm", f"s3://{BUCKET}/{prefix}/*"],
                        env=env, stdout=log, stderr=log)
         minio.empty_trash()
