@@ -102,7 +102,7 @@ impl PartialObject {
         };
         let record = if done.is_empty() {
             file.set_len(0)?;
-            file.set_len(header.size)?;
+            preallocate(&file, header.size)?;
             let mut record = File::create(&record_path)?;
             writeln!(record, "{}", serde_json::to_string(header).map_err(io::Error::other)?)?;
             record
@@ -147,6 +147,17 @@ impl PartialObject {
     pub fn discard(self) {
         let _ = std::fs::remove_file(&self.record_path);
         let _ = std::fs::remove_file(&self.part_path);
+    }
+}
+
+/// Reserves `size` bytes so the filesystem lays the file out contiguously
+/// and a full disk fails before the download, as for temporary files.
+fn preallocate(file: &File, size: u64) -> io::Result<()> {
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::NOSPC) => Err(io::Error::from(io::ErrorKind::StorageFull)),
+        // Filesystems without fallocate still work, just without the reservation.
+        Err(_) => file.set_len(size),
     }
 }
 

@@ -23,6 +23,7 @@
 //! from objects that have since left the store are removed at the end (see
 //! [`crate::local::prune`]).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
@@ -48,7 +49,7 @@ use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
-use crate::store::{Integrity, ObjectMeta, RetryReason, StoreError, StoredChecksum};
+use crate::store::{Integrity, ObjectMeta, PartsChecksum, RetryReason, StoreError, StoredChecksum};
 
 /// A checksum mismatch re-downloads the whole object this many times in all.
 const MISMATCH_ATTEMPTS: u32 = 3;
@@ -406,10 +407,20 @@ async fn download(
         }
     }
 
+    // Per-part checksums of an object fetched in ranges are hashed part by
+    // part as soon as each part is written, behind the download of the rest.
+    let mut part_hashes = None;
+    if let Some(Integrity::Parts(parts)) = &expected
+        && ranges.len() > 1
+    {
+        let layout = part_layout(engine, planned, parts.parts).await?;
+        part_hashes = Some((parts.clone(), layout));
+    }
     let wanted = Wanted::for_checksum(expected.as_ref());
     let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
     let file = landing.handle();
     let kept = landing.kept();
+    let mut precomputed = None;
     let resumed: u64 = kept.iter().map(|d| d.len).sum();
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
@@ -424,13 +435,21 @@ async fn download(
         _ => {
             let missing = missing_ranges(ranges, &kept);
             let sink = Sink::File(Arc::clone(&file), landing.partial());
-            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted).await?;
+            let mut hasher = part_hashes.take().map(|(parts, layout)| PartHasher::new(engine, &file, parts, &layout));
+            if let Some(hasher) = &mut hasher {
+                kept.iter().for_each(|piece| hasher.written(piece.offset, piece.offset + piece.len));
+            }
+            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted, hasher.as_mut()).await?;
+            if let Some(hasher) = hasher {
+                precomputed = Some(hasher.finish().await.map_err(ObjectError::io_error("hashing the parts"))?);
+            }
             digests.extend(kept);
             digests
         }
     };
 
-    let verified = match check_received(engine, planned, Received::File(&file), expected.as_ref(), &digests).await {
+    let received = Received::File(&file);
+    let verified = match check_received(engine, planned, received, expected.as_ref(), &digests, precomputed).await {
         Ok(verified) => verified,
         Err(mismatch @ ObjectError::Mismatch { .. }) => {
             // Some byte is wrong, kept or new: the next attempt starts over.
@@ -564,7 +583,7 @@ async fn download_in_memory(
     let (chunks, memory) = fetched.held.expect("a memory sink holds its bytes");
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
     let verified =
-        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests).await?;
+        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests, None).await?;
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
@@ -602,6 +621,7 @@ async fn check_received(
     received: Received<'_>,
     expected: Option<&Integrity>,
     digests: &[RangeDigest],
+    precomputed: Option<Integrity>,
 ) -> Result<Verified, ObjectError> {
     if engine.config.verify == VerifyMode::None {
         return Ok(Verified::Unverified);
@@ -632,6 +652,7 @@ async fn check_received(
                 .map_err(ObjectError::io_error("reading back for MD5"))?,
             Received::Memory(_) => digests.first().and_then(|d| d.md5).ok_or_else(|| not_computed("MD5"))?,
         })),
+        Integrity::Parts(_) if precomputed.is_some() => precomputed.expect("checked"),
         Integrity::Parts(parts) => {
             let layout = part_layout(engine, planned, parts.parts).await?;
             readback::digest(&engine.md5, received, expected, &layout)
@@ -705,6 +726,7 @@ async fn fetch_ranges(
     if_match: Option<Arc<str>>,
     sink: Sink,
     wanted: Wanted,
+    mut hasher: Option<&mut PartHasher>,
 ) -> Result<Vec<RangeDigest>, ObjectError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
@@ -725,12 +747,87 @@ async fn fetch_ranges(
             Ok(result) => result?,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
+        if let (Some(hasher), Some(first), Some(last)) =
+            (hasher.as_deref_mut(), fetched.digests.first(), fetched.digests.last())
+        {
+            hasher.written(first.offset, last.offset + last.len);
+        }
         digests.extend(fetched.digests);
         if let Some(range) = pending.next() {
             spawn(&mut tasks, range);
         }
     }
     Ok(digests)
+}
+
+/// Hashes the parts of a multipart object as they become complete on disk.
+struct PartHasher {
+    engine: Arc<Engine>,
+    file: Arc<File>,
+    checksum: PartsChecksum,
+    /// (start, end) of every part, in order.
+    parts: Vec<(u64, u64)>,
+    /// The first part not handed to a hashing task yet.
+    next: usize,
+    /// Everything below this offset is written.
+    written_until: u64,
+    /// Written pieces beyond `written_until`, start → end.
+    ahead: BTreeMap<u64, u64>,
+    tasks: JoinSet<(usize, std::io::Result<Vec<u8>>)>,
+}
+
+impl PartHasher {
+    fn new(engine: &Arc<Engine>, file: &Arc<File>, checksum: PartsChecksum, layout: &[u64]) -> Self {
+        let parts = layout
+            .iter()
+            .scan(0u64, |offset, len| {
+                let start = *offset;
+                *offset += len;
+                Some((start, *offset))
+            })
+            .collect();
+        Self {
+            engine: Arc::clone(engine),
+            file: Arc::clone(file),
+            checksum,
+            parts,
+            next: 0,
+            written_until: 0,
+            ahead: BTreeMap::new(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Bytes `start..end` are in the file: hash every part now complete.
+    fn written(&mut self, start: u64, end: u64) {
+        self.ahead.insert(start, end);
+        while let Some(end) = self.ahead.remove(&self.written_until) {
+            self.written_until = self.written_until.max(end);
+        }
+        while let Some(&(start, end)) = self.parts.get(self.next)
+            && end <= self.written_until
+        {
+            let (engine, file, algorithm, index) =
+                (Arc::clone(&self.engine), Arc::clone(&self.file), self.checksum.algorithm, self.next);
+            self.tasks.spawn(async move {
+                (index, readback::part_digest(&engine.md5, &file, start, end - start, algorithm).await)
+            });
+            self.next += 1;
+        }
+    }
+
+    /// The checksum of the parts' checksums, once every part is hashed.
+    async fn finish(mut self) -> std::io::Result<Integrity> {
+        if self.next < self.parts.len() {
+            return Err(std::io::Error::other("a part was never completely written"));
+        }
+        let mut digests = vec![Vec::new(); self.parts.len()];
+        while let Some(joined) = self.tasks.join_next().await {
+            let (index, digest) = joined.map_err(std::io::Error::other)?;
+            digests[index] = digest?;
+        }
+        Ok(readback::of_parts(self.checksum.algorithm, &digests, self.checksum.parts))
+    }
 }
 
 /// The parts of `ranges` that the `kept` pieces (sorted, not overlapping)

@@ -81,12 +81,31 @@ pub async fn digest(
                     digests
                 }
             };
-            Ok(Some(Integrity::Parts(PartsChecksum {
-                algorithm: *algorithm,
-                digest: hash(*algorithm, [part_digests.concat().as_slice()]),
-                parts: *parts,
-            })))
+            Ok(Some(of_parts(*algorithm, &part_digests, *parts)))
         }
+    }
+}
+
+/// The checksum of per-part checksums, from the parts' checksums in order.
+pub fn of_parts(algorithm: PartAlgorithm, part_digests: &[Vec<u8>], parts: u32) -> Integrity {
+    Integrity::Parts(PartsChecksum { algorithm, digest: hash(algorithm, [part_digests.concat().as_slice()]), parts })
+}
+
+/// Hashes one part of a file as soon as it is written, so that hashing
+/// overlaps the download of the parts after it (see `pull.rs`).
+///
+/// # Errors
+/// Reading the file failed.
+pub async fn part_digest(
+    md5: &Md5Hasher,
+    file: &Arc<File>,
+    start: u64,
+    len: u64,
+    algorithm: PartAlgorithm,
+) -> io::Result<Vec<u8>> {
+    match algorithm {
+        PartAlgorithm::Md5 => Ok(md5.digest_range(Arc::clone(file), start, len).await?.to_vec()),
+        _ => hash_range(Received::File(file), start, len, algorithm).await,
     }
 }
 
