@@ -236,6 +236,11 @@ struct JsonObject {
     crc32c: Option<String>,
     #[serde(default)]
     updated: Option<String>,
+    /// Custom metadata (a temporary part's destination key).
+    #[serde(default)]
+    metadata: Option<HashMap<String, String>>,
+    #[serde(default)]
+    time_created: Option<String>,
 }
 
 impl JsonObject {
@@ -562,36 +567,10 @@ impl ObjectStore for GcsStore {
     }
 }
 
-/// A temporary part object as the JSON API lists it.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonPart {
-    name: String,
-    #[serde(default, deserialize_with = "number_string")]
-    size: u64,
-    #[serde(default, deserialize_with = "number_string")]
-    generation: u64,
-    #[serde(default)]
-    crc32c: Option<String>,
-    #[serde(default)]
-    metadata: Option<HashMap<String, String>>,
-    #[serde(default)]
-    time_created: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonPartList {
-    #[serde(default)]
-    items: Vec<JsonPart>,
-    #[serde(default)]
-    next_page_token: Option<String>,
-}
-
 impl GcsStore {
     /// Every object below `prefix` with what resuming and sweeping uploads
     /// need to know of it, every page.
-    async fn list_parts_below(&self, prefix: &str) -> Result<Vec<JsonPart>, StoreError> {
+    async fn list_parts_below(&self, prefix: &str) -> Result<Vec<JsonObject>, StoreError> {
         let url = format!("{}/storage/v1/b/{}/o", self.endpoint, self.bucket);
         let mut parts = Vec::new();
         let mut token: Option<String> = None;
@@ -605,7 +584,7 @@ impl GcsStore {
                 query.push(("pageToken", token));
             }
             let request = self.request(reqwest::Method::GET, &url).await?.query(&query);
-            let page: JsonPartList = self.send(request, NotFound::Bucket).await?;
+            let page: JsonList = self.send(request, NotFound::Bucket).await?;
             parts.extend(page.items);
             match page.next_page_token.filter(|t| !t.is_empty()) {
                 Some(next) => token = Some(next),
