@@ -49,7 +49,7 @@ use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
-use crate::store::{Integrity, ObjectMeta, PartsChecksum, RetryReason, StoreError, StoredChecksum};
+use crate::store::{Integrity, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum};
 
 /// A checksum mismatch re-downloads the whole object this many times in all.
 const MISMATCH_ATTEMPTS: u32 = 3;
@@ -760,6 +760,9 @@ async fn fetch_ranges(
     Ok(digests)
 }
 
+/// Complete MD5 parts handed to the hasher together.
+const PARTS_PER_BATCH: usize = 8;
+
 /// Hashes the parts of a multipart object as they become complete on disk.
 struct PartHasher {
     engine: Arc<Engine>,
@@ -767,8 +770,10 @@ struct PartHasher {
     checksum: PartsChecksum,
     /// (start, end) of every part, in order.
     parts: Vec<(u64, u64)>,
-    /// The first part not handed to a hashing task yet.
+    /// The first part not complete on disk yet.
     next: usize,
+    /// Complete parts not handed to a hashing task yet.
+    ready: Vec<usize>,
     /// Everything below this offset is written.
     written_until: u64,
     /// Written pieces beyond `written_until`, start → end.
@@ -792,6 +797,7 @@ impl PartHasher {
             checksum,
             parts,
             next: 0,
+            ready: Vec::new(),
             written_until: 0,
             ahead: BTreeMap::new(),
             tasks: JoinSet::new(),
@@ -804,15 +810,26 @@ impl PartHasher {
         while let Some(end) = self.ahead.remove(&self.written_until) {
             self.written_until = self.written_until.max(end);
         }
-        while let Some(&(start, end)) = self.parts.get(self.next)
+        while let Some(&(_, end)) = self.parts.get(self.next)
             && end <= self.written_until
         {
-            let (engine, file, algorithm, index) =
-                (Arc::clone(&self.engine), Arc::clone(&self.file), self.checksum.algorithm, self.next);
+            self.ready.push(self.next);
+            self.next += 1;
+        }
+        // MD5 parts go to the SIMD lanes, which cost the same per round for
+        // one message as for sixteen: hand them over in batches.
+        if self.ready.len() >= PARTS_PER_BATCH || self.checksum.algorithm != PartAlgorithm::Md5 {
+            self.dispatch();
+        }
+    }
+
+    fn dispatch(&mut self) {
+        for index in self.ready.drain(..) {
+            let (start, end) = self.parts[index];
+            let (engine, file, algorithm) = (Arc::clone(&self.engine), Arc::clone(&self.file), self.checksum.algorithm);
             self.tasks.spawn(async move {
                 (index, readback::part_digest(&engine.md5, &file, start, end - start, algorithm).await)
             });
-            self.next += 1;
         }
     }
 
@@ -821,6 +838,7 @@ impl PartHasher {
         if self.next < self.parts.len() {
             return Err(std::io::Error::other("a part was never completely written"));
         }
+        self.dispatch();
         let mut digests = vec![Vec::new(); self.parts.len()];
         while let Some(joined) = self.tasks.join_next().await {
             let (index, digest) = joined.map_err(std::io::Error::other)?;
