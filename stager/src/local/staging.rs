@@ -15,7 +15,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,7 +63,12 @@ impl FileStamp {
         if !meta.file_type().is_file() {
             return Err(io::Error::other("not a regular file"));
         }
-        Ok(Self { size: meta.len(), mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec() })
+        Ok(Self::of_metadata(&meta))
+    }
+
+    /// The stamp in metadata already read.
+    pub fn of_metadata(meta: &std::fs::Metadata) -> Self {
+        Self { size: meta.len(), mtime_ns: super::walk::mtime_ns(meta) }
     }
 }
 

@@ -26,12 +26,13 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::pull::ObjectError;
-use super::push_resume::{MultipartStart, Resume, Stamp};
+use super::push_resume::{MultipartStart, Resume};
 use super::ranges::{plan_ranges, upload_part_size};
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::{Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, dooms_the_run, join_objects, object_slot};
 use crate::local::push_state::StartedUpload;
-use crate::local::walk::{LocalFile, mtime_ns, walk};
+use crate::local::staging::FileStamp;
+use crate::local::walk::{LocalFile, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::{StoreError, UploadedPart};
 
@@ -46,7 +47,7 @@ struct PushRun {
 #[derive(Debug)]
 struct Written {
     /// The file as it was read.
-    stamp: Stamp,
+    stamp: FileStamp,
     /// The new object's ETag, when the store gave one.
     etag: Option<String>,
     /// CRC32C of the whole file.
@@ -172,12 +173,8 @@ async fn push_file(run: &Arc<PushRun>, file: LocalFile, key: String) -> Result<(
 }
 
 /// Size and mtime, to notice a file that changes while it is uploaded.
-fn stamp(path: &Path) -> std::io::Result<Stamp> {
-    Ok(stamp_of(&std::fs::metadata(path)?))
-}
-
-fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
-    Stamp { size: meta.len(), mtime_ns: mtime_ns(meta) }
+fn stamp(path: &Path) -> std::io::Result<FileStamp> {
+    Ok(FileStamp::of_metadata(&std::fs::metadata(path)?))
 }
 
 /// The file changed between the two stamps.
@@ -249,7 +246,7 @@ async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Resu
     let path = file.path.clone();
     let read = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
         let handle = File::open(&path)?;
-        let before = stamp_of(&handle.metadata()?);
+        let before = FileStamp::of_metadata(&handle.metadata()?);
         if before.size != size {
             return Ok(None);
         }
@@ -263,7 +260,8 @@ async fn upload_small(engine: &Arc<Engine>, file: &LocalFile, key: &str) -> Resu
     let Some((handle, before, body, crc)) = read else { return Ok(None) };
     let etag = put_whole(engine, key, body, crc).await?;
     // One fstat of an open file: no need for a blocking thread.
-    let after = stamp_of(&handle.metadata().map_err(ObjectError::io_error("checking the file after upload"))?);
+    let after =
+        FileStamp::of_metadata(&handle.metadata().map_err(ObjectError::io_error("checking the file after upload"))?);
     if after != before {
         return Err(changed());
     }
@@ -303,7 +301,7 @@ async fn upload_multipart(
     run: &Arc<PushRun>,
     handle: &Arc<File>,
     key: &str,
-    stamp: Stamp,
+    stamp: FileStamp,
     claimed: Vec<StartedUpload>,
 ) -> Result<(Option<String>, u32), ObjectError> {
     let engine = &run.engine;

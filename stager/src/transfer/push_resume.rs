@@ -26,18 +26,10 @@ use std::time::SystemTime;
 use super::pull::ObjectError;
 use super::{Engine, TransferError, dooms_the_run};
 use crate::local::push_state::{PushState, PushedFile, StartedUpload};
+use crate::local::staging::FileStamp;
 use crate::local::walk::LocalFile;
 use crate::metrics::Operation;
 use crate::store::{ListedPart, StoreError};
-
-/// A file's size and mtime when it was read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time in nanoseconds since the epoch.
-    pub mtime_ns: i64,
-}
 
 /// The multipart upload a file's parts go to.
 #[derive(Debug)]
@@ -136,7 +128,7 @@ impl Resume {
         &self,
         engine: &Engine,
         key: &str,
-        stamp: Stamp,
+        stamp: FileStamp,
         part_size: u64,
         claimed: Vec<StartedUpload>,
     ) -> Result<MultipartStart, ObjectError> {
@@ -210,7 +202,7 @@ impl Resume {
     }
 
     /// `file` is now the object at `key`, which the store gave `etag`.
-    pub fn pushed(&self, file: &LocalFile, key: &str, stamp: Stamp, etag: Option<String>, crc32c: u32) {
+    pub fn pushed(&self, file: &LocalFile, key: &str, stamp: FileStamp, etag: Option<String>, crc32c: u32) {
         let (Some(state), Some(etag)) = (&self.state, etag) else { return };
         let (size, mtime_ns) = (stamp.size, stamp.mtime_ns);
         state.file_pushed(PushedFile { path: file.rel.to_string(), key: key.to_owned(), size, mtime_ns, etag, crc32c });
