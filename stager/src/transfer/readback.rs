@@ -68,19 +68,13 @@ pub async fn digest(
                 *offset += len;
                 Some((start, *len))
             });
-            let part_digests = match (algorithm, received) {
-                (PartAlgorithm::Md5, Received::File(file)) => {
-                    let hashes = offsets.map(|(start, len)| md5.digest_range(Arc::clone(file), start, len));
-                    futures::future::try_join_all(hashes).await?.into_iter().map(Vec::from).collect()
+            let hashes = offsets.map(|(start, len)| async move {
+                match received {
+                    Received::File(file) => part_digest(md5, file, start, len, *algorithm).await,
+                    Received::Memory(_) => hash_range(received, start, len, *algorithm).await,
                 }
-                _ => {
-                    let mut digests = Vec::with_capacity(layout.len());
-                    for (start, len) in offsets {
-                        digests.push(hash_range(received, start, len, *algorithm).await?);
-                    }
-                    digests
-                }
-            };
+            });
+            let part_digests = futures::future::try_join_all(hashes).await?;
             Ok(Some(of_parts(*algorithm, &part_digests, *parts)))
         }
     }
