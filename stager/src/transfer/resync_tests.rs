@@ -35,6 +35,17 @@ async fn pull_shard(store: &Arc<MemoryStore>, dir: &Path, index: u32, count: u32
     pull(engine(store, selection), "p/", dir, true).await.unwrap()
 }
 
+/// `p/a` (10 B) and `p/b` (20 B) staged, then `p/b` removed from the store.
+async fn staged_a_and_b_then_b_removed() -> (Arc<MemoryStore>, tempfile::TempDir) {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("p/a", vec![1; 10]);
+    store.insert("p/b", vec![2; 20]);
+    let dir = tempfile::tempdir().unwrap();
+    pull_all(&store, dir.path(), true).await;
+    store.remove("p/b");
+    (store, dir)
+}
+
 fn amount(objects: u64, bytes: u64) -> Amount {
     Amount { objects, bytes }
 }
@@ -86,13 +97,7 @@ async fn a_resync_counts_what_it_added_and_updated_and_removes_only_when_asked()
 
 #[tokio::test]
 async fn a_run_with_failures_removes_nothing_and_the_next_complete_run_does() {
-    let store = Arc::new(MemoryStore::default());
-    store.insert("p/a", vec![1; 10]);
-    store.insert("p/b", vec![2; 20]);
-    let dir = tempfile::tempdir().unwrap();
-    pull_all(&store, dir.path(), true).await;
-
-    store.remove("p/b");
+    let (store, dir) = staged_a_and_b_then_b_removed().await;
     store.insert("p/c", vec![3; 30]);
     store.fail_gets("p/c", [Fault::Reject]);
     let failed = pull_all(&store, dir.path(), true).await;
@@ -109,13 +114,7 @@ async fn a_run_with_failures_removes_nothing_and_the_next_complete_run_does() {
 
 #[tokio::test]
 async fn a_refused_key_makes_the_run_incomplete_so_nothing_is_removed() {
-    let store = Arc::new(MemoryStore::default());
-    store.insert("p/a", vec![1; 10]);
-    store.insert("p/b", vec![2; 20]);
-    let dir = tempfile::tempdir().unwrap();
-    pull_all(&store, dir.path(), true).await;
-
-    store.remove("p/b");
+    let (store, dir) = staged_a_and_b_then_b_removed().await;
     store.insert("p/x/../b", vec![6; 60]);
     let run = pull_all(&store, dir.path(), true).await;
     assert!(!run.complete);
