@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 pub mod plan;
+pub mod readiness;
 
 pub use ferry_contract::{ByteSize, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};

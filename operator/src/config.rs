@@ -44,6 +44,50 @@ pub struct OperatorConfig {
     /// How long a leader's Lease lasts without renewal (renewed every third of it).
     #[arg(long, env = "FERRY_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: std::time::Duration,
+
+    /// Address of the pod-wiring admission webhook (HTTPS); unset turns
+    /// the webhook off. Every replica serves it; only the leader lifts
+    /// scheduling gates.
+    #[arg(long, env = "FERRY_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
+
+    /// Who issues the webhook's certificate: `operator` (a CA and serving
+    /// certificate the operator creates, renews and publishes in the
+    /// webhook configuration's caBundle) or `external` (cert-manager, or
+    /// anyone, writes the Secret; the operator only reads it).
+    #[arg(long, env = "FERRY_WEBHOOK_CERTS", value_enum, default_value = "operator")]
+    pub webhook_certs: WebhookCerts,
+
+    /// Secret, in the operator's namespace, holding the webhook's certificates.
+    #[arg(long, env = "FERRY_WEBHOOK_SECRET", default_value = "ferry-webhook-tls")]
+    pub webhook_secret: String,
+
+    /// Service, in the operator's namespace, through which the API server
+    /// calls the webhook (its DNS names go into the serving certificate).
+    #[arg(long, env = "FERRY_WEBHOOK_SERVICE", default_value = "ferry-webhook")]
+    pub webhook_service: String,
+
+    /// MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(long, env = "FERRY_WEBHOOK_CONFIGURATION", default_value = "ferry-pod-data")]
+    pub webhook_configuration: String,
+
+    /// Lifetime of the serving certificates the operator issues (renewed
+    /// with a third left).
+    #[arg(long, env = "FERRY_WEBHOOK_CERT_LIFETIME", default_value = "90d", value_parser = humantime::parse_duration)]
+    pub webhook_cert_lifetime: std::time::Duration,
+
+    /// Lifetime of the CA the operator issues (renewed with a third left).
+    #[arg(long, env = "FERRY_WEBHOOK_CA_LIFETIME", default_value = "3650d", value_parser = humantime::parse_duration)]
+    pub webhook_ca_lifetime: std::time::Duration,
+}
+
+/// Who issues the webhook's certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WebhookCerts {
+    /// The operator: its own CA, renewed in time, caBundle kept current.
+    Operator,
+    /// Someone else (cert-manager): the operator reads the Secret only.
+    External,
 }
 
 impl OperatorConfig {
@@ -58,6 +102,13 @@ impl OperatorConfig {
             stager_metrics_port: 9464,
             leader_election_namespace: "default".into(),
             lease_duration: std::time::Duration::from_secs(15),
+            webhook_addr: None,
+            webhook_certs: WebhookCerts::Operator,
+            webhook_secret: "ferry-webhook-tls".into(),
+            webhook_service: "ferry-webhook".into(),
+            webhook_configuration: "ferry-pod-data".into(),
+            webhook_cert_lifetime: std::time::Duration::from_secs(90 * 86_400),
+            webhook_ca_lifetime: std::time::Duration::from_secs(3650 * 86_400),
         }
     }
 

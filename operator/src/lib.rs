@@ -9,10 +9,13 @@
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
 //! * [`leader`]: Lease-based leader election, so replicas are safe.
+//! * [`webhook`]: the admission webhook that wires training pods to their data.
+//! * [`gates`]: lifts those pods' scheduling gates once the data is ready.
 //! * [`metrics`] and [`http`]: what the operator shows of itself.
 
 pub mod config;
 pub mod controller;
+pub mod gates;
 pub mod http;
 pub mod jobs;
 pub mod leader;
@@ -21,6 +24,7 @@ pub mod placement;
 pub mod runs;
 pub mod schedule;
 pub mod status;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +39,10 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     let ready = Arc::new(AtomicBool::new(false));
     let bound = http::serve(config.http_addr, Arc::clone(&metrics), Arc::clone(&ready)).await?;
     tracing::info!(%bound, stager_image = %config.stager_image, "ferry-operator started");
+    if let Some(addr) = config.webhook_addr {
+        let bound = webhook::start(client.clone(), &config, addr, Arc::clone(&metrics)).await?;
+        tracing::info!(%bound, certs = ?config.webhook_certs, "pod webhook serving");
+    }
     ready.store(true, Ordering::Relaxed);
     let identity = format!(
         "{}-{:08x}",
@@ -46,9 +54,18 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     tracing::info!(identity = elector.identity(), "waiting to lead");
     elector.acquire().await;
     tracing::info!(identity = elector.identity(), "leading");
+    let gate_pods = config.webhook_addr.is_some();
     let ctx = controller::context(client, config, metrics);
+    let gates = async {
+        if gate_pods {
+            gates::run(Arc::clone(&ctx)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
-        () = controller::run(ctx) => Ok(()),
+        () = controller::run(Arc::clone(&ctx)) => Ok(()),
+        () = gates => Ok(()),
         () = elector.keep_leading() => Err("lost the leader lease; exiting so a fresh replica can take over".into()),
     }
 }

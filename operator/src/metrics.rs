@@ -104,6 +104,19 @@ pub struct Metrics {
     datastage_bytes: Family<DataStageLabels, Gauge>,
     datastage_objects: Family<DataStageLabels, Gauge>,
     known: Mutex<BTreeMap<(String, String), DataStageProgress>>,
+    admissions: Family<OutcomeLabels, Counter>,
+    gates: Family<OutcomeLabels, Counter>,
+    certificate_expiry: Gauge,
+}
+
+/// What the pod webhook did with one admission.
+pub const ADMISSION_OUTCOMES: [&str; 5] = ["mutated", "unchanged", "ignored", "denied", "invalid"];
+/// What the gate controller did with one gated pod.
+pub const GATE_OUTCOMES: [&str; 2] = ["lifted", "held"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 impl Default for Metrics {
@@ -141,6 +154,23 @@ impl Default for Metrics {
             "Objects of one DataStage, by state (total, done, failed)",
             datastage_objects.clone(),
         );
+        let admissions = Family::<OutcomeLabels, Counter>::default();
+        let gates = Family::<OutcomeLabels, Counter>::default();
+        let certificate_expiry = Gauge::default();
+        registry.register("webhook_admissions", "Pod admissions the webhook answered, by outcome", admissions.clone());
+        registry.register("gated_pods", "Gated pods the operator looked at, by outcome (lifted, held)", gates.clone());
+        registry.register_with_unit(
+            "webhook_certificate_expiry_timestamp",
+            "When the webhook's serving certificate expires (Unix time; 0 before one is loaded)",
+            Unit::Seconds,
+            certificate_expiry.clone(),
+        );
+        for outcome in ADMISSION_OUTCOMES {
+            let _ = admissions.get_or_create(&OutcomeLabels { outcome });
+        }
+        for outcome in GATE_OUTCOMES {
+            let _ = gates.get_or_create(&OutcomeLabels { outcome });
+        }
         for result in ["ok", "error"] {
             let _ = reconciles.get_or_create(&ResultLabels { result });
         }
@@ -160,6 +190,9 @@ impl Default for Metrics {
             datastage_bytes,
             datastage_objects,
             known: Mutex::default(),
+            admissions,
+            gates,
+            certificate_expiry,
         }
     }
 }
@@ -174,6 +207,22 @@ fn phase_name(phase: Phase) -> &'static str {
 }
 
 impl Metrics {
+    /// Counts one admission by its outcome (one of [`ADMISSION_OUTCOMES`]).
+    pub fn webhook_admission(&self, outcome: &'static str) {
+        self.admissions.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// Counts one look at a gated pod (one of [`GATE_OUTCOMES`]).
+    pub fn gated_pod(&self, outcome: &'static str) {
+        self.gates.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// Records when the serving certificate now in use expires.
+    pub fn certificate_expires(&self, at: std::time::SystemTime) {
+        let seconds = at.duration_since(std::time::SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+        self.certificate_expiry.set(i64::try_from(seconds).unwrap_or(i64::MAX));
+    }
+
     /// Records one reconciliation: `Err` carries the error's static category.
     pub fn reconciled(&self, outcome: Result<(), &'static str>, elapsed: Duration) {
         self.reconciles.get_or_create(&ResultLabels { result: if outcome.is_ok() { "ok" } else { "error" } }).inc();

@@ -1,0 +1,206 @@
+//! The pod-wiring admission webhook: training pods that name a DataStage
+//! get its volume mounted and a scheduling gate at admission, so they need
+//! no init container and no Role of their own.
+//!
+//! * [`wiring`]: what a pod asks for and the patch it gets (pure).
+//! * [`certs`]: the webhook's CA and serving certificate (pure).
+//! * [`server`]: the HTTPS endpoint the API server calls.
+//!
+//! Every replica serves the webhook (the API server picks any endpoint of
+//! the Service) and keeps its certificate current: [`keep_certificates`]
+//! reads the Secret, renews what is due (operator-issued certificates
+//! only), publishes the CA bundle in the webhook configuration and loads
+//! the serving pair. Replicas that race to renew are ordered by the
+//! Secret's resourceVersion: one write wins, the others read it next round.
+
+pub mod certs;
+pub mod server;
+pub mod wiring;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+
+use crate::config::{OperatorConfig, WebhookCerts};
+use crate::metrics::Metrics;
+use certs::{Bundle, CertError, Lifetimes};
+use server::ServingCertificate;
+
+/// Why one round of certificate keeping failed (the next round retries).
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The API server refused or could not be reached.
+    #[error("Kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    /// Certificates could not be read or issued.
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    /// `external` certificates, but nobody has written the Secret yet.
+    #[error("Secret {0} does not exist yet (waiting for its issuer, e.g. cert-manager)")]
+    NoSecret(String),
+}
+
+/// Starts the webhook: binds its address, then keeps its certificate
+/// current in the background. Handshakes fail until the first certificate
+/// is loaded (a fraction of a second with operator-issued ones).
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn start(
+    client: kube::Client,
+    config: &OperatorConfig,
+    addr: std::net::SocketAddr,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<std::net::SocketAddr> {
+    let certificate = Arc::new(ServingCertificate::default());
+    let bound = server::serve(addr, Arc::clone(&certificate), client.clone(), Arc::clone(&metrics)).await?;
+    tokio::spawn(keep_certificates(client, config.clone(), certificate, metrics));
+    Ok(bound)
+}
+
+/// How often certificates are looked at: often enough that a renewal, or a
+/// caBundle a `helm upgrade` reset, is put right within seconds.
+fn check_interval(config: &OperatorConfig) -> Duration {
+    (config.webhook_cert_lifetime / 20).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// Keeps the served certificate and the published CA bundle current, forever.
+pub async fn keep_certificates(
+    client: kube::Client,
+    config: OperatorConfig,
+    certificate: Arc<ServingCertificate>,
+    metrics: Arc<Metrics>,
+) {
+    let interval = check_interval(&config);
+    loop {
+        match keep_once(&client, &config, &certificate).await {
+            Ok(Some(not_after)) => metrics.certificate_expires(not_after),
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "webhook certificate not current"),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// One round; returns the expiry of a newly loaded serving certificate.
+async fn keep_once(
+    client: &kube::Client,
+    config: &OperatorConfig,
+    certificate: &ServingCertificate,
+) -> Result<Option<SystemTime>, WebhookError> {
+    let namespace = &config.leader_election_namespace;
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    let secret = secrets.get_opt(&config.webhook_secret).await?;
+    let stored = secret.as_ref().and_then(|s| s.data.as_ref()).map(Bundle::from_secret_data);
+    let bundle = match config.webhook_certs {
+        WebhookCerts::External => match stored {
+            Some(bundle) => bundle?,
+            None => return Err(WebhookError::NoSecret(config.webhook_secret.clone())),
+        },
+        WebhookCerts::Operator => {
+            let names = certs::service_names(&config.webhook_service, namespace);
+            let lifetimes = Lifetimes { ca: config.webhook_ca_lifetime, serving: config.webhook_cert_lifetime };
+            let current = stored.and_then(Result::ok);
+            match certs::renew(current.as_ref(), &names, lifetimes, SystemTime::now())? {
+                None => {
+                    let bundle = current.expect("renew issues when there is nothing");
+                    publish_ca_bundle(client, config, &bundle.ca_bundle).await?;
+                    bundle
+                }
+                Some(renewed) => {
+                    // Trust first, serve second: the API server must know a
+                    // new CA before any replica presents what it signed.
+                    publish_ca_bundle(client, config, &renewed.ca_bundle).await?;
+                    if !store(&secrets, secret, config, &renewed).await? {
+                        return Ok(None);
+                    }
+                    tracing::info!(secret = %config.webhook_secret, "issued a webhook serving certificate");
+                    renewed
+                }
+            }
+        }
+    };
+    if certificate.load(&bundle)? {
+        let validity = certs::validity_of(&bundle.cert)?;
+        tracing::info!(not_after = ?validity.not_after, "serving the webhook with a new certificate");
+        return Ok(Some(validity.not_after));
+    }
+    Ok(None)
+}
+
+/// Writes `bundle` into the Secret, conditional on the version read;
+/// `false` when another replica wrote first.
+async fn store(
+    secrets: &Api<Secret>,
+    existing: Option<Secret>,
+    config: &OperatorConfig,
+    bundle: &Bundle,
+) -> Result<bool, WebhookError> {
+    let data: std::collections::BTreeMap<String, ByteString> = bundle.to_secret_data();
+    let result = match existing {
+        Some(mut secret) => {
+            secret.data = Some(data);
+            secret.type_ = Some("kubernetes.io/tls".into());
+            secrets.replace(&config.webhook_secret, &PostParams::default(), &secret).await
+        }
+        None => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(config.webhook_secret.clone()),
+                    labels: Some([("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned())].into()),
+                    ..ObjectMeta::default()
+                },
+                type_: Some("kubernetes.io/tls".into()),
+                data: Some(data),
+                ..Secret::default()
+            };
+            secrets.create(&PostParams::default(), &secret).await
+        }
+    };
+    match result {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Sets `caBundle` on this operator's webhooks in the configuration (those
+/// calling its Service); a configuration not installed is not an error
+/// (the chart may have the webhook off).
+async fn publish_ca_bundle(
+    client: &kube::Client,
+    config: &OperatorConfig,
+    ca_bundle: &str,
+) -> Result<(), WebhookError> {
+    let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let Some(mut configuration) = api.get_opt(&config.webhook_configuration).await? else {
+        tracing::debug!(name = %config.webhook_configuration, "no webhook configuration to publish the CA in");
+        return Ok(());
+    };
+    let wanted = ByteString(ca_bundle.as_bytes().to_vec());
+    let mut changed = false;
+    for webhook in configuration.webhooks.iter_mut().flatten() {
+        let ours = webhook
+            .client_config
+            .service
+            .as_ref()
+            .is_some_and(|s| s.name == config.webhook_service && s.namespace == config.leader_election_namespace);
+        if ours && webhook.client_config.ca_bundle.as_ref() != Some(&wanted) {
+            webhook.client_config.ca_bundle = Some(wanted.clone());
+            changed = true;
+        }
+    }
+    if changed {
+        match api.replace(&config.webhook_configuration, &PostParams::default(), &configuration).await {
+            Ok(_) => tracing::info!(name = %config.webhook_configuration, "published the webhook CA bundle"),
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
+}
