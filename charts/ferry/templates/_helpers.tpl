@@ -53,3 +53,39 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.dataStageNamespaces | default list | toJson -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+What both pod webhooks share: the Service they call, CREATE of pods, and
+the namespaces they never see. Called with (dict "root" . "service" NAME
+"excluded" LIST).
+*/}}
+{{- define "ferry.webhookCommon" -}}
+clientConfig:
+  service:
+    name: {{ .service }}
+    namespace: {{ .root.Release.Namespace }}
+    path: /mutate-pods
+    port: 443
+rules:
+  - apiGroups: [""]
+    apiVersions: ["v1"]
+    operations: ["CREATE"]
+    resources: ["pods"]
+    scope: Namespaced
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: {{ if .root.Values.watchNamespace }}In{{ else }}NotIn{{ end }}
+      values:
+        {{- if .root.Values.watchNamespace }}
+        - {{ .root.Values.watchNamespace }}
+        {{- else }}
+        {{- toYaml .excluded | nindent 8 }}
+        {{- end }}
+admissionReviewVersions: ["v1"]
+sideEffects: None
+timeoutSeconds: {{ .root.Values.webhook.timeoutSeconds }}
+# The mutation is idempotent: a later webhook that adds a container gets
+# the data mounted too.
+reinvocationPolicy: IfNeeded
+{{- end }}

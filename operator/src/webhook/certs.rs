@@ -2,8 +2,8 @@
 //! issues itself, keeps in a Secret and renews before they expire, so the
 //! webhook works without cert-manager (pure parts unit-tested here).
 //!
-//! The Secret (type `kubernetes.io/tls`) holds `tls.crt`/`tls.key` (the
-//! serving pair, the layout cert-manager writes too), `ca.crt` (the CA
+//! The Secret holds `tls.crt`/`tls.key` (the serving pair, the layout
+//! cert-manager writes too), `ca.crt` (the CA
 //! bundle the API server must trust: the current CA first, then older CAs
 //! until they expire, so a CA renewal never breaks a serving certificate
 //! still in use) and `ca.key` (the current CA's key, only when the operator

@@ -143,9 +143,10 @@ async fn store(
 ) -> Result<bool, WebhookError> {
     let data: std::collections::BTreeMap<String, ByteString> = bundle.to_secret_data();
     let result = match existing {
+        // The chart creates the Secret empty (so Helm owns and removes it)
+        // and the operator only fills it in; its type is left as it is.
         Some(mut secret) => {
             secret.data = Some(data);
-            secret.type_ = Some("kubernetes.io/tls".into());
             secrets.replace(&config.webhook_secret, &PostParams::default(), &secret).await
         }
         None => {
@@ -155,7 +156,6 @@ async fn store(
                     labels: Some([("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned())].into()),
                     ..ObjectMeta::default()
                 },
-                type_: Some("kubernetes.io/tls".into()),
                 data: Some(data),
                 ..Secret::default()
             };

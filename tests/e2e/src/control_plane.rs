@@ -111,6 +111,10 @@ impl ControlPlane {
             .arg("--authorization-mode=RBAC")
             .arg("--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,DefaultStorageClass")
             .arg("--service-cluster-ip-range=10.96.0.0/16")
+            // No kube-proxy here: the API server reaches webhook Services
+            // through their endpoints, as clusters without ClusterIP
+            // routing on the control plane do.
+            .arg("--enable-aggregator-routing=true")
             .arg("--allow-privileged=false")
             .arg("--enable-priority-and-fairness=false")
             .arg("--profiling=false")

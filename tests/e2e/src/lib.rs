@@ -7,6 +7,8 @@ pub mod agent;
 pub mod control_plane;
 pub mod process;
 
+pub use agent::network::pod_network_routed;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

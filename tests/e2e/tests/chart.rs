@@ -846,6 +846,16 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, true, vec!["get", "secrets", "-n", DATA_NS]),
         (&operator, true, vec!["create", "events.events.k8s.io", "-n", DATA_NS]),
         (&operator, true, vec!["update", "leases/ferry-operator-leader", "-n", SYSTEM_NS]),
+        // The pod webhook: gated pods watched and patched, its own certificate and caBundle.
+        (&operator, true, vec!["watch", "pods", "--all-namespaces"]),
+        (&operator, true, vec!["patch", "pods", "-n", OTHER_NS]),
+        (&operator, true, vec!["update", "secrets/ferry-webhook-tls", "-n", SYSTEM_NS]),
+        (&operator, true, vec!["update", "mutatingwebhookconfigurations/ferry-pod-data"]),
+        (&operator, false, vec!["create", "secrets", "-n", SYSTEM_NS]),
+        (&operator, false, vec!["update", "secrets/someone-elses", "-n", SYSTEM_NS]),
+        (&operator, false, vec!["update", "mutatingwebhookconfigurations/someone-elses"]),
+        (&operator, false, vec!["delete", "pods", "-n", DATA_NS]),
+        (&operator, false, vec!["update", "pods", "-n", DATA_NS]),
         (&operator, false, vec!["get", "secrets", "-n", OTHER_NS]),
         (&operator, false, vec!["get", "secrets", "--all-namespaces"]),
         (&operator, false, vec!["list", "secrets", "-n", DATA_NS]),
@@ -902,18 +912,25 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     tools
         .helm(&["uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout", "2m"])
         .unwrap_or_else(|e| panic!("helm uninstall:\n{e}"));
-    let kinds = "deployments,replicasets,pods,services,serviceaccounts,configmaps,leases,roles,rolebindings,servicemonitors,podmonitors";
+    let kinds = "deployments,replicasets,pods,services,serviceaccounts,configmaps,secrets,leases,roles,rolebindings,servicemonitors,podmonitors";
     wait_for(&cluster, "every namespaced object of the release to be gone", Duration::from_secs(60), || async {
         let left = tools
             .kubectl(&["get", kinds, "--all-namespaces", "-l", "app.kubernetes.io/instance=ferry", "-o", "name"], None)
             .ok()?;
-        let in_system = tools.kubectl(&["get", "pods,leases", "-n", SYSTEM_NS, "-o", "name"], None).ok()?;
+        let in_system = tools.kubectl(&["get", "pods,leases,secrets", "-n", SYSTEM_NS, "-o", "name"], None).ok()?;
         (left.trim().is_empty() && in_system.trim().is_empty()).then_some(())
     })
     .await;
     let cluster_scoped = tools
         .kubectl(
-            &["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=ferry", "-o", "name"],
+            &[
+                "get",
+                "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+                "-l",
+                "app.kubernetes.io/instance=ferry",
+                "-o",
+                "name",
+            ],
             None,
         )
         .unwrap();
@@ -938,6 +955,8 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     assert!(can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "-n", OTHER_NS]));
     assert!(!can(&tools, &scoped_operator, &["watch", "datastages.ferry.dev", "--all-namespaces"]));
     assert!(!can(&tools, &scoped_operator, &["create", "jobs.batch", "-n", DATA_NS]));
+    assert!(can(&tools, &scoped_operator, &["patch", "pods", "-n", OTHER_NS]));
+    assert!(!can(&tools, &scoped_operator, &["watch", "pods", "--all-namespaces"]));
     create_claim(&client, OTHER_NS, "research").await;
     Api::<Secret>::namespaced(client.clone(), OTHER_NS).create(&PostParams::default(), &secret).await.unwrap();
     let small = |claim: &str| -> DataStage {
@@ -964,5 +983,346 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     assert!(ignored.status.is_none(), "a DataStage outside the watched namespace is left alone: {:?}", ignored.status);
 
     drop(prometheus);
+    cluster.stop().await;
+}
+
+/// A pod spec that finds `count` files under `dirs` (where the webhook
+/// mounts the data), compliant with the restricted Pod Security Standard.
+fn training_pod_template(labels: Value, annotations: Value, dirs: &[&str], count: usize) -> Value {
+    // Paths reach the script through env (the agent maps values, not script text).
+    let env: Vec<Value> = dirs.iter().enumerate().map(|(i, d)| json!({"name": format!("D{i}"), "value": d})).collect();
+    let args: Vec<String> = (0..dirs.len()).map(|i| format!("\"$D{i}\"")).collect();
+    let script = format!("n=$$(find {} -type f -not -path '*/.*' | wc -l) && test \"$n\" -eq {count}", args.join(" "));
+    json!({
+        "metadata": {"labels": labels, "annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "train", "image": image("ferry-e2e-shell"), "command": ["sh", "-c", script], "env": env,
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+        },
+    })
+}
+
+fn job(name: &str, template: Value) -> k8s_openapi::api::batch::v1::Job {
+    serde_json::from_value(json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": template}}))
+    .unwrap()
+}
+
+/// The pod a Job created, once it exists.
+async fn job_pod(cluster: &Cluster, pods: &Api<Pod>, job: &str) -> Pod {
+    wait_for(cluster, &format!("the pod of Job {job}"), Duration::from_secs(60), || {
+        let pods = pods.clone();
+        let selector = format!("batch.kubernetes.io/job-name={job}");
+        async move { pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.into_iter().next() }
+    })
+    .await
+}
+
+fn gates(pod: &Pod) -> Vec<String> {
+    pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default().into_iter().map(|g| g.name).collect()
+}
+
+async fn job_succeeded(cluster: &Cluster, client: &kube::Client, namespace: &str, name: &str) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
+    wait_for(cluster, &format!("Job {namespace}/{name} to succeed"), Duration::from_secs(120), || {
+        let jobs = jobs.clone();
+        async move {
+            let status = jobs.get(name).await.ok()?.status?;
+            assert_eq!(status.failed.unwrap_or(0), 0, "Job {name} failed: {status:?}");
+            (status.succeeded.unwrap_or(0) == 1).then_some(())
+        }
+    })
+    .await;
+}
+
+/// A Warning Event with `reason` on pod `name`, once there is one.
+async fn pod_warning(cluster: &Cluster, client: &kube::Client, namespace: &str, name: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    wait_for(cluster, &format!("a {reason} Warning on pod {name}"), Duration::from_secs(60), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find_map(|e| {
+                (e.regarding.as_ref()?.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning"))
+                .then(|| e.note.unwrap_or_default())
+            })
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_scheduler_places_them_with_it() {
+    assert!(
+        ferry_e2e::pod_network_routed(),
+        "the API server can only call the webhook behind its Service when pods have addresses it accepts as \
+         endpoints: run the e2e tests under hack/netns.sh (hack/test.sh does)"
+    );
+    const TRAIN_NS: &str = "train";
+    let s3 = object_store();
+    s3.create_bucket("datasets").await;
+    for i in 0..6 {
+        s3.put("datasets", &format!("small/obj-{i}"), pattern(300 + i, 256 << 10)).await;
+    }
+    for i in 0..3 {
+        s3.put("datasets", &format!("extra/obj-{i}"), pattern(400 + i, 4096)).await;
+    }
+
+    let cluster = Cluster::start().await.expect("cluster");
+    let client = cluster.client().await.unwrap();
+    let tools = Tools::new(cluster.kubeconfig());
+    create_namespace(&cluster, SYSTEM_NS, &RESTRICTED).await;
+    create_namespace(&cluster, DATA_NS, &RESTRICTED).await;
+    // hostPath volumes need a namespace that allows them.
+    create_namespace(&cluster, TRAIN_NS, &[]).await;
+
+    // Two replicas answer the webhook; a 40 s serving certificate renews
+    // (with a third left) while the test runs.
+    let mut values = image_values();
+    values.extend(
+        [
+            "dataStageNamespaces={ml,train}",
+            "leaseDuration=4s",
+            "allowedHostPaths={/mnt/ferry}",
+            "replicaCount=2",
+            "webhook.certLifetime=40s",
+            "webhook.timeoutSeconds=3",
+        ]
+        .map(String::from),
+    );
+    let chart = chart_dir();
+    let mut args: Vec<String> =
+        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
+            .map(String::from)
+            .to_vec();
+    args.extend(set_args(&values));
+    tools
+        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let serving_cert = || {
+        let secrets = secrets.clone();
+        async move {
+            let data = secrets.get("ferry-webhook-tls").await.ok()?.data?;
+            Some(String::from_utf8_lossy(&data.get("tls.crt")?.0).into_owned())
+        }
+    };
+    let first_cert =
+        wait_for(&cluster, "the operator to issue its webhook certificate", Duration::from_secs(60), serving_cert)
+            .await;
+
+    let store = json!({"uri": "s3://datasets/small", "endpoint": s3.endpoint, "credentials": {"name": "s3"}});
+    for namespace in [DATA_NS, TRAIN_NS] {
+        let secret: Secret =
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+            "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
+            .unwrap();
+        Api::<Secret>::namespaced(client.clone(), namespace).create(&PostParams::default(), &secret).await.unwrap();
+    }
+    let datastage = |name: &str, spec: Value| -> DataStage {
+        serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+    };
+    let train_stages: Api<DataStage> = Api::namespaced(client.clone(), TRAIN_NS);
+    let train_pods: Api<Pod> = Api::namespaced(client.clone(), TRAIN_NS);
+    let train_jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), TRAIN_NS);
+
+    // 1. Node-local data on node-b only, slowed so the Job's pod is created
+    //    (and must wait) while it stages.
+    train_stages
+        .create(
+            &PostParams::default(),
+            &datastage(
+                "on-b",
+                json!({"source": store, "destination": {"volume": {"hostPath": "/mnt/ferry/on-b"}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+                "transfer": {"maxBandwidth": "512Ki"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let template = training_pod_template(json!({"ferry.dev/datastage": "on-b"}), json!({}), &["/data"], 6);
+    train_jobs.create(&PostParams::default(), &job("train-b", template)).await.unwrap();
+    let pod = job_pod(&cluster, &train_pods, "train-b").await;
+    let spec = pod.spec.clone().unwrap();
+    assert_eq!(gates(&pod), ["ferry.dev/data-ready"], "admitted gated");
+    assert!(spec.node_name.is_none(), "not scheduled while the data stages");
+    let volume = spec.volumes.iter().flatten().find(|v| v.name == "ferry-on-b").expect("the DataStage's volume");
+    assert_eq!(volume.host_path.as_ref().unwrap().path, "/mnt/ferry/on-b");
+    let mount = spec.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "ferry-on-b").unwrap();
+    assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/data", Some(true)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = train_pods.get(&pod.name_any()).await.unwrap();
+    assert_eq!(train_stages.get("on-b").await.unwrap().status.and_then(|s| s.phase).filter(|p| p.is_finished()), None);
+    assert!(still.spec.as_ref().unwrap().node_name.is_none(), "still unscheduled while the DataStage runs");
+    assert!(
+        still.annotations().get("ferry.dev/waiting-for").is_some_and(|w| w.contains("on-b")),
+        "the pod says what it waits for: {:?}",
+        still.annotations()
+    );
+    job_succeeded(&cluster, &client, TRAIN_NS, "train-b").await;
+    let placed = train_pods.get(&pod.name_any()).await.unwrap().spec.unwrap();
+    assert_eq!(placed.node_name.as_deref(), Some("node-b"), "placed where the data is");
+    assert!(placed.scheduling_gates.unwrap_or_default().is_empty());
+    let pin = serde_json::to_value(placed.affinity.unwrap().node_affinity.unwrap()).unwrap();
+    assert_eq!(
+        pin["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
+        json!(["node-b"])
+    );
+
+    // 2. Two DataStages on one pod: each under /data/NAME, on the one node holding both.
+    train_stages
+        .create(
+            &PostParams::default(),
+            &datastage(
+                "everywhere",
+                json!({"source": {"uri": "s3://datasets/extra", "endpoint": s3.endpoint,
+                "credentials": {"name": "s3"}}, "destination": {"volume": {"hostPath": "/mnt/ferry/everywhere"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let template = training_pod_template(
+        json!({"ferry.dev/datastage": "everywhere"}),
+        json!({"ferry.dev/datastage": "everywhere,on-b"}),
+        &["/data/everywhere", "/data/on-b"],
+        9,
+    );
+    train_jobs.create(&PostParams::default(), &job("train-both", template)).await.unwrap();
+    let both = job_pod(&cluster, &train_pods, "train-both").await;
+    let mounts: Vec<String> = both.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name.starts_with("ferry-"))
+        .map(|m| m.mount_path.clone())
+        .collect();
+    assert_eq!(mounts, ["/data/everywhere", "/data/on-b"]);
+    job_succeeded(&cluster, &client, TRAIN_NS, "train-both").await;
+    let both = train_pods.get(&both.name_any()).await.unwrap();
+    assert_eq!(both.spec.unwrap().node_name.as_deref(), Some("node-b"));
+
+    // 3. A missing DataStage and a failed one: Warning Events, pods stay gated.
+    train_stages
+        .create(
+            &PostParams::default(),
+            &datastage(
+                "broken",
+                json!({"source": {"uri": "s3://no-such-bucket/x", "endpoint": s3.endpoint,
+                "credentials": {"name": "s3"}}, "destination": {"volume": {"hostPath": "/mnt/ferry/broken"}},
+                "backoffLimit": 0}),
+            ),
+        )
+        .await
+        .unwrap();
+    for (name, wants) in [("wants-missing", "nope"), ("wants-broken", "broken")] {
+        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"ferry.dev/datastage": wants}},
+            "spec": training_pod_template(json!({}), json!({}), &["/data"], 0)["spec"]}))
+        .unwrap();
+        train_pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let missing = pod_warning(&cluster, &client, TRAIN_NS, "wants-missing", "DataStageNotFound").await;
+    assert!(missing.contains("nope"), "{missing}");
+    let failed = pod_warning(&cluster, &client, TRAIN_NS, "wants-broken", "DataStageFailed").await;
+    assert!(failed.contains("broken"), "{failed}");
+    for name in ["wants-missing", "wants-broken"] {
+        let pod = train_pods.get(name).await.unwrap();
+        assert_eq!(gates(&pod), ["ferry.dev/data-ready"], "{name} stays gated");
+        assert!(pod.spec.unwrap().node_name.is_none());
+        let described = tools.kubectl(&["describe", "pod", name, "-n", TRAIN_NS], None).unwrap();
+        assert!(described.contains("ferry.dev/waiting-for") && described.contains("Warning"), "{described}");
+        let listed = tools.kubectl(&["get", "pod", name, "-n", TRAIN_NS], None).unwrap();
+        assert!(listed.contains("SchedulingGated"), "{listed}");
+    }
+
+    // 4. A restricted namespace: a claim-backed DataStage (hostPath is not
+    //    allowed there); the pod passes Pod Security and reads the data.
+    // A local PersistentVolume on node-a: its node affinity, not Ferry,
+    // takes the pod there (a shared network volume would let it run anywhere).
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "shared-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "local",
+                 "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/mnt/ferry/shared"},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "ferry.dev/e2e-node", "operator": "In", "values": ["node-a"]}]}]}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local", "volumeName": "shared-pv",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), DATA_NS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    let ml_stages: Api<DataStage> = Api::namespaced(client.clone(), DATA_NS);
+    ml_stages
+        .create(
+            &PostParams::default(),
+            &datastage(
+                "shared",
+                json!({"source": store,
+                "destination": {"volume": {"persistentVolumeClaim": {"claimName": "shared", "subPath": "v1"}}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let ml_jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), DATA_NS);
+    let template = training_pod_template(json!({"ferry.dev/datastage": "shared"}), json!({}), &["/data"], 6);
+    ml_jobs.create(&PostParams::default(), &job("train-shared", template)).await.unwrap();
+    job_succeeded(&cluster, &client, DATA_NS, "train-shared").await;
+
+    // 5. The serving certificate renews and the webhook keeps answering.
+    let renewed = wait_for(&cluster, "the serving certificate to be renewed", Duration::from_secs(60), || async {
+        serving_cert().await.filter(|c| *c != first_cert)
+    })
+    .await;
+    assert_ne!(renewed, first_cert);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let template = training_pod_template(json!({"ferry.dev/datastage": "on-b"}), json!({}), &["/data"], 6);
+    train_jobs.create(&PostParams::default(), &job("after-renewal", template)).await.unwrap();
+    job_succeeded(&cluster, &client, TRAIN_NS, "after-renewal").await;
+
+    // 6. No operator answering: labelled pods are refused (failurePolicy
+    //    Fail), everything else, and every system namespace, is unaffected.
+    tools.kubectl(&["scale", "deployment/ferry-operator", "-n", SYSTEM_NS, "--replicas=0"], None).expect("scale down");
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    wait_for(&cluster, "no operator pods", Duration::from_secs(60), || {
+        let operator_pods = operator_pods.clone();
+        async move {
+            let left = operator_pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=ferry-operator"))
+                .await
+                .ok()?;
+            left.items.is_empty().then_some(())
+        }
+    })
+    .await;
+    let bare = |name: &str, labels: Value| -> Pod {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": training_pod_template(json!({}), json!({}), &["/data"], 0)["spec"]}))
+        .unwrap()
+    };
+    let refused = train_pods
+        .create(&PostParams::default(), &bare("unwired", json!({"ferry.dev/datastage": "on-b"})))
+        .await
+        .expect_err("a labelled pod is refused while no operator answers");
+    assert!(refused.to_string().contains("pods.ferry.dev"), "the refusal names the webhook: {refused}");
+    train_pods.create(&PostParams::default(), &bare("unrelated", json!({}))).await.expect("other pods are admitted");
+    Api::<Pod>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &bare("system", json!({"ferry.dev/datastage": "on-b"})))
+        .await
+        .expect("system namespaces never reach the webhook");
+
     cluster.stop().await;
 }
