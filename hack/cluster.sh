@@ -4,11 +4,16 @@
 # node-b that run pods as local processes. Runs until Ctrl-C.
 #
 #   hack/cluster.sh [--dir DIR]      then, in another shell:
+#   nsenter --target <printed pid> --net   (when it prints one)
 #   export KUBECONFIG=<printed path>; kubectl get nodes
+#
+# Where it can (root), it runs in a network namespace of its own
+# (hack/netns.sh), so pods get addresses the API server accepts as
+# endpoints and the operator's pod webhook works behind its Service.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 hack/tools.sh install etcd kube-apiserver kubectl
-cargo build --release --locked -p ferry-stager -p ferry-e2e
+cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
 echo "kubectl: $(hack/tools.sh path kubectl)" >&2
-exec "$CARGO_TARGET_DIR/release/ferry-cluster" up "$@"
+exec hack/netns.sh "$CARGO_TARGET_DIR/release/ferry-cluster" up "$@"

@@ -23,7 +23,7 @@ use ferry_crds::readiness::DataReadiness;
 use futures::StreamExt as _;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
@@ -117,7 +117,13 @@ pub fn decide(request: &DataRequest, found: &[Option<&DataStage>], unmounted: &B
 
 /// The patch that lifts the gate (keeping other gates), pins `nodes`, and
 /// drops the gated label, conditional on `pod`'s resourceVersion.
-pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>) -> Patch {
+///
+/// The API server accepts one node name per `metadata.name` field
+/// selector, so a pod without node affinity gets one term per node (terms
+/// are ORed). A pod with terms of its own can only have each term narrowed
+/// (requirements are ANDed): by its node when there is one, else by the
+/// nodes' `kubernetes.io/hostname` labels, `hostnames`.
+pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>, hostnames: &BTreeSet<String>) -> Patch {
     let pointer = |path: &str| PointerBuf::parse(path).expect("a valid pointer");
     let spec = pod.spec.clone().unwrap_or_default();
     let mut ops = vec![PatchOperation::Test(TestOperation {
@@ -137,22 +143,32 @@ pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>) -> Patch {
         PatchOperation::Replace(ReplaceOperation { path: pointer("/spec/schedulingGates"), value: Value::Array(gates) })
     });
     if let Some(nodes) = nodes {
-        let requirement = json!({"key": "metadata.name", "operator": "In", "values": nodes});
         let affinity = spec.affinity.as_ref();
         let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
         let required = node_affinity.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
         let add = |path: &str, value: Value| PatchOperation::Add(AddOperation { path: pointer(path), value });
-        let term = json!({"nodeSelectorTerms": [{"matchFields": [requirement]}]});
+        let by_name = |node: &String| json!({"key": "metadata.name", "operator": "In", "values": [node]});
+        let terms: Vec<Value> = nodes.iter().map(|node| json!({"matchFields": [by_name(node)]})).collect();
+        let term = json!({"nodeSelectorTerms": terms});
         match required.filter(|r| !r.node_selector_terms.is_empty()) {
-            // Narrow every existing term (they are ORed): what Kubernetes allows on a gated pod.
             Some(required) => {
-                for (index, term) in required.node_selector_terms.iter().enumerate() {
+                let single = (nodes.len() == 1).then(|| nodes.iter().next()).flatten();
+                for (index, existing) in required.node_selector_terms.iter().enumerate() {
                     let base = format!(
-                        "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/{index}/matchFields"
+                        "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/{index}"
                     );
-                    ops.push(match term.match_fields {
-                        Some(_) => add(&format!("{base}/-"), requirement.clone()),
-                        None => add(&base, json!([requirement])),
+                    let (field, present, requirement) = match single {
+                        Some(node) => ("matchFields", existing.match_fields.is_some(), by_name(node)),
+                        None => (
+                            "matchExpressions",
+                            existing.match_expressions.is_some(),
+                            json!({"key": HOSTNAME_LABEL, "operator": "In", "values": hostnames}),
+                        ),
+                    };
+                    ops.push(if present {
+                        add(&format!("{base}/{field}/-"), requirement)
+                    } else {
+                        add(&format!("{base}/{field}"), json!([requirement]))
                     });
                 }
             }
@@ -178,6 +194,21 @@ pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>) -> Patch {
         ops.push(PatchOperation::Remove(RemoveOperation { path }));
     }
     Patch(ops)
+}
+
+/// The node label narrowing a pod's own node-affinity terms to several nodes.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Whether lifting `pod` onto `nodes` narrows terms of its own by hostname.
+fn needs_hostnames(pod: &Pod, nodes: &BTreeSet<String>) -> bool {
+    let has_terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .is_some_and(|r| !r.node_selector_terms.is_empty());
+    has_terms && nodes.len() > 1
 }
 
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError> {
@@ -210,11 +241,22 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
         .unwrap_or_default();
     match decide(&request, &found, &unmounted) {
         GateDecision::Lift(nodes) => {
-            let patch = lift_patch(&pod, nodes.as_ref());
+            let mut hostnames = BTreeSet::new();
+            if let Some(nodes) = nodes.as_ref().filter(|n| needs_hostnames(&pod, n)) {
+                let api = Api::<Node>::all(ctx.client.clone());
+                for name in nodes {
+                    let node = api.get(name).await?;
+                    hostnames.insert(node.labels().get(HOSTNAME_LABEL).cloned().unwrap_or_else(|| name.clone()));
+                }
+            }
+            let patch = lift_patch(&pod, nodes.as_ref(), &hostnames);
             match pods.patch(&pod.name_any(), &PatchParams::default(), &kube::api::Patch::<()>::Json(patch)).await {
                 Ok(_) => {}
                 // A stale view (the test operation failed): the watch brings the new one.
-                Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
+                Err(kube::Error::Api(status)) if status.code == 422 && status.message.contains("test") => {
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 Err(error) => return Err(error.into()),
@@ -377,7 +419,11 @@ mod tests {
     fn lifted(pod: Value, nodes: Option<&BTreeSet<String>>) -> Value {
         let parsed: Pod = serde_json::from_value(pod.clone()).unwrap();
         let mut out = pod;
-        json_patch::patch(&mut out, &lift_patch(&parsed, nodes)).unwrap();
+        json_patch::patch(
+            &mut out,
+            &lift_patch(&parsed, nodes, &BTreeSet::from(["host-1".to_owned(), "host-2".to_owned()])),
+        )
+        .unwrap();
         out
     }
 
@@ -388,9 +434,12 @@ mod tests {
             "spec": {"containers": [], "schedulingGates": [{"name": "ferry.dev/data-ready"}, {"name": "other"}]}});
         let out = lifted(pod, nodes(&["n1", "n2"]).as_ref());
         assert_eq!(out["spec"]["schedulingGates"], json!([{"name": "other"}]));
+        // One node per field selector (the API server allows no more): one term each.
         assert_eq!(
             out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
-            json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}]})
+            json!({"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]})
         );
         assert_eq!(out["metadata"]["labels"], json!({"app": "t"}));
         assert_eq!(out["metadata"]["annotations"], json!({}));
@@ -403,6 +452,7 @@ mod tests {
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                     {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
                     {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["bad"]}]}]}}}}});
+        let pod_with_terms = pod.clone();
         let out = lifted(pod, nodes(&["n1"]).as_ref());
         let terms = &out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         let pin = json!({"key": "metadata.name", "operator": "In", "values": ["n1"]});
@@ -410,6 +460,13 @@ mod tests {
         assert_eq!(terms[0]["matchExpressions"], json!([{"key": "gpu", "operator": "Exists"}]));
         assert_eq!(terms[1]["matchFields"][1], pin);
         assert!(out["spec"].get("schedulingGates").is_none());
+        // Several nodes narrow a pod's own terms by hostname label.
+        let out = lifted(pod_with_terms.clone(), nodes(&["n1", "n2"]).as_ref());
+        let terms = &out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        let by_host = json!({"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-1", "host-2"]});
+        assert_eq!(terms[0]["matchExpressions"][1], by_host);
+        assert_eq!(terms[1]["matchExpressions"], json!([by_host]));
+        assert!(needs_hostnames(&serde_json::from_value(pod_with_terms).unwrap(), &nodes(&["n1", "n2"]).unwrap()));
 
         // A claim (anywhere) leaves the affinity alone; a stale pod fails the test op.
         let pod = json!({"metadata": {"name": "p", "resourceVersion": "7", "labels": {"ferry.dev/data-gated": "true"}},
@@ -418,6 +475,6 @@ mod tests {
         let parsed: Pod = serde_json::from_value(pod.clone()).unwrap();
         let mut newer = pod;
         newer["metadata"]["resourceVersion"] = json!("8");
-        assert!(json_patch::patch(&mut newer, &lift_patch(&parsed, None)).is_err());
+        assert!(json_patch::patch(&mut newer, &lift_patch(&parsed, None, &BTreeSet::new())).is_err());
     }
 }

@@ -47,6 +47,10 @@ async fn main() -> anyhow::Result<()> {
     let kubeconfig = cluster.kubeconfig().display().to_string();
     eprintln!("cluster is up: {}", control_plane.server);
     eprintln!("  export KUBECONFIG={kubeconfig}");
+    if ferry_e2e::pod_network_routed() && std::env::var_os("FERRY_IN_NETNS").is_some() {
+        // hack/netns.sh: the cluster lives in a network namespace of its own.
+        eprintln!("  in another shell, enter its network first: nsenter --target {} --net", std::process::id());
+    }
     for node in ferry_e2e::NODES {
         eprintln!("  {node}: local disk at {}", cluster.node_dir(node).unwrap_or_default().display());
     }
