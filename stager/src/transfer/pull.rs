@@ -195,9 +195,8 @@ pub async fn pull(
     lister.abort();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    // Every task is gone, so these are the last references.
-    let writer = Arc::into_inner(writer).expect("all tasks joined");
-    let staging = Arc::into_inner(staging).expect("all tasks joined");
+    let writer = sole_owner(writer).await;
+    let staging = sole_owner(staging).await;
     // Only a finished listing tells what left the store: after a failed
     // listing every object not listed yet would look removed, and after a
     // run with failures the data in place is not a complete version to
@@ -231,6 +230,20 @@ pub async fn pull(
         destination.display().to_string(),
         started.elapsed(),
     ))
+}
+
+/// `shared` once every other reference is gone. Object tasks are joined
+/// before this, but a task aborted after a run-dooming failure may have
+/// left a blocking call running (a write, a rename) that holds a reference
+/// until it returns; those are short.
+async fn sole_owner<T>(mut shared: Arc<T>) -> T {
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(owned) => return owned,
+            Err(still_shared) => shared = still_shared,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
