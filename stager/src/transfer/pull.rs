@@ -35,6 +35,7 @@ use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
 use super::ranges::{download_range_size, plan_ranges};
 use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
@@ -49,7 +50,9 @@ use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
-use crate::store::{Integrity, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum};
+use crate::store::{
+    Integrity, ListPage, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum,
+};
 
 /// A checksum mismatch re-downloads the whole object this many times in all.
 const MISMATCH_ATTEMPTS: u32 = 3;
@@ -158,6 +161,9 @@ pub async fn pull(
     };
     let manifest = Manifest::load(destination);
     let writer = Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
+    // Measured after the staging area swept dead runs' temporary files, and
+    // before this run writes anything.
+    let mut ledger = engine.config.capacity.and_then(|check| SpaceLedger::open(check, destination));
     tracing::info!(source = %source_uri, destination = %destination.display(), known = manifest.len(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);
@@ -169,7 +175,8 @@ pub async fn pull(
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
             let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
-            for object in page {
+            let mut to_copy = Vec::new();
+            for object in page.objects {
                 departed.listed(relative_key(&object.key, prefix));
                 let Some(planned) = plan_object(&engine, &manifest, prefix, object) else { continue };
                 if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
@@ -179,7 +186,16 @@ pub async fn pull(
                     engine.metrics.object(ObjectResult::Skipped);
                     continue;
                 }
-                let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
+                to_copy.push(planned);
+            }
+            // The whole page is charged before any of it starts: a dataset
+            // of one page is refused before its first byte is written.
+            if let Some(ledger) = &mut ledger {
+                to_copy.iter().for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
+                ledger.check(page.next.is_none())?;
+            }
+            for planned in to_copy {
+                let permit = object_slot(&objects_in_flight, &mut tasks).await?;
                 let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
                 tasks.spawn(async move {
                     let result = pull_object(&engine, &staging, &writer, planned).await;
@@ -189,7 +205,7 @@ pub async fn pull(
             }
         }
         engine.tally.listing_finished();
-        join_objects(&engine, &mut tasks).await
+        join_objects(&mut tasks).await
     }
     .await;
     lister.abort();
@@ -247,7 +263,7 @@ async fn sole_owner<T>(mut shared: Arc<T>) -> T {
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
-async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<Vec<ObjectMeta>, StoreError>>) {
+async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<ListPage, StoreError>>) {
     let mut token: Option<String> = None;
     loop {
         let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;
@@ -257,10 +273,11 @@ async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Resul
                 return;
             }
             Ok(page) => {
-                if pages.send(Ok(page.objects)).await.is_err() {
+                let next = page.next.clone();
+                if pages.send(Ok(page)).await.is_err() {
                     return;
                 }
-                match page.next {
+                match next {
                     Some(next) => token = Some(next),
                     None => return,
                 }
@@ -313,13 +330,15 @@ fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: Objec
 }
 
 /// Stages one object, retrying the whole object on a checksum mismatch.
-/// Returns `Err` only for errors that doom the whole run.
+/// Returns `Err` only for errors that doom the whole run: the store refuses
+/// every request, or the disk is full (every other object would fail too,
+/// and the run is to say why, not list a thousand failed keys).
 async fn pull_object(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
     writer: &ManifestWriter,
     planned: Planned,
-) -> Result<(), StoreError> {
+) -> Result<(), TransferError> {
     let mut attempt = 1;
     let result = loop {
         match download(engine, staging, &planned).await {
@@ -364,7 +383,13 @@ async fn pull_object(
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = planned.object.size, "staged");
         }
-        Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
+        Err(ObjectError::Store(source)) if dooms_the_run(&source) => {
+            return Err(TransferError::Store { uri: engine.store.describe(), source });
+        }
+        Err(ObjectError::Io { what, source }) if is_disk_full(&source) => {
+            let destination = staging.root().to_path_buf();
+            return Err(CapacityError::DiskFull { destination, key, what, source }.into());
+        }
         Err(error) => {
             tracing::warn!(%key, %error, "object failed");
             engine.tally.failed(key, planned.object.size, &error);
@@ -565,7 +590,7 @@ async fn land(
         digests: format!("crc32c={},crc32={},crc64nvme={}", wanted.crc32c, wanted.crc32, wanted.crc64nvme),
         boot: engine.boot_id.clone(),
     });
-    let name = format!("{:016x}", ferry_contract::hash::fnv1a(planned.rel.as_str().as_bytes()));
+    let name = partial::name_for(&planned.rel);
     tokio::task::spawn_blocking(move || -> std::io::Result<Landing> {
         if let Some(header) = header
             && let Some(partial) = PartialObject::open(staging.root(), &name, &header)?
