@@ -336,12 +336,12 @@ fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: Objec
 async fn pull_object(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
-    writer: &ManifestWriter,
+    writer: &Arc<ManifestWriter>,
     planned: Planned,
 ) -> Result<(), TransferError> {
     let mut attempt = 1;
     let result = loop {
-        match download(engine, staging, &planned).await {
+        match download(engine, staging, writer, &planned).await {
             Err(ObjectError::Mismatch { expected, actual }) if attempt < MISMATCH_ATTEMPTS => {
                 tracing::warn!(key = %planned.object.key, %expected, %actual, attempt, "checksum mismatch; downloading again");
                 engine.metrics.retry(RetryReason::ChecksumMismatch);
@@ -352,21 +352,6 @@ async fn pull_object(
         }
     };
     let key = planned.object.key.clone();
-    let result = result.and_then(|(verified, checksum, stamp)| {
-        let entry = ManifestEntry {
-            path: planned.rel.as_str().to_owned(),
-            key: key.clone(),
-            size: stamp.size,
-            etag: planned.object.etag.clone().unwrap_or_default(),
-            checksum: checksum.map(|c| c.to_string()),
-            mtime_ns: stamp.mtime_ns,
-        };
-        // Without an ETag there is nothing to match a later listing against.
-        if planned.object.etag.is_some() {
-            writer.record(entry, true).map_err(ObjectError::io_error("recording the manifest"))?;
-        }
-        Ok(verified)
-    });
     match result {
         Ok(verified) => {
             engine.tally.transferred(verified);
@@ -399,12 +384,13 @@ async fn pull_object(
     Ok(())
 }
 
-/// Downloads, verifies and commits one object.
+/// Downloads, verifies, commits and records one object.
 async fn download(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
+    writer: &Arc<ManifestWriter>,
     planned: &Planned,
-) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
+) -> Result<Verified, ObjectError> {
     let object = &planned.object;
     let size = object.size;
     let verify = engine.config.verify;
@@ -420,7 +406,7 @@ async fn download(
     if let [whole] = ranges.as_slice()
         && size <= config.write_buffer
     {
-        return download_in_memory(engine, staging, planned, key, whole.clone(), if_match).await;
+        return download_in_memory(engine, staging, writer, planned, key, whole.clone(), if_match).await;
     }
 
     // A multi-range object's checksum comes from a HEAD (ranged responses do
@@ -497,25 +483,49 @@ async fn download(
         Err(other) => return Err(other),
     };
 
-    let stamp = {
-        let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
-        tokio::task::spawn_blocking(move || match landing {
-            Landing::Temp(temp) => staging.commit(temp, &rel, mtime),
+    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    tokio::task::spawn_blocking(move || {
+        let (rel, mtime) = (&planned.rel, planned.object.last_modified);
+        commit_and_record(&writer, &planned, expected.as_ref(), || match landing {
+            Landing::Temp(temp) => staging.commit(temp, rel, mtime),
             Landing::Partial(partial) => {
                 let partial = Arc::into_inner(partial).expect("every range task has finished");
-                staging.commit_partial(partial, &rel, mtime)
+                staging.commit_partial(partial, rel, mtime)
             }
         })
-        .await
-        .expect("commit panicked")
-        .map_err(ObjectError::io_error("moving the file into place"))?
-    };
+    })
+    .await
+    .expect("commit panicked")?;
     if resumed > 0 {
         tracing::info!(key = %object.key, resumed, "finished an object an earlier run had started");
         engine.tally.resumed(resumed);
         engine.metrics.resumed(Direction::Download, resumed);
     }
-    Ok((verified, expected, stamp))
+    Ok(verified)
+}
+
+/// Moves a verified file into place (`commit`) and records it in the
+/// manifest, on the blocking thread that moves it: a run aborted meanwhile
+/// (another object filled the disk) cannot leave a complete file that the
+/// manifest does not know, which the next run would copy again.
+fn commit_and_record(
+    writer: &ManifestWriter,
+    planned: &Planned,
+    checksum: Option<&Integrity>,
+    commit: impl FnOnce() -> std::io::Result<FileStamp>,
+) -> Result<(), ObjectError> {
+    let stamp = commit().map_err(ObjectError::io_error("moving the file into place"))?;
+    // Without an ETag there is nothing to match a later listing against.
+    let Some(etag) = &planned.object.etag else { return Ok(()) };
+    let entry = ManifestEntry {
+        path: planned.rel.as_str().to_owned(),
+        key: planned.object.key.clone(),
+        size: stamp.size,
+        etag: etag.clone(),
+        checksum: checksum.map(|c| c.to_string()),
+        mtime_ns: stamp.mtime_ns,
+    };
+    writer.record(entry, true).map_err(ObjectError::io_error("recording the manifest"))
 }
 
 /// Where an object's bytes are written until it is verified.
@@ -610,11 +620,12 @@ async fn land(
 async fn download_in_memory(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
+    writer: &Arc<ManifestWriter>,
     planned: &Planned,
     key: Arc<str>,
     whole: Range<u64>,
     if_match: Option<Arc<str>>,
-) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
+) -> Result<Verified, ObjectError> {
     let size = planned.object.size;
     // What to compute is learnt from the response itself (a full GET carries the checksum).
     let fetched = fetch_range(engine, &key, whole, true, if_match, Sink::Memory, Wanted::default()).await?;
@@ -624,8 +635,8 @@ async fn download_in_memory(
         check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests, None).await?;
 
     let checked = engine.config.verify != VerifyMode::None;
-    let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
-    let stamp = tokio::task::spawn_blocking(move || -> Result<FileStamp, ObjectError> {
+    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    tokio::task::spawn_blocking(move || -> Result<(), ObjectError> {
         let temp = staging.temp_file(size).map_err(ObjectError::io_error("creating a temporary file"))?;
         let file = temp.handle();
         write_chunks_at(&file, &chunks, 0).map_err(ObjectError::io_error("writing to disk"))?;
@@ -637,13 +648,15 @@ async fn download_in_memory(
                 return Err(ObjectError::Size { expected: size, actual: written });
             }
         }
-        staging.commit(temp, &rel, mtime).map_err(ObjectError::io_error("moving the file into place"))
+        commit_and_record(&writer, &planned, expected.as_ref(), || {
+            staging.commit(temp, &planned.rel, planned.object.last_modified)
+        })
     })
     .await
     .expect("writing a small file panicked")?;
     engine.tally.bytes(size);
     engine.metrics.add_bytes(Direction::Download, size);
-    Ok((verified, expected, stamp))
+    Ok(verified)
 }
 
 /// The MD5 of zero bytes: the ETag of an empty single-part object.
