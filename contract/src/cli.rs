@@ -18,6 +18,10 @@ use crate::size::ByteSize;
 pub const DEFAULT_CONCURRENCY: u32 = 64;
 /// Bound on a worker's transfer buffers unless told otherwise.
 pub const DEFAULT_MEMORY_LIMIT: &str = "256MiB";
+/// Free space a pull leaves on its destination's filesystem unless told
+/// otherwise: room for the manifest, the partial records and whatever else
+/// writes there meanwhile.
+pub const DEFAULT_CAPACITY_RESERVE: &str = "64MiB";
 /// Environment variable an Indexed Job sets to a pod's completion index;
 /// with `--shards N` it picks the pod's shard.
 pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
@@ -166,6 +170,14 @@ pub struct TransferOptions {
     /// store (files changed since they were staged, and files Ferry did not write, stay).
     #[arg(long)]
     pub delete_removed: bool,
+    /// Pull only: free space to leave on the destination's filesystem beyond what the run
+    /// writes; a pull that would not leave it fails before writing (InsufficientCapacity).
+    #[arg(long, default_value = DEFAULT_CAPACITY_RESERVE)]
+    pub capacity_reserve: ByteSize,
+    /// Pull only: skip the free-space check (a full disk still ends the run with
+    /// InsufficientCapacity).
+    #[arg(long)]
+    pub no_capacity_check: bool,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
@@ -219,6 +231,8 @@ impl Default for TransferOptions {
             memory_limit: DEFAULT_MEMORY_LIMIT.parse().expect("a valid default"),
             write_buffer: "1MiB".parse().expect("a valid default"),
             delete_removed: false,
+            capacity_reserve: DEFAULT_CAPACITY_RESERVE.parse().expect("a valid default"),
+            no_capacity_check: false,
             metrics_addr: None,
             summary_file: None,
             termination_log: None,
@@ -358,6 +372,8 @@ impl TransferOptions {
         option(args, "--memory-limit", Some(&o.memory_limit));
         option(args, "--write-buffer", Some(&o.write_buffer));
         switch(args, "--delete-removed", o.delete_removed);
+        option(args, "--capacity-reserve", Some(&o.capacity_reserve));
+        switch(args, "--no-capacity-check", o.no_capacity_check);
         option(args, "--metrics-addr", o.metrics_addr);
         option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
         option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
@@ -445,7 +461,8 @@ mod tests {
             proptest::option::of("[a-z0-9-]{1,20}"),
         );
         let retries = (1u32..=100, duration(), duration(), duration());
-        (store, tuning, reporting, retries).prop_map(|(store, tuning, reporting, retries)| {
+        let capacity = (size(), any::<bool>());
+        (store, tuning, reporting, retries, capacity).prop_map(|(store, tuning, reporting, retries, capacity)| {
             let (endpoint_url, anonymous, region) = store;
             let (
                 concurrency,
@@ -463,6 +480,7 @@ mod tests {
             // --report-to needs --worker.
             let worker = if report_to.is_some() { worker.or_else(|| Some("w".into())) } else { worker };
             let (max_attempts, connect_timeout, request_timeout, stall_timeout) = retries;
+            let (capacity_reserve, no_capacity_check) = capacity;
             TransferOptions {
                 endpoint_url,
                 anonymous,
@@ -478,6 +496,8 @@ mod tests {
                 memory_limit,
                 write_buffer,
                 delete_removed,
+                capacity_reserve,
+                no_capacity_check,
                 metrics_addr,
                 summary_file: summary_file.map(PathBuf::from),
                 termination_log: termination_log.map(PathBuf::from),

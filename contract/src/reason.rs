@@ -26,6 +26,9 @@ pub enum Reason {
     StoreRejected,
     /// The destination directory cannot be prepared or written.
     DestinationUnusable,
+    /// The destination filesystem has less free space than the run still
+    /// needs, or filled up during it.
+    InsufficientCapacity,
     /// The source directory of a push cannot be read.
     SourceUnreadable,
     /// The run's options do not make sense together.
@@ -37,7 +40,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a stager reports, `Unknown` excepted.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::BucketNotFound,
         Reason::ObjectNotFound,
         Reason::AccessDenied,
@@ -47,6 +50,7 @@ impl Reason {
         Reason::StoreUnavailable,
         Reason::StoreRejected,
         Reason::DestinationUnusable,
+        Reason::InsufficientCapacity,
         Reason::SourceUnreadable,
         Reason::InvalidConfiguration,
     ];
@@ -63,6 +67,7 @@ impl Reason {
             Reason::StoreUnavailable => "StoreUnavailable",
             Reason::StoreRejected => "StoreRejected",
             Reason::DestinationUnusable => "DestinationUnusable",
+            Reason::InsufficientCapacity => "InsufficientCapacity",
             Reason::SourceUnreadable => "SourceUnreadable",
             Reason::InvalidConfiguration => "InvalidConfiguration",
             Reason::Unknown => "Unknown",

@@ -23,6 +23,7 @@ use crate::selection::Selection;
 use crate::store::ObjectStore;
 use crate::store::gcs::{GcsOptions, GcsStore};
 use crate::store::s3::{S3Options, S3Store};
+use crate::transfer::capacity::CapacityCheck;
 use crate::transfer::tally::{Failure, Operation, Summary, one_line};
 use crate::transfer::{Engine, RetryPolicy, TransferConfig, TransferError, pull, push};
 /// The shard this process copies: `--shard I/N`, or with `--shards N` the
@@ -63,6 +64,7 @@ fn config(options: &TransferOptions) -> Result<TransferConfig, TransferError> {
         stall_timeout: options.stall_timeout,
         max_bandwidth: options.max_bandwidth.as_ref().map(|s| s.bytes()),
         selection,
+        capacity: (!options.no_capacity_check).then(|| CapacityCheck::with_reserve(options.capacity_reserve.bytes())),
     })
 }
 

@@ -748,7 +748,11 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     assert_eq!(sent + resumed + skipped, total, "every byte is sent, kept or skipped once: {:#}", rerun.summary);
     // Only a file finished in the instant before a kill (before its record
     // was written) is done again, and then as a whole.
-    assert!(sent + resumed >= left && (sent + resumed - left) % FILE as u64 == 0, "{left} left: {:#}", rerun.summary);
+    assert!(
+        sent + resumed >= left && (sent + resumed - left).is_multiple_of(FILE as u64),
+        "{left} left: {:#}",
+        rerun.summary
+    );
     for (rel, data) in &files {
         assert!(server.get("push-resume", &format!("ckpt/{rel}")).await == *data, "{rel} differs in the store");
     }
@@ -890,6 +894,133 @@ async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message(backend: Back
     assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
 }
 
+/// A size-limited tmpfs, unmounted when dropped, so a failing test does not
+/// leave it mounted.
+struct SmallFilesystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFilesystem {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it); `None`,
+    /// with the reason, when that is not allowed (not root).
+    fn mount(size: &str) -> Result<Self, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !mounted.status.success() {
+            return Err(String::from_utf8_lossy(&mounted.stderr).trim().to_owned());
+        }
+        Ok(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Changes the size, keeping the contents: space freed for a rerun.
+    fn resize(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cannot resize the tmpfs to {size}");
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let status = std::process::Command::new("umount").arg(self.dir.path()).status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("could not unmount the tmpfs at {}", self.dir.path().display());
+        }
+    }
+}
+
+/// The run ended, retryably, because the destination has no room, and said
+/// so with the numbers.
+fn assert_insufficient_capacity(run: &common::Run, says: &str) {
+    assert_eq!(run.code(), 3, "another attempt may succeed once there is room: {}", run.stderr);
+    assert_eq!(run.summary["reason"], "InsufficientCapacity", "{:#}", run.summary);
+    let message = run.summary["failures"][0]["error"].as_str().unwrap_or_default();
+    assert!(message.contains(says), "{message}");
+}
+
+async fn a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("capacity").await;
+    // 12 MiB: 200 objects small enough to be written in one go (the disk
+    // fills up in a write) and two preallocated ones (it fills up when
+    // space is reserved).
+    let mut files = small_files("small", 200, 60);
+    files.extend((0..100).map(|i| (format!("medium/{i:03}.bin"), pattern(200 + i, 48 << 10))));
+    files.insert("large/a.bin".into(), pattern(61, 2 * MIB));
+    files.insert("large/b.bin".into(), pattern(62, 3 * MIB + 1));
+    let total: usize = files.values().map(Vec::len).sum();
+    assert!(total > 9 * MIB, "{total}");
+    put_tree(&server, "capacity", "", &files).await;
+    let source = server.uri("capacity");
+
+    // Anywhere: a reserve no filesystem has refuses the pull before it writes.
+    let dst = tempfile::tempdir().unwrap();
+    let refused = stager(&server, &["pull", &source, dst.path().to_str().unwrap(), "--capacity-reserve", "999999T"]);
+    assert_insufficient_capacity(&refused, "free but this run still needs");
+    assert!(read_tree(dst.path()).is_empty());
+
+    let small = match SmallFilesystem::mount("8m") {
+        Ok(small) => small,
+        Err(why) => {
+            eprintln!("SKIP: the full-disk part of this test needs to mount a tmpfs (run it as root): {why}");
+            return;
+        }
+    };
+    let dir = small.path().to_str().unwrap();
+
+    // The pre-check: refused at once, with the numbers, nothing written.
+    let termination = tempfile::NamedTempFile::new().unwrap();
+    let refused = stager(
+        &server,
+        &[
+            "pull",
+            &source,
+            dir,
+            "--capacity-reserve",
+            "1MiB",
+            "--termination-log",
+            termination.path().to_str().unwrap(),
+        ],
+    );
+    assert_insufficient_capacity(&refused, "has 8.0 MiB free but this run still needs");
+    assert!(refused.elapsed < Duration::from_secs(15), "took {:?}", refused.elapsed);
+    assert!(read_tree(small.path()).is_empty(), "nothing is written when the dataset cannot fit");
+    // What the operator reads back into the worker's status.
+    let reported: serde_json::Value = serde_json::from_slice(&std::fs::read(termination.path()).unwrap()).unwrap();
+    assert_eq!(reported["reason"], "InsufficientCapacity", "{reported:#}");
+
+    // Without the check, the disk fills up during the run: the same reason,
+    // and what is under a final name is complete and correct.
+    let filled = stager(&server, &["pull", &source, dir, "--no-capacity-check"]);
+    assert_insufficient_capacity(&filled, "filled up");
+    let staged = read_tree(small.path());
+    assert!(staged.len() < files.len(), "the disk did not fill up: {:#}", filled.summary);
+    for (rel, data) in &staged {
+        assert!(files.get(rel) == Some(data), "{rel} is under its final name but not complete and correct");
+    }
+    assert!(leftover_temp_files(small.path()).is_empty(), "{:?}", leftover_temp_files(small.path()));
+
+    // Once there is room, the next run keeps what the full one completed.
+    small.resize("32m");
+    let resumed = stager(&server, &["pull", &source, dir, "--capacity-reserve", "1MiB"]);
+    resumed.assert_ok();
+    assert_eq!(resumed.skipped() as usize, staged.len(), "{:#}", resumed.summary);
+    assert_eq!(resumed.transferred() as usize, files.len() - staged.len());
+    assert_eq!(read_tree(small.path()), files);
+    assert!(leftover_temp_files(small.path()).is_empty(), "{:?}", leftover_temp_files(small.path()));
+}
+
 /// Runs each listed test against every backend, as `minio::NAME` and `gcs::NAME`.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
@@ -928,4 +1059,5 @@ conformance!(
     an_unreachable_endpoint_ends_quickly_with_a_clear_message,
     a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind,
     a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs,
+    a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
 );

@@ -130,14 +130,17 @@ impl ManifestWriter {
     /// Fails when the journal cannot be written.
     pub fn record(&self, entry: ManifestEntry, newly_staged: bool) -> io::Result<()> {
         let mut state = self.state.lock().expect("manifest lock poisoned");
-        if newly_staged {
-            let mut line = serde_json::to_vec(&entry).map_err(io::Error::other)?;
+        let line = newly_staged.then(|| serde_json::to_vec(&entry)).transpose().map_err(io::Error::other)?;
+        // Kept for the rewrite at the end even when the journal cannot take
+        // it: on a disk that filled up, the failed run frees its temporary
+        // files before that rewrite, and the file is in place all the same.
+        state.entries.push(entry);
+        if let Some(mut line) = line {
             line.push(b'\n');
             state.journal.write_all(&line)?;
             // Flushed per file so a killed run keeps what it finished.
             state.journal.flush()?;
         }
-        state.entries.push(entry);
         Ok(())
     }
 

@@ -19,14 +19,17 @@
 //! Each partial is locked while a run works on it: two runs never write one.
 //! Partials of objects a complete run no longer needs are removed by it.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead as _, Write as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use super::STATE_DIR;
+use super::paths::RelPath;
 
 /// The directory of partial objects below the destination.
 pub const PARTIAL_DIR: &str = "partial";
@@ -181,6 +184,28 @@ fn read_record(path: &Path) -> Option<(PartialHeader, Vec<RangeRecord>)> {
         keep
     });
     Some((header, ranges))
+}
+
+/// The name of the partial of the object staged at `rel`: stable across
+/// runs, and flat, whatever the depth of the path.
+pub fn name_for(rel: &RelPath) -> String {
+    format!("{:016x}", ferry_contract::hash::fnv1a(rel.as_str().as_bytes()))
+}
+
+/// Bytes each partial below `root` holds on disk, by name. They are
+/// preallocated, so a run that resumes one, or starts it over, writes into
+/// space the partial already has.
+pub fn allocated(root: &Path) -> HashMap<String, u64> {
+    let Ok(entries) = std::fs::read_dir(root.join(STATE_DIR).join(PARTIAL_DIR)) else { return HashMap::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let name = path.file_stem()?.to_str()?.to_owned();
+            let meta = entry.metadata().ok().filter(|_| path.extension().is_some_and(|e| e == "part"))?;
+            Some((name, meta.blocks().saturating_mul(512)))
+        })
+        .collect()
 }
 
 /// This boot of the machine, or empty where it cannot be told.

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Engine, RetryPolicy, TransferConfig, pull::pull, push::push};
+use super::capacity::{CapacityCheck, FreeSpace};
+use super::{Engine, Reason, RetryPolicy, TransferConfig, pull::pull, push::push};
 use crate::metrics::Metrics;
 use crate::store::memory::{Fault, MemoryStore};
 
@@ -155,4 +156,56 @@ async fn the_bandwidth_cap_holds_back_the_gets_of_small_objects_not_only_their_w
     let summary = pulling.await.unwrap().unwrap();
     assert!(summary.complete, "{summary:?}");
     assert_eq!(store.calls().gets, 16);
+}
+
+/// A destination filesystem with 7 MiB free, in 4 KiB blocks.
+fn seven_mib_free(_: &std::path::Path) -> std::io::Result<Option<FreeSpace>> {
+    Ok(Some(FreeSpace { available: 7 * MIB as u64, block_size: 4096 }))
+}
+
+#[tokio::test]
+async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leaves_is_counted() {
+    let store = Arc::new(MemoryStore::default());
+    let config = TransferConfig {
+        capacity: Some(CapacityCheck { reserve: MIB as u64, probe: seven_mib_free }),
+        ..TransferConfig::default()
+    };
+    let engine = || Engine::new(Arc::clone(&store) as _, config.clone(), Arc::new(Metrics::new())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    store.insert("a", data(11, 3 * MIB));
+    store.insert("b", data(12, 3 * MIB));
+    let summary = pull(engine(), "", dir.path(), false).await.unwrap();
+    assert!(summary.complete, "6 MiB and the 1 MiB reserve fit in 7 MiB: {summary:?}");
+
+    // The same free space again (the probe says so), but "a" and "b" are in
+    // place: only "c" is to be written.
+    store.insert("c", data(13, 3 * MIB));
+    let summary = pull(engine(), "", dir.path(), false).await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.objects.transferred, 1);
+
+    // "d" does not fit alone. The memory store lists two objects a page, so
+    // it comes with "c" (in place) in a full page, which may not be the last.
+    store.insert("d", data(14, 7 * MIB));
+    let error = pull(engine(), "", dir.path(), false).await.unwrap_err();
+    assert_eq!(error.reason(), Reason::InsufficientCapacity);
+    assert!(!error.is_permanent(), "freeing space needs no change to the run");
+    let message = crate::error_chain(&error);
+    assert!(
+        message.contains("has 7.0 MiB free but this run still needs at least 7.0 MiB (+ 1.0 MiB reserve)"),
+        "{message}"
+    );
+    assert!(!dir.path().join("d").exists(), "nothing was written");
+    assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+    assert_eq!(partial_files(dir.path()), 0);
+    assert_eq!(store.calls().gets, 3, "no GET for what does not fit");
+
+    // Without the check the same pull goes ahead (the probe is not asked).
+    let unchecked = TransferConfig { capacity: None, ..config.clone() };
+    let engine = Engine::new(Arc::clone(&store) as _, unchecked, Arc::new(Metrics::new())).unwrap();
+    assert!(pull(engine, "", dir.path(), false).await.unwrap().complete);
+}
+
+fn partial_files(root: &std::path::Path) -> usize {
+    std::fs::read_dir(root.join(".ferry/partial")).map_or(0, |entries| entries.count())
 }

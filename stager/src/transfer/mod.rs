@@ -9,11 +9,13 @@
 //! * [`Engine::retrying`] runs one request with bounded, jittered
 //!   exponential backoff and records its duration and retries.
 //! * [`pull`] and [`push`] are the two directions ([`push_resume`] is what
-//!   a push keeps of, and cleans up after, interrupted ones); [`tally`]
-//!   counts what happened and produces the run summary.
+//!   a push keeps of, and cleans up after, interrupted ones; [`capacity`]
+//!   is whether a pull's destination has room); [`tally`] counts what
+//!   happened and produces the run summary.
 
 pub mod bandwidth;
 pub mod buffers;
+pub mod capacity;
 #[cfg(test)]
 mod fault_tests;
 pub mod md5;
@@ -36,9 +38,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::local::staging::StagingError;
 use crate::metrics::{InFlightGuard, Metrics, Operation};
 use crate::selection::Selection;
 use crate::store::{ObjectStore, StoreError};
+use capacity::{CapacityCheck, CapacityError, is_disk_full};
 use tally::Tally;
 
 /// Memory the engine keeps aside for everything that is not a data buffer:
@@ -114,6 +118,8 @@ pub struct TransferConfig {
     pub max_bandwidth: Option<u64>,
     /// Which objects to copy.
     pub selection: Selection,
+    /// How a pull checks its destination's free space; `None` for no check.
+    pub capacity: Option<CapacityCheck>,
 }
 
 impl Default for TransferConfig {
@@ -130,6 +136,12 @@ impl Default for TransferConfig {
             stall_timeout: Duration::from_secs(30),
             max_bandwidth: None,
             selection: Selection::all(),
+            capacity: Some(CapacityCheck::with_reserve(
+                ferry_contract::cli::DEFAULT_CAPACITY_RESERVE
+                    .parse::<ferry_contract::size::ByteSize>()
+                    .expect("a valid default")
+                    .bytes(),
+            )),
         }
     }
 }
@@ -174,6 +186,9 @@ pub enum TransferError {
     /// The manifest cannot be written.
     #[error("cannot write the manifest: {0}")]
     Manifest(#[source] std::io::Error),
+    /// The destination has no room for the run, or ran out of it.
+    #[error(transparent)]
+    Capacity(#[from] CapacityError),
 }
 
 impl TransferError {
@@ -183,6 +198,14 @@ impl TransferError {
         match self {
             TransferError::Config(_) => Reason::InvalidConfiguration,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.reason(),
+            TransferError::Capacity(_) => Reason::InsufficientCapacity,
+            // Creating the state directory or writing the manifest fails
+            // the same way on a full disk.
+            TransferError::Staging(StagingError::Prepare { source, .. }) | TransferError::Manifest(source)
+                if is_disk_full(source) =>
+            {
+                Reason::InsufficientCapacity
+            }
             TransferError::Staging(_) | TransferError::Manifest(_) => Reason::DestinationUnusable,
             TransferError::Source { .. } => Reason::SourceUnreadable,
         }
@@ -193,7 +216,11 @@ impl TransferError {
         match self {
             TransferError::Config(_) => true,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.is_permanent(),
-            TransferError::Staging(_) | TransferError::Manifest(_) | TransferError::Source { .. } => false,
+            // Space may be freed, or the volume replaced, without a change to the run.
+            TransferError::Staging(_)
+            | TransferError::Manifest(_)
+            | TransferError::Source { .. }
+            | TransferError::Capacity(_) => false,
         }
     }
 }
@@ -223,8 +250,8 @@ pub fn dooms_the_run(error: &StoreError) -> bool {
 }
 
 /// Object tasks of a run: each returns `Err` only for an error that dooms
-/// the whole run.
-pub type ObjectTasks = tokio::task::JoinSet<Result<(), StoreError>>;
+/// the whole run (the store refuses every request, the disk is full).
+pub type ObjectTasks = tokio::task::JoinSet<Result<(), TransferError>>;
 
 /// Waits for room for one more object task, reaping finished tasks while
 /// it waits so that a run-dooming error stops the run at once.
@@ -232,14 +259,13 @@ pub type ObjectTasks = tokio::task::JoinSet<Result<(), StoreError>>;
 /// # Errors
 /// The first run-dooming error of a finished task.
 pub async fn object_slot(
-    engine: &Engine,
     slots: &Arc<Semaphore>,
     tasks: &mut ObjectTasks,
 ) -> Result<OwnedSemaphorePermit, TransferError> {
     loop {
         tokio::select! {
             permit = Arc::clone(slots).acquire_owned() => return Ok(permit.expect("never closed")),
-            Some(joined) = tasks.join_next() => check_fatal(joined, engine)?,
+            Some(joined) = tasks.join_next() => check_fatal(joined)?,
         }
     }
 }
@@ -248,21 +274,18 @@ pub async fn object_slot(
 ///
 /// # Errors
 /// The first run-dooming error.
-pub async fn join_objects(engine: &Engine, tasks: &mut ObjectTasks) -> Result<(), TransferError> {
+pub async fn join_objects(tasks: &mut ObjectTasks) -> Result<(), TransferError> {
     while let Some(joined) = tasks.join_next().await {
-        check_fatal(joined, engine)?;
+        check_fatal(joined)?;
     }
     Ok(())
 }
 
-/// Turns a run-dooming store error from a task into a run failure.
-fn check_fatal(
-    joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
-    engine: &Engine,
-) -> Result<(), TransferError> {
+/// Passes on a task's run-dooming error, and its panic.
+fn check_fatal(joined: Result<Result<(), TransferError>, tokio::task::JoinError>) -> Result<(), TransferError> {
     match joined {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(TransferError::Store { uri: engine.store.describe(), source }),
+        Ok(Err(error)) => Err(error),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => Ok(()),
     }
@@ -436,6 +459,26 @@ mod tests {
             let delay = policy.backoff(attempt);
             assert!(delay <= policy.max_delay);
             assert!(delay <= policy.base_delay * 2u32.pow(attempt.min(16) - 1));
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_insufficient_capacity_wherever_it_is_met_and_other_disk_errors_are_not() {
+        let full = || std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let prepare = |source| TransferError::Staging(StagingError::Prepare { path: "/d/.ferry".into(), source });
+        let filled_up = TransferError::Capacity(CapacityError::DiskFull {
+            destination: "/d".into(),
+            key: "k".into(),
+            what: "writing to disk",
+            source: full(),
+        });
+        for error in [filled_up, TransferError::Manifest(full()), prepare(full())] {
+            assert_eq!(error.reason(), Reason::InsufficientCapacity, "{error}");
+            assert!(!error.is_permanent(), "{error}");
+        }
+        for error in [TransferError::Manifest(denied()), prepare(denied())] {
+            assert_eq!(error.reason(), Reason::DestinationUnusable, "{error}");
         }
     }
 

@@ -35,6 +35,7 @@ use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
 use super::ranges::{download_range_size, plan_ranges};
 use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
@@ -49,7 +50,9 @@ use crate::local::prune::{Departed, prune};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
-use crate::store::{Integrity, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum};
+use crate::store::{
+    Integrity, ListPage, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum,
+};
 
 /// A checksum mismatch re-downloads the whole object this many times in all.
 const MISMATCH_ATTEMPTS: u32 = 3;
@@ -158,6 +161,9 @@ pub async fn pull(
     };
     let manifest = Manifest::load(destination);
     let writer = Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
+    // Measured after the staging area swept dead runs' temporary files, and
+    // before this run writes anything.
+    let mut ledger = engine.config.capacity.and_then(|check| SpaceLedger::open(check, destination));
     tracing::info!(source = %source_uri, destination = %destination.display(), known = manifest.len(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);
@@ -169,7 +175,8 @@ pub async fn pull(
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
             let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
-            for object in page {
+            let mut to_copy = Vec::new();
+            for object in page.objects {
                 departed.listed(relative_key(&object.key, prefix));
                 let Some(planned) = plan_object(&engine, &manifest, prefix, object) else { continue };
                 if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
@@ -179,7 +186,16 @@ pub async fn pull(
                     engine.metrics.object(ObjectResult::Skipped);
                     continue;
                 }
-                let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
+                to_copy.push(planned);
+            }
+            // The whole page is charged before any of it starts: a dataset
+            // of one page is refused before its first byte is written.
+            if let Some(ledger) = &mut ledger {
+                to_copy.iter().for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
+                ledger.check(page.next.is_none())?;
+            }
+            for planned in to_copy {
+                let permit = object_slot(&objects_in_flight, &mut tasks).await?;
                 let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
                 tasks.spawn(async move {
                     let result = pull_object(&engine, &staging, &writer, planned).await;
@@ -189,15 +205,14 @@ pub async fn pull(
             }
         }
         engine.tally.listing_finished();
-        join_objects(&engine, &mut tasks).await
+        join_objects(&mut tasks).await
     }
     .await;
     lister.abort();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    // Every task is gone, so these are the last references.
-    let writer = Arc::into_inner(writer).expect("all tasks joined");
-    let staging = Arc::into_inner(staging).expect("all tasks joined");
+    let writer = sole_owner(writer).await;
+    let staging = sole_owner(staging).await;
     // Only a finished listing tells what left the store: after a failed
     // listing every object not listed yet would look removed, and after a
     // run with failures the data in place is not a complete version to
@@ -233,8 +248,22 @@ pub async fn pull(
     ))
 }
 
+/// `shared` once every other reference is gone. Object tasks are joined
+/// before this, but a task aborted after a run-dooming failure may have
+/// left a blocking call running (a write, a rename) that holds a reference
+/// until it returns; those are short.
+async fn sole_owner<T>(mut shared: Arc<T>) -> T {
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(owned) => return owned,
+            Err(still_shared) => shared = still_shared,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
-async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<Vec<ObjectMeta>, StoreError>>) {
+async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<ListPage, StoreError>>) {
     let mut token: Option<String> = None;
     loop {
         let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;
@@ -244,10 +273,11 @@ async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Resul
                 return;
             }
             Ok(page) => {
-                if pages.send(Ok(page.objects)).await.is_err() {
+                let next = page.next.clone();
+                if pages.send(Ok(page)).await.is_err() {
                     return;
                 }
-                match page.next {
+                match next {
                     Some(next) => token = Some(next),
                     None => return,
                 }
@@ -300,16 +330,18 @@ fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: Objec
 }
 
 /// Stages one object, retrying the whole object on a checksum mismatch.
-/// Returns `Err` only for errors that doom the whole run.
+/// Returns `Err` only for errors that doom the whole run: the store refuses
+/// every request, or the disk is full (every other object would fail too,
+/// and the run is to say why, not list a thousand failed keys).
 async fn pull_object(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
-    writer: &ManifestWriter,
+    writer: &Arc<ManifestWriter>,
     planned: Planned,
-) -> Result<(), StoreError> {
+) -> Result<(), TransferError> {
     let mut attempt = 1;
     let result = loop {
-        match download(engine, staging, &planned).await {
+        match download(engine, staging, writer, &planned).await {
             Err(ObjectError::Mismatch { expected, actual }) if attempt < MISMATCH_ATTEMPTS => {
                 tracing::warn!(key = %planned.object.key, %expected, %actual, attempt, "checksum mismatch; downloading again");
                 engine.metrics.retry(RetryReason::ChecksumMismatch);
@@ -320,21 +352,6 @@ async fn pull_object(
         }
     };
     let key = planned.object.key.clone();
-    let result = result.and_then(|(verified, checksum, stamp)| {
-        let entry = ManifestEntry {
-            path: planned.rel.as_str().to_owned(),
-            key: key.clone(),
-            size: stamp.size,
-            etag: planned.object.etag.clone().unwrap_or_default(),
-            checksum: checksum.map(|c| c.to_string()),
-            mtime_ns: stamp.mtime_ns,
-        };
-        // Without an ETag there is nothing to match a later listing against.
-        if planned.object.etag.is_some() {
-            writer.record(entry, true).map_err(ObjectError::io_error("recording the manifest"))?;
-        }
-        Ok(verified)
-    });
     match result {
         Ok(verified) => {
             engine.tally.transferred(verified);
@@ -351,7 +368,13 @@ async fn pull_object(
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = planned.object.size, "staged");
         }
-        Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
+        Err(ObjectError::Store(source)) if dooms_the_run(&source) => {
+            return Err(TransferError::Store { uri: engine.store.describe(), source });
+        }
+        Err(ObjectError::Io { what, source }) if is_disk_full(&source) => {
+            let destination = staging.root().to_path_buf();
+            return Err(CapacityError::DiskFull { destination, key, what, source }.into());
+        }
         Err(error) => {
             tracing::warn!(%key, %error, "object failed");
             engine.tally.failed(key, planned.object.size, &error);
@@ -361,12 +384,13 @@ async fn pull_object(
     Ok(())
 }
 
-/// Downloads, verifies and commits one object.
+/// Downloads, verifies, commits and records one object.
 async fn download(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
+    writer: &Arc<ManifestWriter>,
     planned: &Planned,
-) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
+) -> Result<Verified, ObjectError> {
     let object = &planned.object;
     let size = object.size;
     let verify = engine.config.verify;
@@ -382,7 +406,7 @@ async fn download(
     if let [whole] = ranges.as_slice()
         && size <= config.write_buffer
     {
-        return download_in_memory(engine, staging, planned, key, whole.clone(), if_match).await;
+        return download_in_memory(engine, staging, writer, planned, key, whole.clone(), if_match).await;
     }
 
     // A multi-range object's checksum comes from a HEAD (ranged responses do
@@ -459,25 +483,49 @@ async fn download(
         Err(other) => return Err(other),
     };
 
-    let stamp = {
-        let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), object.last_modified);
-        tokio::task::spawn_blocking(move || match landing {
-            Landing::Temp(temp) => staging.commit(temp, &rel, mtime),
+    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    tokio::task::spawn_blocking(move || {
+        let (rel, mtime) = (&planned.rel, planned.object.last_modified);
+        commit_and_record(&writer, &planned, expected.as_ref(), || match landing {
+            Landing::Temp(temp) => staging.commit(temp, rel, mtime),
             Landing::Partial(partial) => {
                 let partial = Arc::into_inner(partial).expect("every range task has finished");
-                staging.commit_partial(partial, &rel, mtime)
+                staging.commit_partial(partial, rel, mtime)
             }
         })
-        .await
-        .expect("commit panicked")
-        .map_err(ObjectError::io_error("moving the file into place"))?
-    };
+    })
+    .await
+    .expect("commit panicked")?;
     if resumed > 0 {
         tracing::info!(key = %object.key, resumed, "finished an object an earlier run had started");
         engine.tally.resumed(resumed);
         engine.metrics.resumed(Direction::Download, resumed);
     }
-    Ok((verified, expected, stamp))
+    Ok(verified)
+}
+
+/// Moves a verified file into place (`commit`) and records it in the
+/// manifest, on the blocking thread that moves it: a run aborted meanwhile
+/// (another object filled the disk) cannot leave a complete file that the
+/// manifest does not know, which the next run would copy again.
+fn commit_and_record(
+    writer: &ManifestWriter,
+    planned: &Planned,
+    checksum: Option<&Integrity>,
+    commit: impl FnOnce() -> std::io::Result<FileStamp>,
+) -> Result<(), ObjectError> {
+    let stamp = commit().map_err(ObjectError::io_error("moving the file into place"))?;
+    // Without an ETag there is nothing to match a later listing against.
+    let Some(etag) = &planned.object.etag else { return Ok(()) };
+    let entry = ManifestEntry {
+        path: planned.rel.as_str().to_owned(),
+        key: planned.object.key.clone(),
+        size: stamp.size,
+        etag: etag.clone(),
+        checksum: checksum.map(|c| c.to_string()),
+        mtime_ns: stamp.mtime_ns,
+    };
+    writer.record(entry, true).map_err(ObjectError::io_error("recording the manifest"))
 }
 
 /// Where an object's bytes are written until it is verified.
@@ -552,7 +600,7 @@ async fn land(
         digests: format!("crc32c={},crc32={},crc64nvme={}", wanted.crc32c, wanted.crc32, wanted.crc64nvme),
         boot: engine.boot_id.clone(),
     });
-    let name = format!("{:016x}", ferry_contract::hash::fnv1a(planned.rel.as_str().as_bytes()));
+    let name = partial::name_for(&planned.rel);
     tokio::task::spawn_blocking(move || -> std::io::Result<Landing> {
         if let Some(header) = header
             && let Some(partial) = PartialObject::open(staging.root(), &name, &header)?
@@ -572,11 +620,12 @@ async fn land(
 async fn download_in_memory(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
+    writer: &Arc<ManifestWriter>,
     planned: &Planned,
     key: Arc<str>,
     whole: Range<u64>,
     if_match: Option<Arc<str>>,
-) -> Result<(Verified, Option<Integrity>, FileStamp), ObjectError> {
+) -> Result<Verified, ObjectError> {
     let size = planned.object.size;
     // What to compute is learnt from the response itself (a full GET carries the checksum).
     let fetched = fetch_range(engine, &key, whole, true, if_match, Sink::Memory, Wanted::default()).await?;
@@ -586,8 +635,8 @@ async fn download_in_memory(
         check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests, None).await?;
 
     let checked = engine.config.verify != VerifyMode::None;
-    let (staging, rel, mtime) = (Arc::clone(staging), planned.rel.clone(), planned.object.last_modified);
-    let stamp = tokio::task::spawn_blocking(move || -> Result<FileStamp, ObjectError> {
+    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    tokio::task::spawn_blocking(move || -> Result<(), ObjectError> {
         let temp = staging.temp_file(size).map_err(ObjectError::io_error("creating a temporary file"))?;
         let file = temp.handle();
         write_chunks_at(&file, &chunks, 0).map_err(ObjectError::io_error("writing to disk"))?;
@@ -599,13 +648,15 @@ async fn download_in_memory(
                 return Err(ObjectError::Size { expected: size, actual: written });
             }
         }
-        staging.commit(temp, &rel, mtime).map_err(ObjectError::io_error("moving the file into place"))
+        commit_and_record(&writer, &planned, expected.as_ref(), || {
+            staging.commit(temp, &planned.rel, planned.object.last_modified)
+        })
     })
     .await
     .expect("writing a small file panicked")?;
     engine.tally.bytes(size);
     engine.metrics.add_bytes(Direction::Download, size);
-    Ok((verified, expected, stamp))
+    Ok(verified)
 }
 
 /// The MD5 of zero bytes: the ETag of an empty single-part object.

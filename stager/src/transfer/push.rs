@@ -34,7 +34,7 @@ use crate::local::push_state::StartedUpload;
 use crate::local::staging::FileStamp;
 use crate::local::walk::{LocalFile, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
-use crate::store::{StoreError, UploadedPart};
+use crate::store::UploadedPart;
 
 /// What every file of one push shares.
 #[derive(Debug)]
@@ -104,7 +104,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
                 engine.metrics.object(ObjectResult::Skipped);
                 continue;
             }
-            let permit = object_slot(&engine, &objects_in_flight, &mut tasks).await?;
+            let permit = object_slot(&objects_in_flight, &mut tasks).await?;
             let run = Arc::clone(&run);
             tasks.spawn(async move {
                 let result = push_file(&run, file, key).await;
@@ -113,7 +113,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
             });
         }
         engine.tally.listing_finished();
-        join_objects(&engine, &mut tasks).await
+        join_objects(&mut tasks).await
     }
     .await;
     tasks.abort_all();
@@ -149,7 +149,7 @@ async fn preflight(engine: &Engine, prefix: &str) -> Result<(), TransferError> {
 }
 
 /// Uploads one file. Returns `Err` only for errors that doom the whole run.
-async fn push_file(run: &Arc<PushRun>, file: LocalFile, key: String) -> Result<(), StoreError> {
+async fn push_file(run: &Arc<PushRun>, file: LocalFile, key: String) -> Result<(), TransferError> {
     let engine = &run.engine;
     let claimed = run.resume.claim(&key);
     let result = upload(run, &file, &key, claimed).await;
@@ -162,7 +162,9 @@ async fn push_file(run: &Arc<PushRun>, file: LocalFile, key: String) -> Result<(
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = file.size, "uploaded");
         }
-        Err(ObjectError::Store(e)) if dooms_the_run(&e) => return Err(e),
+        Err(ObjectError::Store(source)) if dooms_the_run(&source) => {
+            return Err(TransferError::Store { uri: engine.store.describe(), source });
+        }
         Err(error) => {
             tracing::warn!(path = %file.rel, %error, "file failed");
             engine.tally.failed(file.rel.to_string(), file.size, &error);

@@ -1,0 +1,317 @@
+//! Whether a pull's destination has room for what the pull still has to
+//! write, and whether a failed write means it ran out of room.
+//!
+//! A pull measures its destination's free space once, after leftovers of
+//! dead runs are gone and before its first write, and charges against it
+//! every object it is about to copy: what reuse leaves to write, rounded up
+//! to whole blocks, less what a partial an earlier run left already holds
+//! (partials are preallocated, so resuming or restarting one writes into
+//! space it has). The run must leave `--capacity-reserve` free besides. The
+//! objects of a listing page are charged before any of them is started, so
+//! a dataset listed in one page (S3 and GCS list 1,000 objects a page) is
+//! refused before its first byte is written; a longer listing stops as soon
+//! as what it has listed no longer fits.
+//!
+//! A disk that fills up anyway (other writers, a filesystem that reports
+//! more than it can hold) ends the run with the same reason: see
+//! [`is_disk_full`]. Files are written under temporary names and renamed
+//! only when complete, so that leaves nothing under a final name, and what
+//! was completed is reused by the next run.
+//!
+//! Not for pushes: they write to the store. Not a quota check: a limit the
+//! filesystem does not report (a project quota, thin provisioning) is only
+//! noticed when a write fails.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::local::partial;
+use crate::local::paths::RelPath;
+use crate::transfer::tally::human_bytes;
+
+/// What a filesystem has room for, as far as it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeSpace {
+    /// Bytes an unprivileged writer may still allocate.
+    pub available: u64,
+    /// The unit space is allocated in: a file takes whole blocks.
+    pub block_size: u64,
+}
+
+/// Measures the free space of the filesystem holding a directory; `None`
+/// when the filesystem does not report its size (some FUSE and virtual
+/// filesystems), so no check is possible. Tests inject their own.
+pub type FreeSpaceProbe = fn(&Path) -> io::Result<Option<FreeSpace>>;
+
+/// The free space `statvfs` reports for unprivileged writers (`f_bavail`
+/// blocks of `f_frsize` bytes): the blocks kept for root are not counted,
+/// even when the stager runs as root, so a node's own services keep them.
+///
+/// # Errors
+/// The error from `statvfs`.
+pub fn statvfs_free_space(path: &Path) -> io::Result<Option<FreeSpace>> {
+    let stats = rustix::fs::statvfs(path)?;
+    if stats.f_blocks == 0 {
+        return Ok(None);
+    }
+    let block_size = stats.f_frsize.max(1);
+    Ok(Some(FreeSpace { available: stats.f_bavail.saturating_mul(block_size), block_size }))
+}
+
+/// How a pull checks its destination's free space before writing.
+#[derive(Clone, Copy, Debug)]
+pub struct CapacityCheck {
+    /// Bytes to leave free beyond what the run writes.
+    pub reserve: u64,
+    /// How free space is measured.
+    pub probe: FreeSpaceProbe,
+}
+
+impl CapacityCheck {
+    /// A check with `statvfs` leaving `reserve` bytes free.
+    pub fn with_reserve(reserve: u64) -> Self {
+        Self { reserve, probe: statvfs_free_space }
+    }
+}
+
+/// Why a pull cannot fit, or could not, in its destination.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    /// What the run still has to write, with the reserve, exceeds the free space.
+    #[error(
+        "destination '{}' has {} free but this run still needs {}{} (+ {} reserve): free space, use a larger volume or lower --capacity-reserve",
+        destination.display(),
+        human_bytes(*available),
+        if *listing_finished { "" } else { "at least " },
+        human_bytes(*needed),
+        human_bytes(*reserve)
+    )]
+    Insufficient {
+        /// The destination directory.
+        destination: PathBuf,
+        /// Its filesystem's free space when the run started.
+        available: u64,
+        /// Bytes the objects to copy take on disk (those listed so far when
+        /// the listing is not finished).
+        needed: u64,
+        /// `--capacity-reserve`.
+        reserve: u64,
+        /// Whether every object had been listed: if not, more may be needed.
+        listing_finished: bool,
+    },
+    /// A write failed because the filesystem is full (or a quota reached).
+    #[error(
+        "destination '{}' filled up while {what} for '{key}': {source}; free space or use a larger volume, then run again to resume",
+        destination.display()
+    )]
+    DiskFull {
+        /// The destination directory.
+        destination: PathBuf,
+        /// The object being staged.
+        key: String,
+        /// What was being done.
+        what: &'static str,
+        /// The error from the filesystem.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Whether an I/O error says the filesystem (or the writer's quota) is
+/// full: ENOSPC, EDQUOT, or the `StorageFull` the staging area reports
+/// when preallocation fails.
+pub fn is_disk_full(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::StorageFull
+        || [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT]
+            .iter()
+            .any(|errno| error.raw_os_error() == Some(errno.raw_os_error()))
+}
+
+/// The free space of a pull's destination and what the objects it is
+/// going to copy take of it.
+#[derive(Debug)]
+pub struct SpaceLedger {
+    destination: PathBuf,
+    free: FreeSpace,
+    reserve: u64,
+    /// Bytes on disk the objects charged so far take.
+    needed: u64,
+    /// Bytes the partials left by earlier runs already hold, by name.
+    held_by_partials: HashMap<String, u64>,
+}
+
+impl SpaceLedger {
+    /// Measures `destination`'s free space; `None` when its filesystem does
+    /// not say, or cannot be asked (logged: the run goes on unchecked).
+    pub fn open(check: CapacityCheck, destination: &Path) -> Option<Self> {
+        let free = match (check.probe)(destination) {
+            Ok(Some(free)) => free,
+            Ok(None) => {
+                tracing::info!(destination = %destination.display(), "the filesystem reports no size; free space is not checked");
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(destination = %destination.display(), %error, "cannot measure free space; it is not checked");
+                return None;
+            }
+        };
+        Some(Self {
+            destination: destination.to_path_buf(),
+            free,
+            reserve: check.reserve,
+            needed: 0,
+            held_by_partials: partial::allocated(destination),
+        })
+    }
+
+    /// Counts the object staged at `rel`, `size` bytes, as to be written.
+    pub fn charge(&mut self, rel: &RelPath, size: u64) {
+        let on_disk = size.div_ceil(self.free.block_size).saturating_mul(self.free.block_size);
+        let held = self.held_by_partials.remove(&partial::name_for(rel)).unwrap_or(0);
+        self.needed = self.needed.saturating_add(on_disk.saturating_sub(held));
+    }
+
+    /// Whether everything charged still fits with the reserve.
+    ///
+    /// # Errors
+    /// [`CapacityError::Insufficient`] when it does not.
+    pub fn check(&self, listing_finished: bool) -> Result<(), CapacityError> {
+        if self.needed.saturating_add(self.reserve) <= self.free.available {
+            return Ok(());
+        }
+        Err(CapacityError::Insufficient {
+            destination: self.destination.clone(),
+            available: self.free.available,
+            needed: self.needed,
+            reserve: self.reserve,
+            listing_finished,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::paths::{KeyPath, key_to_path};
+
+    const MIB: u64 = 1 << 20;
+
+    fn rel(path: &str) -> RelPath {
+        match key_to_path(path).unwrap() {
+            KeyPath::File(rel) => rel,
+            KeyPath::DirectoryMarker => panic!("a file path"),
+        }
+    }
+
+    fn ten_mib_free(_: &Path) -> io::Result<Option<FreeSpace>> {
+        Ok(Some(FreeSpace { available: 10 * MIB, block_size: 4096 }))
+    }
+
+    fn no_size(_: &Path) -> io::Result<Option<FreeSpace>> {
+        Ok(None)
+    }
+
+    fn broken(_: &Path) -> io::Result<Option<FreeSpace>> {
+        Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSYS.raw_os_error()))
+    }
+
+    fn ledger(dir: &Path, reserve: u64) -> SpaceLedger {
+        SpaceLedger::open(CapacityCheck { reserve, probe: ten_mib_free }, dir).expect("a size is reported")
+    }
+
+    #[test]
+    fn a_run_fits_only_while_what_it_writes_and_the_reserve_fit_in_the_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = ledger(dir.path(), MIB);
+        ledger.charge(&rel("a"), 5 * MIB);
+        ledger.charge(&rel("b"), 4 * MIB);
+        ledger.check(true).expect("9 MiB and 1 MiB of reserve fit in 10 MiB");
+        ledger.charge(&rel("c"), 1);
+        let error = ledger.check(true).unwrap_err();
+        let CapacityError::Insufficient { available, needed, reserve, .. } = error else { panic!("{error}") };
+        // The one byte takes a whole block.
+        assert_eq!((available, needed, reserve), (10 * MIB, 9 * MIB + 4096, MIB));
+    }
+
+    #[test]
+    fn the_refusal_gives_the_numbers_and_says_when_more_may_be_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = ledger(dir.path(), MIB);
+        ledger.charge(&rel("big"), 24 * MIB);
+        let finished = ledger.check(true).unwrap_err().to_string();
+        assert!(
+            finished.contains("has 10.0 MiB free but this run still needs 24.0 MiB (+ 1.0 MiB reserve)"),
+            "{finished}"
+        );
+        assert!(finished.contains(&dir.path().display().to_string()), "{finished}");
+        let listing = ledger.check(false).unwrap_err().to_string();
+        assert!(listing.contains("needs at least 24.0 MiB"), "{listing}");
+    }
+
+    #[test]
+    fn empty_files_take_no_blocks_and_small_ones_a_whole_block() {
+        let dir = tempfile::tempdir().unwrap();
+        // 10 MiB is 2,560 blocks: exactly that many 1-byte files fit.
+        let mut ledger = ledger(dir.path(), 0);
+        for i in 0..2560 {
+            ledger.charge(&rel(&format!("f{i}")), 1);
+            ledger.charge(&rel(&format!("empty{i}")), 0);
+        }
+        ledger.check(true).expect("2,560 blocks fit");
+        ledger.charge(&rel("one-more"), 1);
+        assert!(ledger.check(true).is_err());
+    }
+
+    #[test]
+    fn space_a_partial_already_holds_is_not_counted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let partials = dir.path().join(".ferry/partial");
+        std::fs::create_dir_all(&partials).unwrap();
+        // An earlier run's partial of "ckpt.bin", 8 MiB allocated on disk.
+        let part = partials.join(format!("{}.part", partial::name_for(&rel("ckpt.bin"))));
+        std::fs::write(part, vec![1u8; 8 * MIB as usize]).unwrap();
+        let mut ledger = ledger(dir.path(), MIB);
+        ledger.charge(&rel("ckpt.bin"), 9 * MIB);
+        ledger.check(true).expect("only the missing MiB and the reserve are needed");
+        // Another object's partial is not this one's.
+        ledger.charge(&rel("other.bin"), 9 * MIB);
+        assert!(ledger.check(true).is_err());
+    }
+
+    #[test]
+    fn a_filesystem_that_reports_no_size_or_cannot_be_asked_is_not_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(SpaceLedger::open(CapacityCheck { reserve: 0, probe: no_size }, dir.path()).is_none());
+        assert!(SpaceLedger::open(CapacityCheck { reserve: 0, probe: broken }, dir.path()).is_none());
+    }
+
+    #[test]
+    fn statvfs_reports_the_free_space_of_a_real_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = statvfs_free_space(dir.path()).unwrap().expect("a temporary directory's filesystem has a size");
+        assert!(free.block_size >= 512, "{free:?}");
+        assert!(free.available > 0, "{free:?}");
+    }
+
+    #[test]
+    fn enospc_edquot_and_a_failed_preallocation_mean_a_full_disk_and_nothing_else_does() {
+        let full = [
+            io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
+            io::Error::from_raw_os_error(rustix::io::Errno::DQUOT.raw_os_error()),
+            io::Error::from(io::ErrorKind::StorageFull),
+        ];
+        for error in &full {
+            assert!(is_disk_full(error), "{error}");
+        }
+        let other = [
+            io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error()),
+            io::Error::from_raw_os_error(rustix::io::Errno::ROFS.raw_os_error()),
+            io::Error::from(io::ErrorKind::PermissionDenied),
+            io::Error::other("no space left on device"),
+        ];
+        for error in &other {
+            assert!(!is_disk_full(error), "{error}");
+        }
+    }
+}
