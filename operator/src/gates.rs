@@ -243,10 +243,10 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
         GateDecision::Lift(nodes) => {
             let mut hostnames = BTreeSet::new();
             if let Some(nodes) = nodes.as_ref().filter(|n| needs_hostnames(&pod, n)) {
-                let api = Api::<Node>::all(ctx.client.clone());
-                for name in nodes {
-                    let node = api.get(name).await?;
-                    hostnames.insert(node.labels().get(HOSTNAME_LABEL).cloned().unwrap_or_else(|| name.clone()));
+                // `list`, which the operator has for placement anyway.
+                let listed = Api::<Node>::all(ctx.client.clone()).list(&kube::api::ListParams::default()).await?;
+                for node in listed.items.iter().filter(|n| nodes.contains(&n.name_any())) {
+                    hostnames.insert(node.labels().get(HOSTNAME_LABEL).cloned().unwrap_or_else(|| node.name_any()));
                 }
             }
             let patch = lift_patch(&pod, nodes.as_ref(), &hostnames);

@@ -1207,6 +1207,21 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     let both = train_pods.get(&both.name_any()).await.unwrap();
     assert_eq!(both.spec.unwrap().node_name.as_deref(), Some("node-b"));
 
+    // A pod with node affinity of its own, onto data on both nodes: its
+    // term is narrowed (several nodes go by hostname label), not replaced.
+    let mut template = training_pod_template(json!({"ferry.dev/datastage": "everywhere"}), json!({}), &["/data"], 3);
+    template["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "ferry.dev/e2e-node", "operator": "Exists"}]}]}}});
+    train_jobs.create(&PostParams::default(), &job("train-own-affinity", template)).await.unwrap();
+    let own = job_pod(&cluster, &train_pods, "train-own-affinity").await;
+    job_succeeded(&cluster, &client, TRAIN_NS, "train-own-affinity").await;
+    let own = serde_json::to_value(train_pods.get(&own.name_any()).await.unwrap().spec.unwrap().affinity).unwrap();
+    assert_eq!(
+        own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"],
+        json!([{"key": "ferry.dev/e2e-node", "operator": "Exists"},
+               {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a", "node-b"]}])
+    );
+
     // 3. A missing DataStage and a failed one: Warning Events, pods stay gated.
     train_stages
         .create(
