@@ -127,6 +127,20 @@ fn image_values() -> Vec<String> {
     ]
 }
 
+/// `helm install` of the chart as release `ferry` in the system namespace
+/// with `values`, waiting for it; returns the NOTES.
+fn helm_install(tools: &Tools, cluster: &Cluster, values: &[String]) -> String {
+    let chart = chart_dir();
+    let mut args: Vec<String> =
+        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
+            .map(String::from)
+            .to_vec();
+    args.extend(set_args(values));
+    tools
+        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()))
+}
+
 fn set_args(values: &[String]) -> Vec<String> {
     values.iter().flat_map(|v| ["--set".to_owned(), v.clone()]).collect()
 }
@@ -140,33 +154,37 @@ fn documents(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Stand-ins for prometheus-operator's CRDs (ServiceMonitor, PodMonitor) so
-/// the API server accepts the chart's monitors: same group, kinds and
-/// scope, with the schema left open (the real ones cannot be fetched here).
-async fn install_monitoring_crds(tools: &Tools) {
-    for (kind, plural) in [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors")] {
+/// Stand-ins for CRDs of other projects (`kinds`: kind and plural, in
+/// `group`) so the API server accepts the chart's objects of those kinds:
+/// same group, kinds and scope, with the schema left open (the real ones
+/// cannot be fetched here).
+async fn install_stand_in_crds(tools: &Tools, group: &str, kinds: &[(&str, &str)]) {
+    let mut names = Vec::new();
+    for (kind, plural) in kinds {
         let crd = json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
-            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {"group": group, "scope": "Namespaced",
                 "names": {"kind": kind, "plural": plural, "singular": kind.to_ascii_lowercase(), "listKind": format!("{kind}List")},
                 "versions": [{"name": "v1", "served": true, "storage": true,
                     "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]},
         });
-        tools.kubectl(&["apply", "--server-side", "-f", "-"], Some(&crd.to_string())).expect("monitoring CRD");
+        tools.kubectl(&["apply", "--server-side", "-f", "-"], Some(&crd.to_string())).expect("stand-in CRD");
+        names.push(format!("crd/{plural}.{group}"));
     }
-    tools
-        .kubectl(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=30s",
-                "crd/servicemonitors.monitoring.coreos.com",
-                "crd/podmonitors.monitoring.coreos.com",
-            ],
-            None,
-        )
-        .expect("monitoring CRDs established");
+    let mut args = vec!["wait", "--for=condition=Established", "--timeout=30s"];
+    args.extend(names.iter().map(String::as_str));
+    tools.kubectl(&args, None).expect("stand-in CRDs established");
+}
+
+/// prometheus-operator's ServiceMonitor and PodMonitor, as stand-ins.
+async fn install_monitoring_crds(tools: &Tools) {
+    install_stand_in_crds(
+        tools,
+        "monitoring.coreos.com",
+        &[("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors")],
+    )
+    .await;
 }
 
 async fn install_datastage_crd(tools: &Tools) {
@@ -267,8 +285,14 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
     }
     install_datastage_crd(&tools).await;
     install_monitoring_crds(&tools).await;
-    let combinations: [(&str, Vec<&str>); 4] = [
+    install_stand_in_crds(&tools, "cert-manager.io", &[("Certificate", "certificates"), ("Issuer", "issuers")]).await;
+    let combinations: [(&str, Vec<&str>); 6] = [
         ("the default values", vec![]),
+        (
+            "cert-manager issues the webhook certificate, annotation-only pods wired too",
+            vec!["webhook.certManager.enabled=true", "webhook.annotationOptIn=true", "webhook.certLifetime=30d"],
+        ),
+        ("the webhook off (the init-container form)", vec!["webhook.enabled=false"]),
         (
             "one watched namespace, two replicas, monitors and the dashboard elsewhere",
             vec![
@@ -618,14 +642,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         .map(String::from),
     );
     let chart = chart_dir();
-    let mut args: Vec<String> =
-        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
-            .map(String::from)
-            .to_vec();
-    args.extend(set_args(&values));
-    let notes = tools
-        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
-        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
+    let notes = helm_install(&tools, &cluster, &values);
     assert!(
         notes.contains("rollout status deployment/ferry-operator"),
         "NOTES tell the user what to do next:\n{notes}"
@@ -1094,15 +1111,7 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
         ]
         .map(String::from),
     );
-    let chart = chart_dir();
-    let mut args: Vec<String> =
-        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
-            .map(String::from)
-            .to_vec();
-    args.extend(set_args(&values));
-    tools
-        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
-        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
+    helm_install(&tools, &cluster, &values);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NS);
     let serving_cert = || {
         let secrets = secrets.clone();
