@@ -228,11 +228,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
             return Ok(Action::await_change());
         }
     };
-    let datastages = Api::<DataStage>::namespaced(ctx.client.clone(), &namespace);
-    let mut found = Vec::with_capacity(request.names.len());
-    for name in &request.names {
-        found.push(datastages.get_opt(name).await?);
-    }
+    let found = crate::webhook::look_up_datastages(&ctx.client, &namespace, &request.names).await?;
     let found: Vec<Option<&DataStage>> = found.iter().map(Option::as_ref).collect();
     let unmounted: BTreeSet<String> = pod
         .annotations()

@@ -61,14 +61,7 @@ pub enum Verdict {
 pub fn verdict(ds: Option<&DataStage>, node: Option<&str>, snapshot: Option<&str>) -> Verdict {
     let Some(ds) = ds else { return Verdict::Waiting("the DataStage does not exist yet".into()) };
     let Some(status) = ds.status.as_ref() else { return Verdict::Waiting("no status yet".into()) };
-    let failed_message = || {
-        status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Failed" && c.status == "True")
-            .map(|c| c.message.clone())
-            .unwrap_or_else(|| "failed".into())
-    };
+    let failed_message = || ds.failure_message();
     let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
     let (phase, digest, what) = match node.filter(|_| per_node) {
         Some(node) => match status.workers.iter().find(|w| w.node.as_deref() == Some(node)) {

@@ -45,6 +45,24 @@ pub enum WebhookError {
     NoSecret(String),
 }
 
+/// The DataStages `names` in `namespace`, in order (`None`: it does not
+/// exist): what both the webhook and the gate controller judge a pod by.
+///
+/// # Errors
+/// When the API server refuses or cannot be reached.
+pub async fn look_up_datastages(
+    client: &kube::Client,
+    namespace: &str,
+    names: &[String],
+) -> Result<Vec<Option<ferry_crds::DataStage>>, kube::Error> {
+    let api = Api::<ferry_crds::DataStage>::namespaced(client.clone(), namespace);
+    let mut found = Vec::with_capacity(names.len());
+    for name in names {
+        found.push(api.get_opt(name).await?);
+    }
+    Ok(found)
+}
+
 /// Starts the webhook: binds its address, then keeps its certificate
 /// current in the background. Handshakes fail until the first certificate
 /// is loaded (a fraction of a second with operator-issued ones).

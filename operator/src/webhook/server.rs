@@ -11,7 +11,6 @@ use axum::extract::State;
 use axum::routing::post;
 use ferry_crds::DataStage;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use tokio_rustls::rustls;
@@ -28,8 +27,8 @@ pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
 /// The certificate the server presents, replaceable while it serves.
 #[derive(Debug, Default)]
 pub struct ServingCertificate {
-    current: RwLock<Option<Arc<CertifiedKey>>>,
-    pem: RwLock<Option<String>>,
+    /// The certificate's PEM (to tell a renewal) and the pair served.
+    current: RwLock<Option<(String, Arc<CertifiedKey>)>>,
 }
 
 impl ServingCertificate {
@@ -38,7 +37,7 @@ impl ServingCertificate {
     /// # Errors
     /// When the pair does not parse or does not match.
     pub fn load(&self, bundle: &Bundle) -> Result<bool, CertError> {
-        if self.pem.read().expect("not poisoned").as_deref() == Some(bundle.cert.as_str()) {
+        if self.pem().as_deref() == Some(bundle.cert.as_str()) {
             return Ok(false);
         }
         let unparsable = |detail: String| CertError::Unparsable { what: "serving pair", detail };
@@ -50,20 +49,19 @@ impl ServingCertificate {
             .map_err(|e| unparsable(e.to_string()))?;
         let provider = rustls::crypto::aws_lc_rs::default_provider();
         let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| unparsable(e.to_string()))?;
-        *self.current.write().expect("not poisoned") = Some(Arc::new(certified));
-        *self.pem.write().expect("not poisoned") = Some(bundle.cert.clone());
+        *self.current.write().expect("not poisoned") = Some((bundle.cert.clone(), Arc::new(certified)));
         Ok(true)
     }
 
     /// The serving certificate's PEM, once loaded.
     pub fn pem(&self) -> Option<String> {
-        self.pem.read().expect("not poisoned").clone()
+        self.current.read().expect("not poisoned").as_ref().map(|(pem, _)| pem.clone())
     }
 }
 
 impl ResolvesServerCert for ServingCertificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().expect("not poisoned").clone()
+        self.current.read().expect("not poisoned").as_ref().map(|(_, key)| Arc::clone(key))
     }
 }
 
@@ -161,15 +159,9 @@ async fn admit(client: &kube::Client, request: &AdmissionRequest<Pod>) -> Result
     let Some(pod) = request.object.as_ref() else { return Ok(None) };
     let Some(data) = DataRequest::of(pod).map_err(|e| e.to_string())? else { return Ok(None) };
     let namespace = request.namespace.clone().unwrap_or_default();
-    let datastages = Api::<DataStage>::namespaced(client.clone(), &namespace);
-    let mut found = Vec::with_capacity(data.names.len());
-    for name in &data.names {
-        let ds = datastages
-            .get_opt(name)
-            .await
-            .map_err(|e| format!("cannot read DataStage {namespace}/{name} to wire this pod: {e}"))?;
-        found.push(ds);
-    }
+    let found = super::look_up_datastages(client, &namespace, &data.names).await.map_err(|e| {
+        format!("cannot read the DataStages {} in {namespace} to wire this pod: {e}", data.names.join(", "))
+    })?;
     let found: Vec<Option<&DataStage>> = found.iter().map(Option::as_ref).collect();
     wire(pod, &data, &found).map(Some).map_err(|e| e.to_string())
 }

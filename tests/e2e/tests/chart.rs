@@ -571,21 +571,34 @@ fn can(tools: &Tools, account: &str, args: &[&str]) -> bool {
     }
 }
 
-/// A claim `name` in `namespace` bound to a hostPath PersistentVolume
-/// (hostPath volumes themselves are not allowed under the restricted Pod
-/// Security Standard; claims are). On the harness it is `/mnt/ferry/NAME`
-/// on the node that mounts it.
-async fn create_claim(client: &kube::Client, namespace: &str, name: &str) {
+/// A claim `name` in `namespace` bound to a PersistentVolume at
+/// `/mnt/ferry/NAME` (hostPath volumes themselves are not allowed under the
+/// restricted Pod Security Standard; claims are): a hostPath one usable on
+/// any node (each node has its own directory on the harness), or with
+/// `on_node`, a `local` one whose node affinity ties its pods to that node.
+async fn create_claim(client: &kube::Client, namespace: &str, name: &str, on_node: Option<&str>) {
+    let path = format!("/mnt/ferry/{name}");
+    let (access, class, mut spec) = match on_node {
+        None => ("ReadWriteMany", "manual", json!({"hostPath": {"path": path}})),
+        Some(node) => (
+            "ReadWriteOnce",
+            "local",
+            json!({"local": {"path": path}, "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "ferry.dev/e2e-node", "operator": "In", "values": [node]}]}]}}}),
+        ),
+    };
+    spec["capacity"] = json!({"storage": "1Gi"});
+    spec["accessModes"] = json!([access]);
+    spec["storageClassName"] = json!(class);
+    spec["persistentVolumeReclaimPolicy"] = json!("Retain");
     let pv: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{name}-pv")},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": format!("/mnt/ferry/{name}")}},
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{name}-pv")}, "spec": spec,
     }))
     .unwrap();
     Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": format!("{name}-pv"),
+        "spec": {"accessModes": [access], "storageClassName": class, "volumeName": format!("{name}-pv"),
                  "resources": {"requests": {"storage": "1Gi"}}},
     }))
     .unwrap();
@@ -696,7 +709,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
 
     // A DataStage sharded over two workers onto a claim (hostPath volumes
     // are not allowed under the restricted standard; claims are).
-    create_claim(&client, DATA_NS, "corpus").await;
+    create_claim(&client, DATA_NS, "corpus", None).await;
     let secret: Secret =
         serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
         "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
@@ -974,7 +987,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     assert!(!can(&tools, &scoped_operator, &["create", "jobs.batch", "-n", DATA_NS]));
     assert!(can(&tools, &scoped_operator, &["patch", "pods", "-n", OTHER_NS]));
     assert!(!can(&tools, &scoped_operator, &["watch", "pods", "--all-namespaces"]));
-    create_claim(&client, OTHER_NS, "research").await;
+    create_claim(&client, OTHER_NS, "research", None).await;
     Api::<Secret>::namespaced(client.clone(), OTHER_NS).create(&PostParams::default(), &secret).await.unwrap();
     let small = |claim: &str| -> DataStage {
         serde_json::from_value(json!({
@@ -1269,25 +1282,7 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     //    allowed there); the pod passes Pod Security and reads the data.
     // A local PersistentVolume on node-a: its node affinity, not Ferry,
     // takes the pod there (a shared network volume would let it run anywhere).
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "shared-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "local",
-                 "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/mnt/ferry/shared"},
-                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                     {"key": "ferry.dev/e2e-node", "operator": "In", "values": ["node-a"]}]}]}}},
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local", "volumeName": "shared-pv",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .unwrap();
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), DATA_NS)
-        .create(&PostParams::default(), &pvc)
-        .await
-        .unwrap();
+    create_claim(&client, DATA_NS, "shared", Some("node-a")).await;
     let ml_stages: Api<DataStage> = Api::namespaced(client.clone(), DATA_NS);
     ml_stages
         .create(
