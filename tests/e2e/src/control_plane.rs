@@ -125,18 +125,27 @@ impl ControlPlane {
         );
         let server = format!("https://127.0.0.1:{api_port}");
         // The API server writes its self-signed serving certificate (and the
-        // CA that signed it) into --cert-dir at start-up.
-        let cert = pki.join("apiserver.crt");
-        wait_for(&mut processes[1], || cert.exists()).await?;
+        // CA that signed it) into --cert-dir at start-up: the certificate
+        // file is created empty and then filled, and the key is written
+        // after it. Reading the certificate as soon as the file exists can
+        // catch it empty on a loaded machine, and a client trusting nothing
+        // never sees the server ready; so wait for the key and a complete
+        // certificate.
+        let (cert, key) = (pki.join("apiserver.crt"), pki.join("apiserver.key"));
+        wait_for(&mut processes[1], || key.exists() && complete_pem(&cert)).await?;
         let ca_pem = std::fs::read(&cert).map_err(io("reading the serving certificate"))?;
         let kubeconfig = dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &server, &ca_pem, &token, None).map_err(io("writing the kubeconfig"))?;
         let client = client_from(&kubeconfig).await?;
-        wait_for_async(&mut processes[1], || {
-            let client = client.clone();
+        let probe = client.clone();
+        let started = wait_for_async(&mut processes[1], || {
+            let client = probe.clone();
             async move { ready(&client).await }
         })
-        .await?;
+        .await;
+        if let Err(error) = started {
+            return Err(with_readiness(error, &client).await);
+        }
 
         let kubeconfig_arg = format!("--kubeconfig={}", kubeconfig.display());
         let mut controller_manager = Command::new(tool_path("kube-controller-manager"));
@@ -263,10 +272,38 @@ pub async fn client_from(path: &Path) -> Result<kube::Client, ControlPlaneError>
     kube::Client::try_from(config).map_err(|e| ControlPlaneError::Kubeconfig(e.to_string()))
 }
 
+/// How long one readiness probe may take: a probe that hangs must not eat
+/// the whole start-up deadline.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// `GET /readyz` answers 200 (`ok`).
 async fn ready(client: &kube::Client) -> bool {
-    let request = http::Request::get("/readyz").body(Vec::new()).expect("static request");
-    client.request_text(request).await.is_ok_and(|body| body.trim() == "ok")
+    readyz(client, "/readyz").await.is_ok_and(|body| body.trim() == "ok")
+}
+
+async fn readyz(client: &kube::Client, path: &str) -> Result<String, String> {
+    let request = http::Request::get(path).body(Vec::new()).expect("static request");
+    match tokio::time::timeout(PROBE_TIMEOUT, client.request_text(request)).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+    }
+}
+
+/// Adds what `/readyz?verbose` says (the checks that fail, or why it could
+/// not be asked) to an API server that did not become ready.
+async fn with_readiness(error: ControlPlaneError, client: &kube::Client) -> ControlPlaneError {
+    let ControlPlaneError::NotReady { component, detail, log } = error else { return error };
+    let seen = match readyz(client, "/readyz?verbose").await {
+        Ok(body) => body.lines().filter(|line| !line.starts_with("[+]")).collect::<Vec<_>>().join("; "),
+        Err(error) => error,
+    };
+    ControlPlaneError::NotReady { component, detail: format!("{detail}; /readyz?verbose: {seen}"), log }
+}
+
+/// The file holds at least one PEM block and ends with a complete one.
+fn complete_pem(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| text.trim_end().ends_with("-----END CERTIFICATE-----"))
 }
 
 fn generate_service_account_key(pki: &Path) -> Result<(), ControlPlaneError> {
