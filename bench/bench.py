@@ -89,6 +89,34 @@ class Minio:
         self.proc.wait(timeout=20)
 
 
+def minio_store(choice, need, note=""):
+    """Where MinIO keeps its objects: "ram" (/dev/shm) when the store's `need`
+    bytes fit there, "disk" otherwise or when `choice` says so. `choice` is
+    --minio-store: "auto", "ram" (refuse to run when it does not fit) or
+    "disk". Shared with bench/inprocess.py."""
+    if choice == "disk":
+        return "disk"
+    need = need * 1.1 + 64 * MIB
+    free = shutil.disk_usage("/dev/shm").free
+    if free >= need:
+        return "ram"
+    advice = f"/dev/shm has {free / GIB:.1f} GiB free, MinIO's store needs {need / GIB:.1f} GiB there {note}".rstrip()
+    if choice == "ram":
+        raise SystemExit(advice + "; pass --minio-store disk, or a smaller --scale")
+    print(advice + "; it goes on disk", flush=True)
+    return "disk"
+
+
+def minio_dir(store, base):
+    """MinIO's directory for a store placed by minio_store(): a fresh one in
+    /dev/shm (the caller removes it), or base/minio on disk."""
+    if store == "ram":
+        return Path(tempfile.mkdtemp(prefix="ferry-bench-minio-", dir="/dev/shm"))
+    root = Path(base) / "minio"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def peer_env(minio):
     return dict(
         os.environ,
@@ -226,31 +254,16 @@ def main():
     # costs MinIO a synchronous write, and 10,000 of them made every tool's
     # upload time MinIO's disk time (10 to 20 s a run on disk, 5 to 6 s in
     # RAM, for the two fastest tools), hiding the clients the suite compares.
-    if args.minio_store != "disk":
-        need = sum(count * size for count, size in workloads.values()) + max(
-            count * size for count, size in workloads.values())
-        if args.tmpfs:
-            need *= 2  # sources and one destination beside the store
-        need = need * 1.1 + 64 * MIB
-        free = shutil.disk_usage("/dev/shm").free
-        if free < need:
-            advice = (f"/dev/shm has {free / GIB:.1f} GiB free, MinIO's store needs {need / GIB:.1f} GiB there "
-                      f"{'(with --tmpfs) ' if args.tmpfs else ''}")
-            if args.minio_store == "ram":
-                raise SystemExit(advice + "; pass --minio-store disk, or a smaller --scale")
-            print(advice + "; it goes on disk", flush=True)
-            args.minio_store = "disk"
-        else:
-            args.minio_store = "ram"
+    need = sum(count * size for count, size in workloads.values()) + max(
+        count * size for count, size in workloads.values())
+    if args.tmpfs:
+        need *= 2  # sources and one destination beside the store
+    args.minio_store = minio_store(args.minio_store, need, "(with --tmpfs)" if args.tmpfs else "")
     started = time.monotonic()
     base = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     scratch_root = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir="/dev/shm")) if args.tmpfs else base / "scratch"
     data_root = scratch_root / "data" if args.tmpfs else base / "data"
-    if args.minio_store == "ram":
-        minio_root = Path(tempfile.mkdtemp(prefix="ferry-bench-minio-", dir="/dev/shm"))
-    else:
-        minio_root = base / "minio"
-        minio_root.mkdir(parents=True, exist_ok=True)
+    minio_root = minio_dir(args.minio_store, base)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     minio = Minio(minio_root / "store", out / "minio.log")
