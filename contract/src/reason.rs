@@ -33,6 +33,9 @@ pub enum Reason {
     SourceUnreadable,
     /// The run's options do not make sense together.
     InvalidConfiguration,
+    /// An object's bytes did not match the store's checksum (or size) on
+    /// every attempt.
+    ChecksumMismatch,
     /// A reason this build does not know (a newer stager's).
     #[serde(other)]
     Unknown,
@@ -40,7 +43,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a stager reports, `Unknown` excepted.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::BucketNotFound,
         Reason::ObjectNotFound,
         Reason::AccessDenied,
@@ -53,6 +56,7 @@ impl Reason {
         Reason::InsufficientCapacity,
         Reason::SourceUnreadable,
         Reason::InvalidConfiguration,
+        Reason::ChecksumMismatch,
     ];
 
     /// The CamelCase word, as serialized.
@@ -70,6 +74,7 @@ impl Reason {
             Reason::InsufficientCapacity => "InsufficientCapacity",
             Reason::SourceUnreadable => "SourceUnreadable",
             Reason::InvalidConfiguration => "InvalidConfiguration",
+            Reason::ChecksumMismatch => "ChecksumMismatch",
             Reason::Unknown => "Unknown",
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::transfer::tally::Tally;
+use ferry_engine::transfer::tally::Tally;
 
 pub use ferry_contract::cli::ProgressMode;
 

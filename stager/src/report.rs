@@ -18,7 +18,7 @@ use kube::Resource as _;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::transfer::tally::Tally;
+use ferry_engine::transfer::tally::Tally;
 
 /// How often a worker writes its progress.
 const INTERVAL: Duration = Duration::from_secs(2);
@@ -42,7 +42,7 @@ pub struct ReportTarget {
 /// final summary, so a late progress report cannot undo a finished one.
 pub fn worker_patch(
     target: &ReportTarget,
-    snapshot: &crate::transfer::tally::Snapshot,
+    snapshot: &ferry_engine::transfer::tally::Snapshot,
     rate: f64,
 ) -> serde_json::Value {
     let entry = WorkerStatus {
@@ -105,7 +105,7 @@ mod tests {
             worker: "node-a".into(),
             node: Some("node-a".into()),
         };
-        let snapshot = crate::transfer::tally::Snapshot {
+        let snapshot = ferry_engine::transfer::tally::Snapshot {
             objects_selected: 10,
             objects_done: 4,
             bytes_selected: 1000,

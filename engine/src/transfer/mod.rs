@@ -19,6 +19,7 @@ pub mod capacity;
 #[cfg(test)]
 mod fault_tests;
 pub mod md5;
+pub mod memory;
 pub mod pull;
 pub mod push;
 pub mod push_resume;
@@ -123,26 +124,10 @@ pub struct TransferConfig {
 }
 
 impl Default for TransferConfig {
+    /// What a run does when told nothing: the options' defaults, so the
+    /// engine's defaults and the command line's cannot differ.
     fn default() -> Self {
-        Self {
-            concurrency: 64,
-            part_size: 8 << 20,
-            grow_ranges: true,
-            multipart_threshold: 8 << 20,
-            write_buffer: 1 << 20,
-            memory_limit: 256 << 20,
-            verify: VerifyMode::Checksum,
-            retry: RetryPolicy::default(),
-            stall_timeout: Duration::from_secs(30),
-            max_bandwidth: None,
-            selection: Selection::all(),
-            capacity: Some(CapacityCheck::with_reserve(
-                ferry_contract::cli::DEFAULT_CAPACITY_RESERVE
-                    .parse::<ferry_contract::size::ByteSize>()
-                    .expect("a valid default")
-                    .bytes(),
-            )),
-        }
+        Self::from_options(&ferry_contract::TransferOptions::default()).expect("the default options are valid")
     }
 }
 

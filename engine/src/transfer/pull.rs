@@ -437,7 +437,7 @@ async fn download(
     if let Some(Integrity::Parts(parts)) = &expected
         && ranges.len() > 1
     {
-        let layout = part_layout(engine, planned, parts.parts).await?;
+        let layout = part_layout(engine, &planned.object, parts.parts).await?;
         part_hashes = Some((parts.clone(), layout));
     }
     let wanted = Wanted::for_checksum(expected.as_ref());
@@ -473,15 +473,16 @@ async fn download(
     };
 
     let received = Received::File(&file);
-    let verified = match check_received(engine, planned, received, expected.as_ref(), &digests, precomputed).await {
-        Ok(verified) => verified,
-        Err(mismatch @ ObjectError::Mismatch { .. }) => {
-            // Some byte is wrong, kept or new: the next attempt starts over.
-            landing.discard();
-            return Err(mismatch);
-        }
-        Err(other) => return Err(other),
-    };
+    let verified =
+        match check_received(engine, &planned.object, received, expected.as_ref(), &digests, precomputed).await {
+            Ok(verified) => verified,
+            Err(mismatch @ ObjectError::Mismatch { .. }) => {
+                // Some byte is wrong, kept or new: the next attempt starts over.
+                landing.discard();
+                return Err(mismatch);
+            }
+            Err(other) => return Err(other),
+        };
 
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
     tokio::task::spawn_blocking(move || {
@@ -632,7 +633,8 @@ async fn download_in_memory(
     let (chunks, memory) = fetched.held.expect("a memory sink holds its bytes");
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
     let verified =
-        check_received(engine, planned, Received::Memory(&chunks), expected.as_ref(), &fetched.digests, None).await?;
+        check_received(engine, &planned.object, Received::Memory(&chunks), expected.as_ref(), &fetched.digests, None)
+            .await?;
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
@@ -666,9 +668,9 @@ const MD5_OF_NOTHING: StoredChecksum = StoredChecksum::Md5([
 
 /// Checks the received bytes against the object: their size, then (with
 /// `--verify checksum`) what the store says they hash to, when it says so.
-async fn check_received(
+pub(super) async fn check_received(
     engine: &Engine,
-    planned: &Planned,
+    object: &ObjectMeta,
     received: Received<'_>,
     expected: Option<&Integrity>,
     digests: &[RangeDigest],
@@ -677,7 +679,7 @@ async fn check_received(
     if engine.config.verify == VerifyMode::None {
         return Ok(Verified::Unverified);
     }
-    let size = planned.object.size;
+    let size = object.size;
     let actual_size = match received {
         // One fstat of a file just written: no need for a blocking thread.
         Received::File(file) => file.metadata().map_err(ObjectError::io_error("checking the size"))?.len(),
@@ -705,7 +707,7 @@ async fn check_received(
         })),
         Integrity::Parts(_) if precomputed.is_some() => precomputed.expect("checked"),
         Integrity::Parts(parts) => {
-            let layout = part_layout(engine, planned, parts.parts).await?;
+            let layout = part_layout(engine, object, parts.parts).await?;
             readback::digest(&engine.md5, received, expected, &layout)
                 .await
                 .map_err(ObjectError::io_error("reading back for the part checksums"))?
@@ -725,9 +727,9 @@ async fn check_received(
 /// The sizes of the parts a multipart object was uploaded in, one HEAD with
 /// `partNumber` per part (as many at a time as ranges are fetched), each
 /// conditional on the listed ETag so a replaced object is noticed.
-async fn part_layout(engine: &Engine, planned: &Planned, parts: u32) -> Result<Vec<u64>, ObjectError> {
-    let key = planned.object.key.as_str();
-    let if_match = planned.object.etag.as_deref();
+async fn part_layout(engine: &Engine, object: &ObjectMeta, parts: u32) -> Result<Vec<u64>, ObjectError> {
+    let key = object.key.as_str();
+    let if_match = object.etag.as_deref();
     let sizes: Vec<u64> = futures::stream::iter(1..=parts)
         .map(|number| engine.retrying(Operation::Head, move || engine.store.part_size(key, number, if_match)))
         .buffered(engine.config.concurrency.max(1))
@@ -736,10 +738,10 @@ async fn part_layout(engine: &Engine, planned: &Planned, parts: u32) -> Result<V
         .into_iter()
         .collect::<Result<_, _>>()?;
     let total: u64 = sizes.iter().sum();
-    if total != planned.object.size {
+    if total != object.size {
         return Err(StoreError::Rejected {
             code: "InconsistentParts".into(),
-            message: format!("the parts of '{key}' add up to {total} bytes, the object has {}", planned.object.size),
+            message: format!("the parts of '{key}' add up to {total} bytes, the object has {}", object.size),
         }
         .into());
     }

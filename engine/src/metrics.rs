@@ -4,9 +4,8 @@
 //! units, `_total` counters, `_seconds` histograms). Labels are bounded
 //! enumerations (direction, result, operation, reason); there are no
 //! per-object or per-key labels, so cardinality does not grow with the
-//! dataset. The exposition is served at `--metrics-addr` on `/metrics`.
+//! dataset. The CLI serves the exposition at `--metrics-addr` on `/metrics`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -247,6 +246,11 @@ impl Metrics {
         InFlightGuard { metrics: Arc::clone(self) }
     }
 
+    /// The registry every metric is in, for a server that exposes it.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The exposition in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -265,29 +269,6 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.metrics.in_flight.dec();
     }
-}
-
-/// Serves `/metrics` on `addr` until the process exits.
-///
-/// # Errors
-/// Fails when the address cannot be bound.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move |headers: axum::http::HeaderMap| {
-            let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
-            let (content_type, body) = ferry_exposition::render(&metrics.registry, accept);
-            async move { ([(axum::http::header::CONTENT_TYPE, content_type)], body) }
-        }),
-    );
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::warn!(%error, "metrics server stopped");
-        }
-    });
-    Ok(bound)
 }
 
 #[cfg(test)]

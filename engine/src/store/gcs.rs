@@ -288,7 +288,7 @@ fn decode_crc32c(text: &str) -> Option<u32> {
 }
 
 fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
-    let timestamp: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    let timestamp: jiff::Timestamp = text.parse().ok()?;
     Some(std::time::SystemTime::from(timestamp))
 }
 

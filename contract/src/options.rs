@@ -1,0 +1,216 @@
+//! What a transfer can be told, without the command line around it: the
+//! options (the CLI's flags, the Python package's keyword arguments), their
+//! defaults, verification modes and shards. The `cli` feature adds the
+//! `clap` definition the stager parses and the operator renders from
+//! ([`crate::cli`]); the engine and the Python package use these types
+//! without it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::ByteSize;
+
+/// Requests in flight per worker unless told otherwise.
+pub const DEFAULT_CONCURRENCY: u32 = 64;
+/// Bound on a worker's transfer buffers unless told otherwise.
+pub const DEFAULT_MEMORY_LIMIT: &str = "256MiB";
+/// Free space a pull leaves on its destination's filesystem unless told
+/// otherwise: room for the manifest, the partial records and whatever else
+/// writes there meanwhile.
+pub const DEFAULT_CAPACITY_RESERVE: &str = "64MiB";
+/// Environment variable an Indexed Job sets to a pod's completion index;
+/// with `--shards N` it picks the pod's shard.
+pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+
+/// How much checking a pull does before a file is renamed into place.
+/// In a DataStage it is written `None`, `Size` or `Checksum`; on the
+/// command line in lower case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum VerifyMode {
+    /// Trust the transport (bodies are still length-checked by HTTP).
+    None,
+    /// Check every file's size against the store's.
+    Size,
+    /// Check size, and the store's checksum (CRC32C/CRC32, or the MD5 ETag of
+    /// a single-part object) whenever it offers one.
+    #[default]
+    Checksum,
+}
+
+/// Options of a pull or a push.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TransferOptions {
+    /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing);
+    /// for gs://, a GCS endpoint such as an emulator's.
+    #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ENDPOINT_URL"))]
+    pub endpoint_url: Option<String>,
+    /// gs:// only: send no credentials (public buckets, emulators). Implied by
+    /// STORAGE_EMULATOR_HOST, which also sets the endpoint.
+    #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ANONYMOUS"))]
+    pub anonymous: bool,
+    /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
+    #[cfg_attr(feature = "cli", arg(long, env = "AWS_REGION"))]
+    pub region: Option<String>,
+    /// Requests in flight, shared by all objects.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=4096)))]
+    pub concurrency: u32,
+    /// Part size for uploads and range size for downloads (e.g. 16MiB) [default: 8MiB, with
+    /// download ranges growing for objects larger than concurrency x 8MiB, up to 64MiB].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub part_size: Option<ByteSize>,
+    /// Files above this size are uploaded as multipart uploads [default: the part size].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub multipart_threshold: Option<ByteSize>,
+    /// Only copy keys matching this glob (relative to the prefix; `*` crosses `/`). Repeatable.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub include: Vec<String>,
+    /// Skip keys matching this glob. Repeatable; wins over --include.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub exclude: Vec<String>,
+    /// Copy only partition INDEX of COUNT (e.g. 0/3), for sharding one transfer over workers.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "INDEX/COUNT", conflicts_with = "shards"))]
+    pub shard: Option<Shard>,
+    /// Copy only this pod's partition of COUNT, its index taken from $JOB_COMPLETION_INDEX
+    /// (the pods of an Indexed Job).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "COUNT", value_parser = clap::value_parser!(u32).range(1..=1000)))]
+    pub shards: Option<u32>,
+    /// How to verify pulled files before they are renamed into place.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "checksum"))]
+    pub verify: VerifyMode,
+    /// Upper bound for transfer buffers (e.g. 256MiB).
+    #[cfg_attr(feature = "cli", arg(long, default_value = DEFAULT_MEMORY_LIMIT))]
+    pub memory_limit: ByteSize,
+    /// Bytes buffered per download request between disk writes.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "1MiB"))]
+    pub write_buffer: ByteSize,
+    /// Pull only: remove files that earlier pulls staged from objects no longer in the
+    /// store (files changed since they were staged, and files Ferry did not write, stay).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub delete_removed: bool,
+    /// Pull only: free space to leave on the destination's filesystem beyond what the run
+    /// writes; a pull that would not leave it fails before writing (InsufficientCapacity).
+    #[cfg_attr(feature = "cli", arg(long, default_value = DEFAULT_CAPACITY_RESERVE))]
+    pub capacity_reserve: ByteSize,
+    /// Pull only: skip the free-space check (a full disk still ends the run with
+    /// InsufficientCapacity).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub no_capacity_check: bool,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Write a JSON summary (objects, bytes, seconds, throughput, failures) here.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub summary_file: Option<PathBuf>,
+    /// Write the summary as compact JSON that fits a pod's termination message (4 KiB) here.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PATH"))]
+    pub termination_log: Option<PathBuf>,
+    /// Cap on bytes per second for the whole run (e.g. 200MiB); unlimited by default.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub max_bandwidth: Option<ByteSize>,
+    /// Write live progress into this DataStage's status (NAMESPACE/NAME), as worker --worker.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "NAMESPACE/NAME", requires = "worker"))]
+    pub report_to: Option<String>,
+    /// This worker's name in the DataStage's status (with --report-to).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub worker: Option<String>,
+    /// This worker's node, reported with its progress.
+    #[cfg_attr(feature = "cli", arg(long, env = "NODE_NAME", hide = true))]
+    pub node_name: Option<String>,
+    /// Attempts per request, including the first.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100)))]
+    pub max_attempts: u32,
+    /// Time allowed to connect to the store.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "5s", value_parser = humantime::parse_duration))]
+    pub connect_timeout: Duration,
+    /// Time allowed for one request until its response headers arrive.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "60s", value_parser = humantime::parse_duration))]
+    pub request_timeout: Duration,
+    /// Abort (and retry) a response body that delivers no data for this long.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "30s", value_parser = humantime::parse_duration))]
+    pub stall_timeout: Duration,
+}
+
+impl Default for TransferOptions {
+    /// What the command line means when no option is given.
+    fn default() -> Self {
+        Self {
+            endpoint_url: None,
+            anonymous: false,
+            region: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            part_size: None,
+            multipart_threshold: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            shard: None,
+            shards: None,
+            verify: VerifyMode::Checksum,
+            memory_limit: DEFAULT_MEMORY_LIMIT.parse().expect("a valid default"),
+            write_buffer: "1MiB".parse().expect("a valid default"),
+            delete_removed: false,
+            capacity_reserve: DEFAULT_CAPACITY_RESERVE.parse().expect("a valid default"),
+            no_capacity_check: false,
+            metrics_addr: None,
+            summary_file: None,
+            termination_log: None,
+            max_bandwidth: None,
+            report_to: None,
+            worker: None,
+            node_name: None,
+            max_attempts: 6,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One partition of a dataset: worker `index` of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// Zero-based index of this worker.
+    pub index: u32,
+    /// Number of workers.
+    pub count: u32,
+}
+
+/// A `--shard` value that is not `INDEX/COUNT` with `INDEX < COUNT`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid shard '{0}': expected INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/3")]
+pub struct ShardError(pub String);
+
+impl std::str::FromStr for Shard {
+    type Err = ShardError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ShardError(s.to_owned());
+        let (index, count) = s.split_once('/').ok_or_else(err)?;
+        let index: u32 = index.trim().parse().map_err(|_| err())?;
+        let count: u32 = count.trim().parse().map_err(|_| err())?;
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl Shard {
+    /// Whether `relative_key` (the key below the prefix, the path below the
+    /// directory) belongs to this shard: FNV-1a of the key modulo the
+    /// count, stable across runs, versions and machines, so N shards see
+    /// disjoint sets whose union is everything.
+    pub fn owns(&self, relative_key: &str) -> bool {
+        crate::hash::fnv1a(relative_key.as_bytes()) % u64::from(self.count) == u64::from(self.index)
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
