@@ -22,8 +22,12 @@ export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN
 
 cargo fmt --all --check
 # e2e tests run the workspace's binaries (operator, stager) as processes:
-# build them first, so no test ever runs a stale one.
-cargo build --release --workspace --locked --bins
+# build them first, so no test ever runs a stale one. --lib builds the Python
+# extension in the same invocation, so its dependencies are compiled once
+# with the workspace's features (hack/python-package.sh repeats it as a
+# no-op); an extension module does not link libpython.
+export PYO3_BUILD_EXTENSION_MODULE=1
+cargo build --release --workspace --locked --bins --lib
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
 # A hung test must fail CI, not stall it. hack/netns.sh gives the run a
@@ -31,12 +35,10 @@ cargo build --release --workspace --locked --bins
 # endpoints, so it calls the operator's webhook through its Service.
 hack/netns.sh timeout --kill-after=60 45m cargo test --release --workspace --locked "$@"
 
-# The `ferry` Python package, built from this checkout and installed into
-# the pinned test environment, then its tests against MinIO and
-# fake-gcs-server (python/tests).
+# The `ferry` Python package from this checkout, its tests against MinIO
+# and fake-gcs-server (python/tests) in the pinned test environment.
 python="$(hack/tools.sh path python-test)"
-"$python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$(hack/python-wheel.sh)"
-"$python" -m pytest -q -p no:cacheprovider python/tests
+PYTHONPATH="$(hack/python-package.sh "$python")" "$python" -m pytest -q -p no:cacheprovider python/tests
 
 # The benchmark harness in miniature (seconds of data, every tool once), so
 # neither Ferry's nor any peer's setup can rot unnoticed.

@@ -295,6 +295,7 @@ impl StoreError {
             StoreError::Transient { reason: RetryReason::Connection | RetryReason::Timeout, .. } => {
                 Reason::EndpointUnreachable
             }
+            StoreError::Transient { reason: RetryReason::ChecksumMismatch, .. } => Reason::ChecksumMismatch,
             StoreError::Transient { .. } => Reason::StoreUnavailable,
             StoreError::Rejected { .. } => Reason::StoreRejected,
         }

@@ -396,7 +396,16 @@ impl ObjectStore for S3Store {
         let etag = output.e_tag().map(strip_quotes);
         let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
             let next = body.next().await?;
-            let mapped = next.map_err(|e| StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e)));
+            let mapped = next.map_err(|e| {
+                // The SDK checks a full read against the object's checksum
+                // itself, and fails the body's last chunk when it differs.
+                let reason = if checksum_mismatch_in(&e) {
+                    RetryReason::ChecksumMismatch
+                } else {
+                    RetryReason::TruncatedBody
+                };
+                StoreError::transient(reason, crate::error_chain(&e))
+            });
             Some((mapped, body))
         })
         .boxed();
@@ -590,9 +599,37 @@ impl S3Store {
     }
 }
 
+/// Whether the SDK's own body-checksum validation is among the causes.
+fn checksum_mismatch_in(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.downcast_ref::<aws_smithy_checksums::body::validate::Error>().is_some() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sdks_body_checksum_failure_is_a_checksum_mismatch_however_deep() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("streaming error")]
+        struct Wrapped(#[source] aws_smithy_checksums::body::validate::Error);
+        let mismatch = || aws_smithy_checksums::body::validate::Error::ChecksumMismatch {
+            expected: Bytes::from_static(b"\x01"),
+            actual: Bytes::from_static(b"\x02"),
+        };
+        assert!(checksum_mismatch_in(&mismatch()));
+        assert!(checksum_mismatch_in(&Wrapped(mismatch())));
+        assert!(!checksum_mismatch_in(&std::io::Error::other("connection reset")));
+        let error = StoreError::transient(RetryReason::ChecksumMismatch, "body checksum mismatch");
+        assert_eq!(error.reason(), ferry_contract::Reason::ChecksumMismatch);
+    }
 
     #[test]
     fn throttling_and_server_errors_are_retryable() {

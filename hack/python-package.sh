@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Lays out the `ferry` Python package from this checkout for tests and
+# benchmarks: builds the extension with the workspace (the same cargo
+# invocation as hack/test.sh, so nothing is compiled twice), puts it beside
+# python/ferry's Python files in $CARGO_TARGET_DIR/python/, and prints that
+# directory for PYTHONPATH.
+#
+#   PYTHONPATH="$(hack/python-package.sh PYTHON)" PYTHON -c 'import ferry'
+#
+# PYTHON is the interpreter that will import it (its extension suffix names
+# the module). Users install the package with `pip install ./python`
+# instead (README.md), which builds a wheel with maturin.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+python="${1:?usage: hack/python-package.sh PYTHON}"
+# An extension module does not link libpython: the interpreter loading it
+# provides it (what maturin sets for PyO3 as well).
+export PYO3_BUILD_EXTENSION_MODULE=1
+cargo build --release --locked --workspace --bins --lib >&2
+out="$CARGO_TARGET_DIR/python"
+rm -rf "$out" && mkdir -p "$out/ferry"
+cp python/ferry/*.py python/ferry/*.pyi python/ferry/py.typed "$out/ferry/"
+suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+cp "$CARGO_TARGET_DIR/release/lib_ferry.so" "$out/ferry/_ferry$suffix"
+echo "$out"
