@@ -399,11 +399,8 @@ impl ObjectStore for S3Store {
             let mapped = next.map_err(|e| {
                 // The SDK checks a full read against the object's checksum
                 // itself, and fails the body's last chunk when it differs.
-                let reason = if checksum_mismatch_in(&e) {
-                    RetryReason::ChecksumMismatch
-                } else {
-                    RetryReason::TruncatedBody
-                };
+                let reason =
+                    if checksum_mismatch_in(&e) { RetryReason::ChecksumMismatch } else { RetryReason::TruncatedBody };
                 StoreError::transient(reason, crate::error_chain(&e))
             });
             Some((mapped, body))
