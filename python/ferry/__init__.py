@@ -42,6 +42,7 @@ from ._ferry import (  # noqa: F401  (re-exported)
     StoreUnavailable,
     TransferIncomplete,
     UnknownReason,
+    __version__,
     read,
     read_async,
     read_many,
@@ -53,6 +54,7 @@ from ._ferry import (  # noqa: F401  (re-exported)
 )
 
 __all__ = [
+    "__version__",
     "OPTIONS",
     "AccessDenied",
     "Buffer",

@@ -35,6 +35,7 @@ class Options(TypedDict, total=False):
     stall_timeout: float
 
 OPTIONS: List[str]
+__version__: str
 
 class Buffer:
     """An object's bytes, read-only; supports the buffer protocol."""

@@ -39,13 +39,19 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
-/// Runs `work` on the runtime with the GIL released.
+/// Runs `work` on the runtime with the GIL released, the calling thread
+/// waiting for it. The work runs on the runtime's own threads, beside the
+/// connections' I/O, rather than on the caller's, which would be woken for
+/// every step of every request.
 fn detached<F>(py: Python<'_>, work: F) -> F::Output
 where
-    F: Future + Send,
-    F::Output: Send,
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
 {
-    py.detach(|| runtime().block_on(work))
+    py.detach(|| {
+        let task = runtime().spawn(work);
+        futures::executor::block_on(task).unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    })
 }
 
 /// Why a call failed, before it becomes a Python exception.
@@ -430,6 +436,7 @@ fn _ferry(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Progress>()?;
     errors::register(module)?;
     module.add("OPTIONS", options::NAMES.to_vec())?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     for function in [
         wrap_pyfunction!(read, module)?,
         wrap_pyfunction!(read_async, module)?,
