@@ -22,29 +22,16 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use md5::Digest as _;
 
-use super::pull::{ObjectError, check_received};
+use super::pull::{
+    ObjectError, again_on_mismatch, check_received, ended_early, expect_announced, more_than_announced, next_chunk,
+};
 use super::ranges::{download_range_size, plan_ranges, upload_part_size};
 use super::readback::Received;
 use super::tally::Verified;
 use super::verify::{Digester, RangeDigest, Wanted};
-use super::{Engine, Reason, VerifyMode};
+use super::{Engine, VerifyMode};
 use crate::metrics::{Direction, ObjectResult, Operation};
-use crate::store::{GetResponse, Integrity, ObjectMeta, RetryReason, StoreError, StoredChecksum, UploadedPart};
-
-/// A checksum mismatch reads the whole object again this many times in all.
-const MISMATCH_ATTEMPTS: u32 = 3;
-
-impl ObjectError {
-    /// Why the object could not be read or written, as the run-level
-    /// reasons name it.
-    pub fn reason(&self) -> Reason {
-        match self {
-            ObjectError::Store(error) => error.reason(),
-            ObjectError::Mismatch { .. } | ObjectError::Size { .. } => Reason::ChecksumMismatch,
-            ObjectError::Io { .. } => Reason::DestinationUnusable,
-        }
-    }
-}
+use crate::store::{GetResponse, Integrity, ObjectMeta, StoredChecksum, UploadedPart};
 
 /// Reads the whole object at `key` into one buffer, verified as a pull
 /// verifies a file (`verify` of the engine's configuration).
@@ -52,25 +39,9 @@ impl ObjectError {
 /// # Errors
 /// The store's error after retries, or a checksum mismatch on every attempt.
 pub async fn read(engine: &Arc<Engine>, key: &str) -> Result<Bytes, ObjectError> {
-    let mut attempt = 1;
-    loop {
-        match read_once(engine, key).await {
-            Err(error @ ObjectError::Mismatch { .. }) if attempt < MISMATCH_ATTEMPTS => {
-                tracing::warn!(%key, %error, attempt, "checksum mismatch; reading the object again");
-                engine.metrics.retry(RetryReason::ChecksumMismatch);
-                engine.tally.retried();
-                attempt += 1;
-            }
-            Ok(bytes) => {
-                engine.metrics.object(ObjectResult::Transferred);
-                return Ok(bytes);
-            }
-            Err(error) => {
-                engine.metrics.object(ObjectResult::Failed);
-                return Err(error);
-            }
-        }
-    }
+    let read = again_on_mismatch(engine, key, || read_once(engine, key)).await;
+    engine.metrics.object(if read.is_ok() { ObjectResult::Transferred } else { ObjectResult::Failed });
+    read
 }
 
 /// Reads `range` of the object at `key`. A part of an object cannot be
@@ -99,16 +70,7 @@ pub async fn read_range(engine: &Arc<Engine>, key: &str, range: Range<u64>) -> R
 /// # Errors
 /// The store's error after retries.
 pub async fn write(engine: &Arc<Engine>, key: &str, data: Bytes) -> Result<Option<String>, ObjectError> {
-    let size = data.len() as u64;
-    let written = if size <= engine.config.multipart_threshold {
-        let crc = crc32c::crc32c(&data);
-        engine.pace(size).await;
-        engine.retrying(Operation::Put, || engine.store.put(key, data.clone(), crc)).await.map_err(ObjectError::from)
-    } else {
-        write_multipart(engine, key, size, Source::Memory(data)).await
-    };
-    count_write(engine, size, &written);
-    written
+    write_from(engine, key, data.len() as u64, Source::Memory(data)).await
 }
 
 /// Requests one object may have in flight.
@@ -229,34 +191,20 @@ async fn stream_into(
     wanted: Wanted,
 ) -> Result<RangeDigest, ObjectError> {
     let len = buffer.len() as u64;
-    if response.content_length != len {
-        return Err(StoreError::transient(
-            RetryReason::TruncatedBody,
-            format!("expected {len} bytes, the store announced {}", response.content_length),
-        )
-        .into());
-    }
+    expect_announced(response.content_length, len)?;
     let mut digester = Digester::new(wanted);
     let mut body = response.body;
     let mut filled = 0usize;
-    let stall = engine.config.stall_timeout;
-    loop {
-        let chunk = match tokio::time::timeout(stall, body.next()).await {
-            Err(_) => return Err(StoreError::transient(RetryReason::Timeout, format!("no data for {stall:?}")).into()),
-            Ok(None) => break,
-            Ok(Some(chunk)) => chunk?,
-        };
+    while let Some(chunk) = next_chunk(&mut body, engine.config.stall_timeout).await? {
         let Some(target) = buffer.get_mut(filled..filled + chunk.len()) else {
-            return Err(StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced").into());
+            return Err(more_than_announced().into());
         };
         target.copy_from_slice(&chunk);
         digester.update(&chunk);
         filled += chunk.len();
     }
     if filled as u64 != len {
-        return Err(
-            StoreError::transient(RetryReason::TruncatedBody, format!("{filled} of {len} bytes arrived")).into()
-        );
+        return Err(ended_early(filled as u64, len).into());
     }
     engine.pace(len).await;
     engine.tally.bytes(len);
@@ -345,7 +293,12 @@ pub async fn write_file(
 ) -> Result<Option<String>, ObjectError> {
     let opened = std::fs::File::open(path).and_then(|file| Ok((file.metadata()?.len(), file)));
     let (size, file) = opened.map_err(ObjectError::io_error("opening the file"))?;
-    let source = Source::File(Arc::new(file));
+    write_from(engine, key, size, Source::File(Arc::new(file))).await
+}
+
+/// Writes `size` bytes from `source`: one PUT up to `multipart_threshold`,
+/// else a multipart upload. Counts the object.
+async fn write_from(engine: &Arc<Engine>, key: &str, size: u64, source: Source) -> Result<Option<String>, ObjectError> {
     let written = if size <= engine.config.multipart_threshold {
         let (body, _memory) = source.part(engine, 0..size).await?;
         let crc = crc32c::crc32c(&body);
@@ -354,12 +307,7 @@ pub async fn write_file(
     } else {
         write_multipart(engine, key, size, source).await
     };
-    count_write(engine, size, &written);
-    written
-}
-
-fn count_write(engine: &Engine, size: u64, written: &Result<Option<String>, ObjectError>) {
-    match written {
+    match &written {
         Ok(_) => {
             engine.tally.bytes(size);
             engine.metrics.add_bytes(Direction::Upload, size);
@@ -367,6 +315,7 @@ fn count_write(engine: &Engine, size: u64, written: &Result<Option<String>, Obje
         }
         Err(_) => engine.metrics.object(ObjectResult::Failed),
     }
+    written
 }
 
 /// Uploads `size` bytes from `source` in parts, at most `concurrency` at a
@@ -431,6 +380,7 @@ async fn write_multipart(
 mod tests {
     use super::*;
     use crate::store::memory::{Fault, MemoryStore};
+    use crate::transfer::Reason;
     use crate::transfer::TransferConfig;
 
     fn engine(store: Arc<MemoryStore>, config: TransferConfig) -> Arc<Engine> {

@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -41,7 +42,7 @@ use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
-    Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
+    Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
 };
 use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
 use crate::local::partial::{self, PartialHeader, PartialObject, RangeRecord};
@@ -91,6 +92,16 @@ pub enum ObjectError {
 }
 
 impl ObjectError {
+    /// Why the object could not be read or written, as the run-level
+    /// reasons name it.
+    pub fn reason(&self) -> Reason {
+        match self {
+            ObjectError::Store(error) => error.reason(),
+            ObjectError::Mismatch { .. } | ObjectError::Size { .. } => Reason::ChecksumMismatch,
+            ObjectError::Io { .. } => Reason::DestinationUnusable,
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io_error(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |source| ObjectError::Io { what, source }
@@ -339,18 +350,7 @@ async fn pull_object(
     writer: &Arc<ManifestWriter>,
     planned: Planned,
 ) -> Result<(), TransferError> {
-    let mut attempt = 1;
-    let result = loop {
-        match download(engine, staging, writer, &planned).await {
-            Err(ObjectError::Mismatch { expected, actual }) if attempt < MISMATCH_ATTEMPTS => {
-                tracing::warn!(key = %planned.object.key, %expected, %actual, attempt, "checksum mismatch; downloading again");
-                engine.metrics.retry(RetryReason::ChecksumMismatch);
-                engine.tally.retried();
-                attempt += 1;
-            }
-            other => break other,
-        }
-    };
+    let result = again_on_mismatch(engine, &planned.object.key, || download(engine, staging, writer, &planned)).await;
     let key = planned.object.key.clone();
     match result {
         Ok(verified) => {
@@ -382,6 +382,28 @@ async fn pull_object(
         }
     }
     Ok(())
+}
+
+/// Runs `attempt`, the transfer of one whole object, again when its bytes
+/// do not hash to the store's checksum: up to [`MISMATCH_ATTEMPTS`] in all,
+/// each repeat counted as a retry.
+pub(super) async fn again_on_mismatch<T, F, Fut>(engine: &Engine, key: &str, mut attempt: F) -> Result<T, ObjectError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ObjectError>>,
+{
+    let mut attempts = 1;
+    loop {
+        match attempt().await {
+            Err(ObjectError::Mismatch { expected, actual }) if attempts < MISMATCH_ATTEMPTS => {
+                tracing::warn!(%key, %expected, %actual, attempt = attempts, "checksum mismatch; downloading again");
+                engine.metrics.retry(RetryReason::ChecksumMismatch);
+                engine.tally.retried();
+                attempts += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Downloads, verifies, commits and records one object.
@@ -964,13 +986,7 @@ async fn fetch_attempt(
     let capacity = engine.config.write_buffer.min(len).max(1);
     let memory = engine.budget.memory(capacity + REQUEST_OVERHEAD).await;
     let response = engine.store.get(&key, (!whole).then(|| range.clone()), if_match.as_deref()).await?;
-    if response.content_length != len {
-        return Err(StoreError::transient(
-            RetryReason::TruncatedBody,
-            format!("expected {len} bytes, the store announced {}", response.content_length),
-        )
-        .into());
-    }
+    expect_announced(response.content_length, len)?;
     let checksum = if whole && engine.config.verify == VerifyMode::Checksum { response.checksum } else { None };
     // A whole-object read learns its checksum from the response itself; an
     // MD5 is hashed in flight only when the bytes stay in memory (see `verify.rs`).
@@ -993,17 +1009,10 @@ async fn fetch_attempt(
     let mut received = 0u64;
     let stall = engine.config.stall_timeout;
     let streamed: Result<(), ObjectError> = async {
-        loop {
-            let chunk = match tokio::time::timeout(stall, body.next()).await {
-                Err(_) => {
-                    return Err(StoreError::transient(RetryReason::Timeout, format!("no data for {stall:?}")).into());
-                }
-                Ok(None) => break,
-                Ok(Some(chunk)) => chunk?,
-            };
+        while let Some(chunk) = next_chunk(&mut body, stall).await? {
             received += chunk.len() as u64;
             if received > len {
-                return Err(StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced").into());
+                return Err(more_than_announced().into());
             }
             digester.update(&chunk);
             pending_len += chunk.len() as u64;
@@ -1038,11 +1047,7 @@ async fn fetch_attempt(
             Sink::File(..) => {}
         }
         if received != len {
-            return Err(StoreError::transient(
-                RetryReason::TruncatedBody,
-                format!("body ended after {received} of {len} bytes"),
-            )
-            .into());
+            return Err(ended_early(received, len).into());
         }
         Ok(())
     }
@@ -1053,6 +1058,39 @@ async fn fetch_attempt(
     }
     let held = matches!(sink, Sink::Memory).then_some((pending, memory));
     Ok(Fetched { digests: pieces, checksum, held })
+}
+
+/// A GET must announce the `len` bytes it asked for.
+pub(super) fn expect_announced(announced: u64, len: u64) -> Result<(), StoreError> {
+    if announced == len {
+        return Ok(());
+    }
+    Err(StoreError::transient(
+        RetryReason::TruncatedBody,
+        format!("expected {len} bytes, the store announced {announced}"),
+    ))
+}
+
+/// The next chunk of a response body, `None` at its end. A body that
+/// delivers nothing for `stall` fails as a timeout, which is retried.
+pub(super) async fn next_chunk(
+    body: &mut BoxStream<'static, Result<Bytes, StoreError>>,
+    stall: std::time::Duration,
+) -> Result<Option<Bytes>, StoreError> {
+    match tokio::time::timeout(stall, body.next()).await {
+        Err(_) => Err(StoreError::transient(RetryReason::Timeout, format!("no data for {stall:?}"))),
+        Ok(chunk) => chunk.transpose(),
+    }
+}
+
+/// A body that sent more than its announced length.
+pub(super) fn more_than_announced() -> StoreError {
+    StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced")
+}
+
+/// A body that ended after `received` of its `len` announced bytes.
+pub(super) fn ended_early(received: u64, len: u64) -> StoreError {
+    StoreError::transient(RetryReason::TruncatedBody, format!("body ended after {received} of {len} bytes"))
 }
 
 /// Records a piece written into a partial object.
