@@ -49,13 +49,7 @@ impl Buffer {
     /// Equal to any bytes-like object with the same content.
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         let Ok(view) = PyBuffer::<u8>::get(other) else { return false };
-        if !view.is_c_contiguous() || view.len_bytes() != self.bytes.len() {
-            return false;
-        }
-        // SAFETY: a C-contiguous buffer of `len_bytes` bytes stays valid
-        // while `view` holds it; it is only read here, with the GIL held.
-        let theirs = unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) };
-        theirs == &self.bytes[..]
+        view.is_c_contiguous() && Borrowed(view).as_ref() == &self.bytes[..]
     }
 
     /// # Safety
@@ -117,7 +111,7 @@ struct Borrowed(PyBuffer<u8>);
 
 impl AsRef<[u8]> for Borrowed {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `borrow` only wraps C-contiguous buffers; the exporter
+        // SAFETY: only C-contiguous buffers are wrapped (`borrow`, `__eq__`); the exporter
         // keeps `len_bytes` bytes at `buf_ptr` valid until the PyBuffer is
         // released, which happens when this is dropped.
         unsafe { std::slice::from_raw_parts(self.0.buf_ptr() as *const u8, self.0.len_bytes()) }

@@ -25,7 +25,7 @@ use ferry_contract::{ObjectLocation, TransferOptions};
 use ferry_engine::error_chain;
 use ferry_engine::metrics::Metrics;
 use ferry_engine::transfer::pull::ObjectError;
-use ferry_engine::transfer::tally::{Tally, one_line};
+use ferry_engine::transfer::tally::{Operation, Tally, one_line};
 use ferry_engine::transfer::{Engine, TransferConfig, TransferError, memory, pull, push};
 use futures::StreamExt as _;
 use pyo3::exceptions::PyValueError;
@@ -109,17 +109,34 @@ async fn new_engine(options: &TransferOptions, location: &ObjectLocation) -> Res
     Engine::new(store, config, Arc::new(Metrics::new())).map_err(Failure::Run)
 }
 
-/// A `scheme://bucket/key` URI: the bucket's location and the key.
-fn object_uri(uri: &str) -> PyResult<(ObjectLocation, String)> {
-    let location: ObjectLocation = uri.parse().map_err(|e| PyValueError::new_err(format!("uri: {e}")))?;
-    // The location of a prefix ends in '/'; an object's key does not.
-    let key = location.prefix.strip_suffix('/').unwrap_or(&location.prefix).to_owned();
-    if key.is_empty() {
-        return Err(PyValueError::new_err(format!("uri: '{uri}' names a bucket, not an object (s3://BUCKET/KEY)")));
-    }
-    Ok((location, key))
+/// A `scheme://bucket/key` URI, parsed before any work starts (so a bad
+/// one is a `ValueError` at the call, not a failure of the transfer).
+struct ObjectUri {
+    /// As the caller wrote it, for messages.
+    uri: String,
+    /// The bucket's location.
+    location: ObjectLocation,
+    /// The object's key.
+    key: String,
 }
 
+impl ObjectUri {
+    fn parse(uri: String) -> PyResult<Self> {
+        let location = prefix_uri(&uri)?;
+        // The location of a prefix ends in '/'; an object's key does not.
+        let key = location.prefix.strip_suffix('/').unwrap_or(&location.prefix).to_owned();
+        if key.is_empty() {
+            return Err(PyValueError::new_err(format!("uri: '{uri}' names a bucket, not an object (s3://BUCKET/KEY)")));
+        }
+        Ok(Self { uri, location, key })
+    }
+}
+
+fn object_uris(uris: Vec<String>) -> PyResult<Vec<ObjectUri>> {
+    uris.into_iter().map(ObjectUri::parse).collect()
+}
+
+/// A `scheme://bucket[/prefix]` URI.
 fn prefix_uri(uri: &str) -> PyResult<ObjectLocation> {
     uri.parse().map_err(|e| PyValueError::new_err(format!("uri: {e}")))
 }
@@ -133,23 +150,26 @@ fn byte_range(range: Option<(u64, u64)>) -> PyResult<Option<Range<u64>>> {
     }
 }
 
-async fn read_object(uri: String, range: Option<Range<u64>>, options: TransferOptions) -> Result<Buffer, Failure> {
-    let (location, key) = object_uri(&uri).map_err(|e| Failure::Run(TransferError::Config(e.to_string())))?;
-    let engine = shared_engine(&options, &location).await?;
+async fn read_object(
+    object: ObjectUri,
+    range: Option<Range<u64>>,
+    options: TransferOptions,
+) -> Result<Buffer, Failure> {
+    let engine = shared_engine(&options, &object.location).await?;
     let read = match range {
-        None => memory::read(&engine, &key).await,
-        Some(range) => memory::read_range(&engine, &key, range).await,
+        None => memory::read(&engine, &object.key).await,
+        Some(range) => memory::read_range(&engine, &object.key, range).await,
     };
-    read.map(Buffer::new).map_err(|e| Failure::Object(uri, e))
+    read.map(Buffer::new).map_err(|e| Failure::Object(object.uri, e))
 }
 
-async fn read_objects(uris: Vec<String>, options: TransferOptions) -> Result<Vec<Buffer>, Failure> {
+async fn read_objects(objects: Vec<ObjectUri>, options: TransferOptions) -> Result<Vec<Buffer>, Failure> {
     let at_once = options.concurrency as usize;
-    futures::stream::iter(uris)
-        .map(|uri| {
+    futures::stream::iter(objects)
+        .map(|object| {
             let options = options.clone();
             // A task per object, so objects are received on every core.
-            runtime().spawn(read_object(uri, None, options))
+            runtime().spawn(read_object(object, None, options))
         })
         .buffered(at_once)
         .map(|joined| joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
@@ -159,35 +179,25 @@ async fn read_objects(uris: Vec<String>, options: TransferOptions) -> Result<Vec
         .collect()
 }
 
-async fn write_object(uri: String, data: bytes::Bytes, options: TransferOptions) -> Result<(), Failure> {
-    let (location, key) = object_uri(&uri).map_err(|e| Failure::Run(TransferError::Config(e.to_string())))?;
-    let engine = shared_engine(&options, &location).await?;
-    memory::write(&engine, &key, data).await.map(drop).map_err(|e| Failure::Object(uri, e))
+async fn write_object(object: ObjectUri, data: bytes::Bytes, options: TransferOptions) -> Result<(), Failure> {
+    let engine = shared_engine(&options, &object.location).await?;
+    memory::write(&engine, &object.key, data).await.map(drop).map_err(|e| Failure::Object(object.uri, e))
 }
 
-async fn write_file_object(path: PathBuf, uri: String, options: TransferOptions) -> Result<(), Failure> {
-    let (location, key) = object_uri(&uri).map_err(|e| Failure::Run(TransferError::Config(e.to_string())))?;
-    let engine = shared_engine(&options, &location).await?;
-    memory::write_file(&engine, &path, &key).await.map(drop).map_err(|e| Failure::Object(uri, e))
-}
-
-/// Which way a directory moves.
-#[derive(Clone, Copy)]
-enum Direction {
-    Pull,
-    Push,
+async fn write_file_object(path: PathBuf, object: ObjectUri, options: TransferOptions) -> Result<(), Failure> {
+    let engine = shared_engine(&options, &object.location).await?;
+    memory::write_file(&engine, &path, &object.key).await.map(drop).map_err(|e| Failure::Object(object.uri, e))
 }
 
 /// A pull or push with its own engine; its summary as JSON.
 async fn run_transfer(
-    direction: Direction,
-    uri: String,
+    operation: Operation,
+    location: ObjectLocation,
     directory: PathBuf,
     options: TransferOptions,
     progress: Option<Py<PyAny>>,
 ) -> Result<String, Failure> {
-    let location = prefix_uri(&uri).map_err(|e| Failure::Run(TransferError::Config(e.to_string())))?;
-    if let Direction::Push = direction {
+    if operation == Operation::Push {
         ferry_engine::options::check_push(&options).map_err(Failure::Run)?;
     }
     let engine = new_engine(&options, &location).await?;
@@ -195,16 +205,14 @@ async fn run_transfer(
         let tally = Arc::clone(&engine.tally);
         tokio::spawn(report_progress(tally, callback))
     });
-    let tally = Arc::clone(&engine.tally);
-    let summary = match direction {
-        Direction::Pull => pull::pull(engine, &location.prefix, &directory, options.delete_removed).await,
-        Direction::Push => push::push(engine, &directory, &location.prefix).await,
+    let summary = match operation {
+        Operation::Pull => pull::pull(engine, &location.prefix, &directory, options.delete_removed).await,
+        Operation::Push => push::push(engine, &directory, &location.prefix).await,
     };
     if let Some(reporter) = reporter {
         reporter.abort();
     }
     let summary = summary.map_err(Failure::Run)?;
-    drop(tally);
     if !summary.complete {
         return Err(Failure::Incomplete(summary));
     }
@@ -275,7 +283,7 @@ fn read(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Buffer> {
     let (range, options) = (byte_range(range)?, options::parse(options)?);
-    detached(py, read_object(uri, range, options)).map_err(|f| f.into_py_err(py))
+    detached(py, read_object(ObjectUri::parse(uri)?, range, options)).map_err(|f| f.into_py_err(py))
 }
 
 /// `read` as an awaitable.
@@ -287,9 +295,9 @@ fn read_async<'py>(
     range: Option<(u64, u64)>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (range, options) = (byte_range(range)?, options::parse(options)?);
+    let (object, range, options) = (ObjectUri::parse(uri)?, byte_range(range)?, options::parse(options)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        read_object(uri, range, options).await.map_err(Failure::into_py_err_attached)
+        read_object(object, range, options).await.map_err(Failure::into_py_err_attached)
     })
 }
 
@@ -299,7 +307,7 @@ fn read_async<'py>(
 #[pyo3(signature = (uris, **options))]
 fn read_many(py: Python<'_>, uris: Vec<String>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<Buffer>> {
     let options = options::parse(options)?;
-    detached(py, read_objects(uris, options)).map_err(|f| f.into_py_err(py))
+    detached(py, read_objects(object_uris(uris)?, options)).map_err(|f| f.into_py_err(py))
 }
 
 /// `read_many` as an awaitable.
@@ -310,9 +318,9 @@ fn read_many_async<'py>(
     uris: Vec<String>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let options = options::parse(options)?;
+    let (objects, options) = (object_uris(uris)?, options::parse(options)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        read_objects(uris, options).await.map_err(Failure::into_py_err_attached)
+        read_objects(objects, options).await.map_err(Failure::into_py_err_attached)
     })
 }
 
@@ -324,7 +332,7 @@ fn read_many_async<'py>(
 fn write(py: Python<'_>, uri: String, data: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
     let options = options::parse(options)?;
     let data = buffer::borrow(py, data)?;
-    detached(py, write_object(uri, data, options)).map_err(|f| f.into_py_err(py))
+    detached(py, write_object(ObjectUri::parse(uri)?, data, options)).map_err(|f| f.into_py_err(py))
 }
 
 /// `write` as an awaitable.
@@ -337,9 +345,9 @@ fn write_async<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let options = options::parse(options)?;
-    let data = buffer::borrow(py, data)?;
+    let (object, data) = (ObjectUri::parse(uri)?, buffer::borrow(py, data)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        write_object(uri, data, options).await.map_err(Failure::into_py_err_attached)
+        write_object(object, data, options).await.map_err(Failure::into_py_err_attached)
     })
 }
 
@@ -349,7 +357,7 @@ fn write_async<'py>(
 #[pyo3(signature = (path, uri, **options))]
 fn write_file(py: Python<'_>, path: PathBuf, uri: String, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
     let options = options::parse(options)?;
-    detached(py, write_file_object(path, uri, options)).map_err(|f| f.into_py_err(py))
+    detached(py, write_file_object(path, ObjectUri::parse(uri)?, options)).map_err(|f| f.into_py_err(py))
 }
 
 /// `write_file` as an awaitable.
@@ -361,9 +369,9 @@ fn write_file_async<'py>(
     uri: String,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let options = options::parse(options)?;
+    let (object, options) = (ObjectUri::parse(uri)?, options::parse(options)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        write_file_object(path, uri, options).await.map_err(Failure::into_py_err_attached)
+        write_file_object(path, object, options).await.map_err(Failure::into_py_err_attached)
     })
 }
 
@@ -379,7 +387,8 @@ fn pull_json(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let options = options::parse(options)?;
-    detached(py, run_transfer(Direction::Pull, uri, directory, options, progress)).map_err(|f| f.into_py_err(py))
+    detached(py, run_transfer(Operation::Pull, prefix_uri(&uri)?, directory, options, progress))
+        .map_err(|f| f.into_py_err(py))
 }
 
 /// `pull_json` as an awaitable.
@@ -392,9 +401,11 @@ fn pull_json_async<'py>(
     progress: Option<Py<PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let options = options::parse(options)?;
+    let (location, options) = (prefix_uri(&uri)?, options::parse(options)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        run_transfer(Direction::Pull, uri, directory, options, progress).await.map_err(Failure::into_py_err_attached)
+        run_transfer(Operation::Pull, location, directory, options, progress)
+            .await
+            .map_err(Failure::into_py_err_attached)
     })
 }
 
@@ -410,7 +421,8 @@ fn push_json(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let options = options::parse(options)?;
-    detached(py, run_transfer(Direction::Push, uri, directory, options, progress)).map_err(|f| f.into_py_err(py))
+    detached(py, run_transfer(Operation::Push, prefix_uri(&uri)?, directory, options, progress))
+        .map_err(|f| f.into_py_err(py))
 }
 
 /// `push_json` as an awaitable.
@@ -423,9 +435,11 @@ fn push_json_async<'py>(
     progress: Option<Py<PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let options = options::parse(options)?;
+    let (location, options) = (prefix_uri(&uri)?, options::parse(options)?);
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        run_transfer(Direction::Push, uri, directory, options, progress).await.map_err(Failure::into_py_err_attached)
+        run_transfer(Operation::Push, location, directory, options, progress)
+            .await
+            .map_err(Failure::into_py_err_attached)
     })
 }
 
