@@ -183,12 +183,24 @@ impl TransferOptions {
         option(args, "--connect-timeout", Some(humantime::format_duration(o.connect_timeout)));
         option(args, "--request-timeout", Some(humantime::format_duration(o.request_timeout)));
         option(args, "--stall-timeout", Some(humantime::format_duration(o.stall_timeout)));
+        let p = &o.peers;
+        if !p.peer_group.is_empty() {
+            option(args, "--peer-group", Some(p.peer_group.join(",")));
+        }
+        option(args, "--peer-listen", p.peer_listen);
+        for peer in &p.peers {
+            option(args, "--peer", Some(peer));
+        }
+        option(args, "--peer-serve-bandwidth", p.peer_serve_bandwidth.as_ref());
+        option(args, "--peer-timeout", Some(humantime::format_duration(p.peer_timeout)));
+        option(args, "--peer-linger", Some(humantime::format_duration(p.peer_linger)));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peers::{PeerAddress, PeerOptions};
     use crate::size::ByteSize;
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
@@ -262,7 +274,19 @@ mod tests {
         );
         let retries = (1u32..=100, duration(), duration(), duration());
         let capacity = (size(), any::<bool>());
-        (store, tuning, reporting, retries, capacity).prop_map(|(store, tuning, reporting, retries, capacity)| {
+        let fleet = (
+            proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
+            proptest::collection::vec(
+                ("[a-z0-9-]{1,10}", any::<[u8; 4]>(), 1u16..)
+                    .prop_map(|(name, ip, port)| PeerAddress { name, addr: SocketAddr::from((ip, port)) }),
+                0..3,
+            ),
+            proptest::option::of(size()),
+            duration(),
+            duration(),
+        );
+        let all = (store, tuning, reporting, retries, capacity, fleet);
+        all.prop_map(|(store, tuning, reporting, retries, capacity, fleet)| {
             let (endpoint_url, anonymous, region) = store;
             let (
                 concurrency,
@@ -278,7 +302,11 @@ mod tests {
             ) = tuning;
             let (metrics_addr, summary_file, termination_log, max_bandwidth, report_to, worker, node_name) = reporting;
             // --report-to needs --worker.
-            let worker = if report_to.is_some() { worker.or_else(|| Some("w".into())) } else { worker };
+            let (peer_group, peers, peer_serve_bandwidth, peer_timeout, peer_linger) = fleet;
+            // --report-to and --peer-group need --worker; --peer-group needs --peer-listen.
+            let grouped = !peer_group.is_empty();
+            let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
+            let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
             let (max_attempts, connect_timeout, request_timeout, stall_timeout) = retries;
             let (capacity_reserve, no_capacity_check) = capacity;
             TransferOptions {
@@ -309,6 +337,7 @@ mod tests {
                 connect_timeout,
                 request_timeout,
                 stall_timeout,
+                peers: PeerOptions { peer_group, peer_listen, peers, peer_serve_bandwidth, peer_timeout, peer_linger },
             }
         })
     }

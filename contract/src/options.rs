@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::peers::PeerOptions;
 use crate::size::ByteSize;
 
 /// Requests in flight per worker unless told otherwise.
@@ -133,6 +134,9 @@ pub struct TransferOptions {
     /// Abort (and retry) a response body that delivers no data for this long.
     #[cfg_attr(feature = "cli", arg(long, default_value = "30s", value_parser = humantime::parse_duration))]
     pub stall_timeout: Duration,
+    /// Fleet staging: the peers this worker feeds and is fed by.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub peers: PeerOptions,
 }
 
 impl Default for TransferOptions {
@@ -166,6 +170,7 @@ impl Default for TransferOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(30),
+            peers: PeerOptions::default(),
         }
     }
 }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{FNV_OFFSET, fnv1a_from};
+use crate::peers::PeerCounts;
 use crate::reason::Reason;
 
 /// The kubelet keeps at most this many bytes of a termination message.
@@ -73,6 +74,9 @@ pub struct Summary {
     /// The version of the dataset this run staged (pulls that completed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Snapshot>,
+    /// Fleet staging: bytes from peers instead of the store, bytes served.
+    #[serde(default, skip_serializing_if = "PeerCounts::is_none")]
+    pub peers: PeerCounts,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -15,7 +15,9 @@ use pyo3::types::PyDict;
 
 /// Options of the CLI that make no sense in-process: they write files or
 /// report to Kubernetes on the CLI's behalf.
-const CLI_ONLY: [&str; 6] = ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name"];
+/// `peers` stands for the `--peer-*` flags: fleet staging is between worker pods.
+const CLI_ONLY: [&str; 7] =
+    ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name", "peers"];
 
 /// Every keyword argument a call takes besides its positionals.
 pub const NAMES: [&str; 21] = [
@@ -124,6 +126,7 @@ fn every_option_is_considered(options: TransferOptions) {
         connect_timeout: _,
         request_timeout: _,
         stall_timeout: _,
+        peers: _,
     } = options;
 }
 

@@ -1,0 +1,251 @@
+//! Fleet staging: the workers of one pull onto several nodes feed each
+//! other. What the operator tells a worker about its peers ([`PeerOptions`],
+//! the `--peer-*` flags), the secret they share, and the small wire protocol
+//! between two stagers ([`wire`]), so that the server and the client are
+//! written against one definition.
+//!
+//! Every worker owns a share of the dataset ([`PeerGroup::owner`]: the same
+//! key hash as `--shard`), reads that share from the object store and serves
+//! it; it fetches every other object from the object's owner. What a peer
+//! serves is verified against the object store's checksum, exactly as a
+//! direct read is, so a peer can make a transfer slower, never wrong.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::ByteSize;
+
+/// The port workers serve their peers on, unless told otherwise.
+pub const DEFAULT_PEER_PORT: u16 = 9466;
+/// The environment variable that carries the peers' shared secret. A secret
+/// is never a flag: flags show in `ps` and in the pod spec.
+pub const PEER_TOKEN_ENV: &str = "FERRY_PEER_TOKEN";
+/// The key of the peers' secret in the Secret the operator creates per
+/// DataStage.
+pub const PEER_TOKEN_KEY: &str = "token";
+/// How long a worker waits for a peer that makes no progress, or does not
+/// answer, before it reads that peer's share from the store.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a finished worker keeps serving peers that are still running.
+pub const DEFAULT_PEER_LINGER: Duration = Duration::from_secs(600);
+
+/// How a worker takes part in fleet staging. Without `--peer-group` a worker
+/// has no peers and reads everything from the store.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct PeerOptions {
+    /// Workers that stage this dataset together (comma-separated names; this
+    /// worker is --worker); each reads its share from the store and the
+    /// rest from the others.
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', requires_all = ["worker", "peer_listen"]))]
+    pub peer_group: Vec<String>,
+    /// Serve this worker's staged objects to its peers on this address
+    /// (the pod's own, never a wildcard: peers only). Requests must carry
+    /// the secret in FERRY_PEER_TOKEN.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "ADDR"))]
+    pub peer_listen: Option<SocketAddr>,
+    /// A peer's address, NAME=HOST:PORT (repeatable). In a DataStage the
+    /// addresses come from its status instead (with --report-to).
+    #[cfg_attr(feature = "cli", arg(long = "peer", value_name = "NAME=ADDR"))]
+    pub peers: Vec<PeerAddress>,
+    /// Cap on bytes per second served to peers (e.g. 500MiB), so peers do
+    /// not take the node's link from its own training job; unlimited by default.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub peer_serve_bandwidth: Option<ByteSize>,
+    /// Read a peer's share from the store once the peer has not answered,
+    /// or has made no progress, for this long.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "30s", value_parser = humantime::parse_duration))]
+    pub peer_timeout: Duration,
+    /// Once done, keep serving peers that are still running for at most this long.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "10m", value_parser = humantime::parse_duration))]
+    pub peer_linger: Duration,
+}
+
+impl Default for PeerOptions {
+    fn default() -> Self {
+        Self {
+            peer_group: Vec::new(),
+            peer_listen: None,
+            peers: Vec::new(),
+            peer_serve_bandwidth: None,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
+            peer_linger: DEFAULT_PEER_LINGER,
+        }
+    }
+}
+
+/// One peer's name and address: `NAME=HOST:PORT` on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerAddress {
+    /// The peer's worker name (a member of the peer group).
+    pub name: String,
+    /// Where it serves.
+    pub addr: SocketAddr,
+}
+
+/// A `--peer` value that is not `NAME=HOST:PORT`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid peer '{0}': expected NAME=IP:PORT, e.g. node-a=10.0.0.7:9466")]
+pub struct PeerAddressError(pub String);
+
+impl std::str::FromStr for PeerAddress {
+    type Err = PeerAddressError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, addr) = s.split_once('=').ok_or_else(|| PeerAddressError(s.to_owned()))?;
+        let addr = addr.parse().map_err(|_| PeerAddressError(s.to_owned()))?;
+        if name.is_empty() {
+            return Err(PeerAddressError(s.to_owned()));
+        }
+        Ok(Self { name: name.to_owned(), addr })
+    }
+}
+
+impl std::fmt::Display for PeerAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.name, self.addr)
+    }
+}
+
+/// The workers of one dataset, in the order that assigns shares: every
+/// member computes the same owner for every key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerGroup {
+    members: Vec<String>,
+}
+
+impl PeerGroup {
+    /// A group of these workers; order and duplicates do not matter.
+    pub fn new(members: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
+        members.sort();
+        members.dedup();
+        Self { members }
+    }
+
+    /// The members, sorted.
+    pub fn members(&self) -> &[String] {
+        &self.members
+    }
+
+    /// Which member reads `relative_key` from the store and serves it: the
+    /// key's FNV-1a hash modulo the group's size, like `--shard`.
+    pub fn owner(&self, relative_key: &str) -> Option<&str> {
+        if self.members.is_empty() {
+            return None;
+        }
+        let index = crate::hash::fnv1a(relative_key.as_bytes()) % self.members.len() as u64;
+        Some(&self.members[index as usize])
+    }
+}
+
+/// The HTTP protocol between two workers of one dataset. Every request
+/// carries `Authorization: Bearer <secret>`; any other is answered 401.
+pub mod wire {
+    use serde::{Deserialize, Serialize};
+
+    /// `GET`: the serving worker's [`PeerState`] as JSON.
+    pub const STATE_PATH: &str = "/v1/state";
+    /// `GET ?key=K&etag=E`: answers 200 once the worker holds version `E`
+    /// of `K`, verified and in place; 404 when it will not (it finished
+    /// without it, or holds another version); 204 when it does not yet and
+    /// the long poll ([`WAIT_SECONDS`]) ended: ask again.
+    pub const WAIT_PATH: &str = "/v1/wait";
+    /// `GET ?key=K&etag=E` with an optional `Range: bytes=A-B`: the bytes
+    /// of version `E` of `K` (200 or 206), or 404 when the worker does not
+    /// hold that version.
+    pub const OBJECT_PATH: &str = "/v1/object";
+    /// The longest a wait request is held before it is answered 204.
+    pub const WAIT_SECONDS: u64 = 5;
+
+    /// What a worker tells its peers about itself.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PeerState {
+        /// It has every object of the dataset in place: its run finished
+        /// with no failures. It serves until its peers are done too.
+        pub complete: bool,
+        /// Its run ended, complete or not: what it does not hold now it
+        /// never will.
+        pub finished: bool,
+        /// Bytes it has in place; rises while it makes progress.
+        pub bytes_done: u64,
+    }
+
+    /// The query of [`WAIT_PATH`] and [`OBJECT_PATH`].
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct ObjectQuery {
+        /// The object's key in the store.
+        pub key: String,
+        /// The version the asker lists in the store (its ETag).
+        pub etag: String,
+    }
+}
+
+/// What fleet staging did in one run: how much came from peers instead of
+/// the store, and what this worker served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub struct PeerCounts {
+    /// Bytes received from peers (and verified against the store's checksum).
+    pub bytes_from_peers: u64,
+    /// Objects received from peers.
+    pub objects_from_peers: u64,
+    /// Bytes this worker served to its peers.
+    pub bytes_served: u64,
+    /// Peers dropped: unreachable, stalled beyond the deadline, or caught
+    /// serving bytes that did not match the store's checksum.
+    pub peer_failures: u64,
+}
+
+impl PeerCounts {
+    /// Nothing came from or went to peers.
+    pub fn is_none(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn peer_addresses_round_trip_and_bad_ones_are_refused() {
+        let peer: PeerAddress = "node-a=10.0.0.7:9466".parse().unwrap();
+        assert_eq!(peer.name, "node-a");
+        assert_eq!(peer.to_string().parse::<PeerAddress>().unwrap(), peer);
+        for bad in ["node-a", "=10.0.0.7:1", "a=10.0.0.7", "a=host:1"] {
+            assert!(bad.parse::<PeerAddress>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn wire_state_round_trips_as_json() {
+        let state = wire::PeerState { complete: true, finished: true, bytes_done: 42 };
+        let json = serde_json::to_string(&state).unwrap();
+        assert_eq!(json, r#"{"complete":true,"finished":true,"bytesDone":42}"#);
+        assert_eq!(serde_json::from_str::<wire::PeerState>(&json).unwrap(), state);
+    }
+
+    proptest! {
+        /// Every member computes the same owner whatever order it was told
+        /// the group in, and the owners split keys between all members.
+        #[test]
+        fn every_member_agrees_on_the_owner(
+            mut names in proptest::collection::btree_set("[a-z]{1,6}", 1..8).prop_map(|s| s.into_iter().collect::<Vec<_>>()),
+            keys in proptest::collection::vec("[a-z0-9/]{1,20}", 1..50),
+        ) {
+            let group = PeerGroup::new(names.clone());
+            names.reverse();
+            let reversed = PeerGroup::new(names.clone());
+            for key in &keys {
+                let owner = group.owner(key).unwrap();
+                prop_assert_eq!(Some(owner), reversed.owner(key));
+                prop_assert!(names.iter().any(|n| n == owner));
+            }
+        }
+    }
+}
