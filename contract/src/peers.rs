@@ -150,8 +150,9 @@ pub mod wire {
     pub const STATE_PATH: &str = "/v1/state";
     /// `GET ?key=K&etag=E`: answers 200 once the worker holds version `E`
     /// of `K`, verified and in place; 404 when it will not (it finished
-    /// without it, or holds another version); 204 when it does not yet and
-    /// the long poll ([`WAIT_SECONDS`]) ended: ask again.
+    /// without it, or holds another version); 202 with its [`PeerState`]
+    /// when it does not yet and the long poll ([`WAIT_SECONDS`]) ended: ask
+    /// again (and judge from `bytes_done` whether it is still making progress).
     pub const WAIT_PATH: &str = "/v1/wait";
     /// `GET ?key=K&etag=E` with an optional `Range: bytes=A-B`: the bytes
     /// of version `E` of `K` (200 or 206), or 404 when the worker does not

@@ -16,6 +16,7 @@
 //! * [`options`] turns the options every front end takes into a configured
 //!   run.
 
+pub mod fleet;
 pub mod local;
 pub mod metrics;
 pub mod options;

@@ -105,6 +105,35 @@ impl Operation {
     }
 }
 
+/// Why a peer was bypassed, label `reason` of `ferry_stager_peer_failures_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PeerFailure {
+    /// It did not answer, or broke off a response.
+    Unreachable,
+    /// It made no progress, or its response stalled, for `--peer-timeout`.
+    Stalled,
+    /// Its bytes did not match the store's checksum.
+    Mismatch,
+    /// It refused this worker's secret.
+    Refused,
+}
+
+impl PeerFailure {
+    /// All of them, for pre-registering metric series.
+    pub const ALL: [PeerFailure; 4] =
+        [PeerFailure::Unreachable, PeerFailure::Stalled, PeerFailure::Mismatch, PeerFailure::Refused];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerFailure::Unreachable => "unreachable",
+            PeerFailure::Stalled => "stalled",
+            PeerFailure::Mismatch => "mismatch",
+            PeerFailure::Refused => "refused",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabels {
     direction: &'static str,
@@ -130,6 +159,10 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+/// Label values of `ferry_stager_peer_bytes_total`.
+const PEER_RECEIVED: &str = "received";
+const PEER_SERVED: &str = "served";
+
 fn duration_histogram() -> Histogram {
     // 1 ms .. ~65 s
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -146,6 +179,9 @@ pub struct Metrics {
     verified: Family<KindLabels, Counter>,
     resumed: Family<DirectionLabels, Counter>,
     in_flight: Gauge,
+    peer_bytes: Family<DirectionLabels, Counter>,
+    peer_failures: Family<ReasonLabels, Counter>,
+    peer_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -166,6 +202,9 @@ impl Metrics {
         let verified = Family::<KindLabels, Counter>::default();
         let resumed = Family::<DirectionLabels, Counter>::default();
         let in_flight = Gauge::default();
+        let peer_bytes = Family::<DirectionLabels, Counter>::default();
+        let peer_failures = Family::<ReasonLabels, Counter>::default();
+        let peer_refused = Counter::default();
         registry.register_with_unit(
             "transferred",
             "Bytes written to their destination (disk for downloads, the store for uploads)",
@@ -192,6 +231,22 @@ impl Metrics {
             resumed.clone(),
         );
         registry.register("requests_in_flight", "Store requests currently in flight", in_flight.clone());
+        registry.register_with_unit(
+            "peer",
+            "Fleet staging: bytes received from peers instead of the store, and bytes served to peers",
+            Unit::Bytes,
+            peer_bytes.clone(),
+        );
+        registry.register(
+            "peer_failures",
+            "Fleet staging: peers bypassed (their share read from the store), by reason",
+            peer_failures.clone(),
+        );
+        registry.register(
+            "peer_refused_requests",
+            "Fleet staging: requests to the peer port without the DataStage's secret",
+            peer_refused.clone(),
+        );
         // Pre-create label sets so every series exists from the first scrape.
         for result in [ObjectResult::Transferred, ObjectResult::Skipped, ObjectResult::Failed, ObjectResult::Refused] {
             let _ = objects.get_or_create(&ResultLabels { result: result.as_str() });
@@ -205,7 +260,45 @@ impl Metrics {
         for direction in [Direction::Download, Direction::Upload] {
             let _ = resumed.get_or_create(&DirectionLabels { direction: direction.as_str() });
         }
-        Self { registry, bytes, objects, request_duration, retries, verified, resumed, in_flight }
+        for direction in [PEER_RECEIVED, PEER_SERVED] {
+            let _ = peer_bytes.get_or_create(&DirectionLabels { direction });
+        }
+        for failure in PeerFailure::ALL {
+            let _ = peer_failures.get_or_create(&ReasonLabels { reason: failure.as_str() });
+        }
+        Self {
+            registry,
+            bytes,
+            objects,
+            request_duration,
+            retries,
+            verified,
+            resumed,
+            in_flight,
+            peer_bytes,
+            peer_failures,
+            peer_refused,
+        }
+    }
+
+    /// Counts bytes received from a peer.
+    pub fn peer_bytes_received(&self, bytes: u64) {
+        self.peer_bytes.get_or_create(&DirectionLabels { direction: PEER_RECEIVED }).inc_by(bytes);
+    }
+
+    /// Counts bytes served to a peer.
+    pub fn peer_bytes_served(&self, bytes: u64) {
+        self.peer_bytes.get_or_create(&DirectionLabels { direction: PEER_SERVED }).inc_by(bytes);
+    }
+
+    /// Counts a peer bypassed.
+    pub fn peer_failure(&self, failure: PeerFailure) {
+        self.peer_failures.get_or_create(&ReasonLabels { reason: failure.as_str() }).inc();
+    }
+
+    /// Counts a request to the peer port without the secret.
+    pub fn peer_request_refused(&self) {
+        self.peer_refused.inc();
     }
 
     /// Counts bytes that reached their destination.
@@ -284,6 +377,8 @@ mod tests {
         metrics.retry(RetryReason::Throttled);
         metrics.verified(VerifiedKind::EtagMultipart);
         metrics.resumed(Direction::Upload, 7);
+        metrics.peer_bytes_received(5);
+        metrics.peer_failure(PeerFailure::Mismatch);
         let guard = metrics.request_started();
         let text = metrics.encode();
         drop(guard);
@@ -297,6 +392,9 @@ mod tests {
             "ferry_stager_verified_objects_total{kind=\"etag_multipart\"} 1",
             "ferry_stager_verified_objects_total{kind=\"crc64nvme\"} 0",
             "ferry_stager_resumed_bytes_total{direction=\"upload\"} 7",
+            "ferry_stager_peer_bytes_total{direction=\"received\"} 5",
+            "ferry_stager_peer_bytes_total{direction=\"served\"} 0",
+            "ferry_stager_peer_failures_total{reason=\"mismatch\"} 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -35,6 +35,8 @@ pub enum Fault {
 pub struct Calls {
     /// GET requests.
     pub gets: usize,
+    /// Bytes the GET requests asked for (what a store bills as egress).
+    pub get_bytes: u64,
     /// Multipart uploads aborted.
     pub aborts: usize,
     /// Multipart uploads completed.
@@ -187,6 +189,7 @@ impl ObjectStore for MemoryStore {
         }
         let whole = range.is_none();
         let range = range.unwrap_or(0..data.len() as u64);
+        self.state.lock().unwrap().calls.get_bytes += range.end - range.start;
         let mut body = data.slice(range.start as usize..range.end as usize).to_vec();
         let content_length = body.len() as u64;
         match fault {

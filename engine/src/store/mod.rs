@@ -401,6 +401,13 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError>;
 
+    /// The bytes this store returned for `key` did not match its checksum.
+    /// A store that routes reads elsewhere (a peer) stops trusting that
+    /// source; a plain store has nothing to do.
+    fn distrust(&self, key: &str) {
+        let _ = key;
+    }
+
     /// Writes a whole object in one request; the store verifies `crc32c`.
     /// Returns the new object's ETag as listings report it, when the store
     /// gave one.

@@ -354,6 +354,8 @@ pub struct Engine {
     /// This boot of the machine: partial downloads recorded in another are
     /// not trusted (see `local/partial.rs`).
     pub boot_id: String,
+    /// The peers of a pull staged by a fleet of workers, if any.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 impl Engine {
@@ -365,6 +367,30 @@ impl Engine {
         store: Arc<dyn ObjectStore>,
         config: TransferConfig,
         metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, TransferError> {
+        Self::build(store, config, metrics, None)
+    }
+
+    /// Builds the engine of one worker of a fleet: reads of keys a peer
+    /// holds go to that peer (see [`crate::fleet`]).
+    ///
+    /// # Errors
+    /// As [`Engine::new`].
+    pub fn in_fleet(
+        store: Arc<dyn ObjectStore>,
+        config: TransferConfig,
+        metrics: Arc<Metrics>,
+        fleet: Arc<crate::fleet::Fleet>,
+    ) -> Result<Arc<Self>, TransferError> {
+        let store = Arc::new(crate::fleet::PeerStore::new(store, Arc::clone(&fleet)));
+        Self::build(store, config, metrics, Some(fleet))
+    }
+
+    fn build(
+        store: Arc<dyn ObjectStore>,
+        config: TransferConfig,
+        metrics: Arc<Metrics>,
+        fleet: Option<Arc<crate::fleet::Fleet>>,
     ) -> Result<Arc<Self>, TransferError> {
         let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
         let budget = Budget::new(config.concurrency, config.memory_limit, largest, Arc::clone(&metrics))?;
@@ -379,6 +405,7 @@ impl Engine {
             buffers: buffers::BufferPool::default(),
             md5: md5::Md5Hasher::default(),
             boot_id: crate::local::partial::boot_id(),
+            fleet,
         }))
     }
 

@@ -180,6 +180,7 @@ pub async fn pull(
     let (pages_tx, mut pages) = mpsc::channel(2);
     let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
+    let peer_waiters = Arc::new(Semaphore::new(PEER_WAITERS));
     let mut tasks = ObjectTasks::new();
     let mut departed = Departed::new(&manifest, prefix, &engine.config.selection);
 
@@ -192,6 +193,10 @@ pub async fn pull(
                 let Some(planned) = plan_object(&engine, &manifest, prefix, object) else { continue };
                 if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
                     writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
+                    if let (Some(fleet), Some(etag)) = (&engine.fleet, &planned.object.etag) {
+                        let path = destination.join(planned.rel.as_str());
+                        fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
+                    }
                     engine.tally.skipped(planned.object.size);
                     engine.tally.in_place(planned.rel.as_str(), planned.version(), planned.object.size);
                     engine.metrics.object(ObjectResult::Skipped);
@@ -205,7 +210,29 @@ pub async fn pull(
                 to_copy.iter().for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
                 ledger.check(page.next.is_none())?;
             }
+            // In a fleet, this worker's own share goes first: its peers are
+            // waiting for it, and what it waits for is theirs.
+            if let Some(fleet) = &engine.fleet {
+                to_copy.sort_by_key(|planned| fleet.owner_elsewhere(planned.rel.as_str()).is_some());
+            }
             for planned in to_copy {
+                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(fleet, &planned)) {
+                    // Waiting for a peer holds no object slot, so this
+                    // worker's own share never queues behind its peers'.
+                    let waiter = object_slot(&peer_waiters, &mut tasks).await?;
+                    let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
+                    let (fleet, slots) = (Arc::clone(fleet), Arc::clone(&objects_in_flight));
+                    tasks.spawn(async move {
+                        let etag = planned.object.etag.as_deref().unwrap_or_default();
+                        fleet.await_ready(planned.rel.as_str(), &planned.object.key, etag).await;
+                        let permit = slots.acquire_owned().await.expect("never closed");
+                        drop(waiter);
+                        let result = pull_object(&engine, &staging, &writer, planned).await;
+                        drop(permit);
+                        result
+                    });
+                    continue;
+                }
                 let permit = object_slot(&objects_in_flight, &mut tasks).await?;
                 let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
                 tasks.spawn(async move {
@@ -240,6 +267,9 @@ pub async fn pull(
             tracing::info!(removed = swept, "removed partial downloads no object needs any more");
         }
     }
+    if let Some(fleet) = &engine.fleet {
+        fleet.finish(complete);
+    }
     let reconcile = delete_removed && complete;
     let departed = departed.into_entries();
     let unremoved = if reconcile { remove_departed(&engine, destination, departed).await } else { departed };
@@ -251,12 +281,25 @@ pub async fn pull(
     staging.close();
     outcome?;
     finished?;
-    Ok(engine.tally.summary(
+    let mut summary = engine.tally.summary(
         super::tally::Operation::Pull,
         source_uri,
         destination.display().to_string(),
         started.elapsed(),
-    ))
+    );
+    if let Some(fleet) = &engine.fleet {
+        summary.peers = fleet.counts();
+    }
+    Ok(summary)
+}
+
+/// Objects waiting for a peer at once: enough for a page of a listing, so
+/// that a worker lists on while its peers catch up.
+const PEER_WAITERS: usize = 2048;
+
+/// Whether `planned` is to be read from the peer that owns it.
+fn from_a_peer(fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
+    planned.object.etag.is_some() && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
 }
 
 /// `shared` once every other reference is gone. Object tasks are joined
@@ -354,6 +397,13 @@ async fn pull_object(
     let key = planned.object.key.clone();
     match result {
         Ok(verified) => {
+            if let Some(fleet) = &engine.fleet {
+                if let Some(etag) = &planned.object.etag {
+                    let path = staging.root().join(planned.rel.as_str());
+                    fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
+                }
+                fleet.staged(&planned.object.key);
+            }
             engine.tally.transferred(verified);
             if let Verified::As(kind) = verified {
                 engine.metrics.verified(kind);
@@ -396,6 +446,8 @@ where
     loop {
         match attempt().await {
             Err(ObjectError::Mismatch { expected, actual }) if attempts < MISMATCH_ATTEMPTS => {
+                // A store that read these bytes from a peer stops trusting it.
+                engine.store.distrust(key);
                 tracing::warn!(%key, %expected, %actual, attempt = attempts, "checksum mismatch; downloading again");
                 engine.metrics.retry(RetryReason::ChecksumMismatch);
                 engine.tally.retried();

@@ -1,0 +1,400 @@
+//! Fleet staging: the workers of one pull onto several nodes feed each
+//! other, so the dataset leaves the object store about once instead of once
+//! per node.
+//!
+//! Every worker owns a share of the keys ([`PeerGroup::owner`]), reads it
+//! from the store, and serves what it has in place on its peer port
+//! ([`server`]). For every other key it asks the owner to say when it holds
+//! the listed version ([`Fleet::await_ready`], a long poll that holds no
+//! request slot), then reads the bytes from the owner through
+//! [`PeerStore`], the store the engine sees. Two rules keep peers from ever
+//! making a run worse than reading the store directly:
+//!
+//! - **Integrity**: a peer's bytes go through the same verification as the
+//!   store's, against the checksum the *store* lists or reports. A peer whose
+//!   bytes do not match is dropped and the object read from the store.
+//! - **Liveness**: a peer that does not answer, refuses, or makes no
+//!   progress for `--peer-timeout` is dropped, and its share read from the
+//!   store. The worst case is a direct read.
+//!
+//! A finished worker keeps serving ([`Fleet::linger`]) until every peer is
+//! complete, gone, or `--peer-linger` has passed.
+
+pub mod catalog;
+mod peer_store;
+pub mod server;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_contract::PeerCounts;
+use ferry_contract::peers::wire::{OBJECT_PATH, ObjectQuery, PeerState, STATE_PATH, WAIT_PATH, WAIT_SECONDS};
+use ferry_contract::peers::{PEER_TOKEN_ENV, PeerGroup, PeerOptions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics::{Metrics, PeerFailure};
+use crate::transfer::bandwidth::BandwidthLimit;
+
+pub use catalog::Catalog;
+pub use peer_store::PeerStore;
+
+/// The addresses of the peers, by worker name, as discovery learns them:
+/// fixed (`--peer`) or from the DataStage's status.
+pub type Directory = watch::Receiver<BTreeMap<String, SocketAddr>>;
+
+/// Fleet options that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FleetError {
+    /// No shared secret.
+    #[error("--peer-group needs the peers' shared secret in {PEER_TOKEN_ENV}")]
+    NoToken,
+    /// This worker is not in its own group.
+    #[error("--peer-group must include this worker ('{0}')")]
+    NotAMember(String),
+}
+
+/// What one peer has shown of itself so far.
+#[derive(Debug)]
+struct PeerHealth {
+    /// Bypassed for the rest of the run.
+    dropped: bool,
+    /// Its `bytes_done` when last heard from.
+    bytes_done: u64,
+    /// When it last answered with more bytes done than before (or first
+    /// answered at all).
+    progressed: Instant,
+}
+
+/// One worker's side of fleet staging.
+#[derive(Debug)]
+pub struct Fleet {
+    me: String,
+    group: PeerGroup,
+    token: String,
+    timeout: Duration,
+    linger: Duration,
+    /// What this worker holds and serves.
+    pub catalog: Catalog,
+    directory: Directory,
+    http: reqwest::Client,
+    health: Mutex<HashMap<String, PeerHealth>>,
+    /// Keys a peer has said it holds, and which peer.
+    ready: Mutex<HashMap<String, String>>,
+    serve_limit: Option<BandwidthLimit>,
+    metrics: Arc<Metrics>,
+    bytes_from_peers: AtomicU64,
+    objects_from_peers: AtomicU64,
+    bytes_served: AtomicU64,
+    peer_failures: AtomicU64,
+}
+
+impl Fleet {
+    /// This worker (`me`) in the group `options` names, with the peers'
+    /// shared `token` and their addresses from `directory`. `None` when the
+    /// options name no group.
+    ///
+    /// # Errors
+    /// No token, or `me` is not in the group.
+    pub fn new(
+        me: &str,
+        options: &PeerOptions,
+        token: Option<String>,
+        directory: Directory,
+        metrics: Arc<Metrics>,
+    ) -> Result<Option<Arc<Self>>, FleetError> {
+        if options.peer_group.is_empty() {
+            return Ok(None);
+        }
+        let token = token.filter(|t| !t.is_empty()).ok_or(FleetError::NoToken)?;
+        let group = PeerGroup::new(options.peer_group.iter().cloned());
+        if !group.members().iter().any(|m| m == me) {
+            return Err(FleetError::NotAMember(me.to_owned()));
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(2).min(options.peer_timeout))
+            .build()
+            .expect("a client without TLS settings builds");
+        Ok(Some(Arc::new(Self {
+            me: me.to_owned(),
+            group,
+            token,
+            timeout: options.peer_timeout,
+            linger: options.peer_linger,
+            catalog: Catalog::default(),
+            directory,
+            http,
+            health: Mutex::default(),
+            ready: Mutex::default(),
+            serve_limit: options.peer_serve_bandwidth.as_ref().map(|b| BandwidthLimit::new(b.bytes())),
+            metrics,
+            bytes_from_peers: AtomicU64::new(0),
+            objects_from_peers: AtomicU64::new(0),
+            bytes_served: AtomicU64::new(0),
+            peer_failures: AtomicU64::new(0),
+        })))
+    }
+
+    /// The peer that reads `relative_key` from the store, when not this worker.
+    pub fn owner_elsewhere(&self, relative_key: &str) -> Option<&str> {
+        self.group.owner(relative_key).filter(|owner| *owner != self.me)
+    }
+
+    /// What fleet staging did in this run so far.
+    pub fn counts(&self) -> PeerCounts {
+        PeerCounts {
+            bytes_from_peers: self.bytes_from_peers.load(Relaxed),
+            objects_from_peers: self.objects_from_peers.load(Relaxed),
+            bytes_served: self.bytes_served.load(Relaxed),
+            peer_failures: self.peer_failures.load(Relaxed),
+        }
+    }
+
+    /// Waits until the owner of `key` (at `relative_key` below the prefix)
+    /// holds version `etag`; returns whether it does, so the object is read
+    /// from it. `false`: read it from the store (this worker owns it, the
+    /// owner will not have it, or the owner was dropped).
+    pub async fn await_ready(&self, relative_key: &str, key: &str, etag: &str) -> bool {
+        let Some(owner) = self.owner_elsewhere(relative_key).map(str::to_owned) else { return false };
+        let query = ObjectQuery { key: key.to_owned(), etag: etag.to_owned() };
+        loop {
+            if self.is_dropped(&owner) {
+                return false;
+            }
+            let Some(addr) = self.address(&owner).await else {
+                self.drop_peer(&owner, PeerFailure::Unreachable, "its address was never published");
+                return false;
+            };
+            let asked = self
+                .http
+                .get(format!("http://{addr}{WAIT_PATH}"))
+                .bearer_auth(&self.token)
+                .query(&query)
+                .timeout(Duration::from_secs(WAIT_SECONDS) + self.timeout)
+                .send()
+                .await;
+            let response = match asked {
+                Ok(response) => response,
+                Err(error) => {
+                    self.drop_peer(&owner, PeerFailure::Unreachable, &error.to_string());
+                    return false;
+                }
+            };
+            match response.status().as_u16() {
+                200 => {
+                    self.heard_from(&owner, None);
+                    self.ready.lock().expect("ready lock poisoned").insert(key.to_owned(), owner);
+                    return true;
+                }
+                404 => return false,
+                202 => {
+                    let state = response.json::<PeerState>().await.ok();
+                    if !self.heard_from(&owner, state.map(|s| s.bytes_done)) {
+                        self.drop_peer(&owner, PeerFailure::Stalled, "it made no progress");
+                        return false;
+                    }
+                }
+                status => {
+                    let failure = if status == 401 { PeerFailure::Refused } else { PeerFailure::Unreachable };
+                    self.drop_peer(&owner, failure, &format!("it answered {status}"));
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// The peer that said it holds `key`, and where it is, unless dropped since.
+    fn source_for(&self, key: &str) -> Option<(String, SocketAddr)> {
+        let peer = self.ready.lock().expect("ready lock poisoned").get(key).cloned()?;
+        if self.is_dropped(&peer) {
+            return None;
+        }
+        let addr = self.directory.borrow().get(&peer).copied()?;
+        Some((peer, addr))
+    }
+
+    /// Records that `key` is staged; counts it when a peer's bytes made it.
+    pub fn staged(&self, key: &str) {
+        let Some(peer) = self.ready.lock().expect("ready lock poisoned").remove(key) else { return };
+        if !self.is_dropped(&peer) {
+            self.objects_from_peers.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The bytes of `key` did not match the store's checksum: drop the
+    /// peer that served them, so the next attempt reads the store.
+    pub fn distrust(&self, key: &str) {
+        let peer = self.ready.lock().expect("ready lock poisoned").get(key).cloned();
+        if let Some(peer) = peer {
+            self.drop_peer(
+                &peer,
+                PeerFailure::Mismatch,
+                &format!("its bytes of {key} do not match the store's checksum"),
+            );
+        }
+    }
+
+    /// Counts bytes received from a peer.
+    fn received(&self, bytes: u64) {
+        self.bytes_from_peers.fetch_add(bytes, Relaxed);
+        self.metrics.peer_bytes_received(bytes);
+    }
+
+    /// Paces and counts bytes served to a peer.
+    async fn serving(&self, bytes: u64) {
+        if let Some(limit) = &self.serve_limit {
+            limit.take(bytes).await;
+        }
+        self.bytes_served.fetch_add(bytes, Relaxed);
+        self.metrics.peer_bytes_served(bytes);
+    }
+
+    /// Counts a request refused for want of the secret.
+    fn refused(&self) {
+        self.metrics.peer_request_refused();
+    }
+
+    fn is_dropped(&self, peer: &str) -> bool {
+        self.health.lock().expect("health lock poisoned").get(peer).is_some_and(|h| h.dropped)
+    }
+
+    /// Bypasses `peer` for the rest of the run (once).
+    fn drop_peer(&self, peer: &str, failure: PeerFailure, why: &str) {
+        let mut health = self.health.lock().expect("health lock poisoned");
+        let entry = health.entry(peer.to_owned()).or_insert_with(|| PeerHealth {
+            dropped: false,
+            bytes_done: 0,
+            progressed: Instant::now(),
+        });
+        if !entry.dropped {
+            entry.dropped = true;
+            self.peer_failures.fetch_add(1, Relaxed);
+            self.metrics.peer_failure(failure);
+            tracing::warn!(%peer, reason = failure.as_str(), %why, "bypassing a peer: its share is read from the store");
+        }
+    }
+
+    /// Notes an answer from `peer`; returns false when it has shown no
+    /// progress for longer than the timeout.
+    fn heard_from(&self, peer: &str, bytes_done: Option<u64>) -> bool {
+        let now = Instant::now();
+        let mut health = self.health.lock().expect("health lock poisoned");
+        let entry = health.entry(peer.to_owned()).or_insert_with(|| PeerHealth {
+            dropped: false,
+            bytes_done: 0,
+            progressed: now,
+        });
+        match bytes_done {
+            Some(done) if done > entry.bytes_done => {
+                entry.bytes_done = done;
+                entry.progressed = now;
+            }
+            // A whole object was ready: progress.
+            None => entry.progressed = now,
+            Some(_) => {}
+        }
+        now.duration_since(entry.progressed) <= self.timeout
+    }
+
+    /// Where `peer` serves, waiting up to the timeout for discovery to learn it.
+    async fn address(&self, peer: &str) -> Option<SocketAddr> {
+        let mut directory = self.directory.clone();
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(addr) = directory.borrow_and_update().get(peer).copied() {
+                return Some(addr);
+            }
+            match tokio::time::timeout_at(deadline, directory.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return directory.borrow().get(peer).copied(),
+            }
+        }
+    }
+
+    /// Asks `addr` for the bytes of version `etag` of `key` (a `range` of it).
+    async fn fetch(
+        &self,
+        addr: SocketAddr,
+        key: &str,
+        etag: &str,
+        range: Option<&std::ops::Range<u64>>,
+    ) -> Result<reqwest::Response, String> {
+        let mut request = self
+            .http
+            .get(format!("http://{addr}{OBJECT_PATH}"))
+            .bearer_auth(&self.token)
+            .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() })
+            .timeout(self.timeout.max(Duration::from_secs(1)) * 4);
+        if let Some(range) = range {
+            request = request.header(reqwest::header::RANGE, format!("bytes={}-{}", range.start, range.end - 1));
+        }
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        match response.status().as_u16() {
+            200 | 206 => Ok(response),
+            status => Err(format!("it answered {status} for {key}")),
+        }
+    }
+
+    /// Records that this worker's run ended: `complete` when it holds the
+    /// whole dataset.
+    pub fn finish(&self, complete: bool) {
+        self.catalog.finish(complete);
+    }
+
+    /// Keeps this (finished) worker serving until every peer is complete,
+    /// has been unreachable for the timeout, or the linger time is up.
+    pub async fn linger(&self) {
+        let deadline = Instant::now() + self.linger;
+        let mut waiting: BTreeMap<&str, Instant> =
+            self.group.members().iter().filter(|m| **m != self.me).map(|m| (m.as_str(), Instant::now())).collect();
+        while !waiting.is_empty() && Instant::now() < deadline {
+            let mut done = Vec::new();
+            for (peer, last_seen) in &mut waiting {
+                let addr = self.directory.borrow().get(*peer).copied();
+                let state = match addr {
+                    Some(addr) => self.peer_state(addr).await,
+                    None => None,
+                };
+                match state {
+                    Some(state) if state.complete => done.push(*peer),
+                    Some(_) => *last_seen = Instant::now(),
+                    None if last_seen.elapsed() > self.timeout => {
+                        tracing::info!(%peer, "no longer waiting for a peer that does not answer");
+                        done.push(*peer);
+                    }
+                    None => {}
+                }
+            }
+            done.iter().for_each(|peer| {
+                waiting.remove(peer);
+            });
+            if !waiting.is_empty() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        if !waiting.is_empty() {
+            tracing::info!(peers = ?waiting.keys().collect::<Vec<_>>(), "stopped serving: --peer-linger is up");
+        }
+    }
+
+    async fn peer_state(&self, addr: SocketAddr) -> Option<PeerState> {
+        let response = self
+            .http
+            .get(format!("http://{addr}{STATE_PATH}"))
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        response.json().await.ok()
+    }
+}

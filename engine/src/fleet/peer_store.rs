@@ -1,0 +1,178 @@
+//! The object store a worker in a fleet sees: reads of keys a peer said it
+//! holds go to that peer, everything else (listings, HEADs, part sizes,
+//! writes, and any read a peer fails) to the real store.
+//!
+//! A peer's response never supplies what it is verified against: a
+//! whole-object read carries the checksum the store lists (an MD5 ETag) or
+//! reports on a HEAD, exactly what a GET from the store would have carried;
+//! ranged reads are verified against the store's HEAD by the pull itself.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt as _;
+
+use super::Fleet;
+use crate::metrics::PeerFailure;
+use crate::store::{
+    GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
+};
+
+/// The real store, with reads routed to peers where they can serve them.
+#[derive(Debug)]
+pub struct PeerStore {
+    inner: Arc<dyn ObjectStore>,
+    fleet: Arc<Fleet>,
+}
+
+impl PeerStore {
+    /// `inner` with reads routed to `fleet`'s peers.
+    pub fn new(inner: Arc<dyn ObjectStore>, fleet: Arc<Fleet>) -> Self {
+        Self { inner, fleet }
+    }
+
+    /// The response of `peer` for `key`, with its body counted and watched
+    /// for stalls, or why it cannot serve.
+    async fn from_peer(
+        &self,
+        peer: &str,
+        addr: std::net::SocketAddr,
+        key: &str,
+        etag: &str,
+        range: Option<&Range<u64>>,
+    ) -> Result<GetResponse, StoreError> {
+        let response = match self.fleet.fetch(addr, key, etag, range).await {
+            Ok(response) => response,
+            Err(why) => {
+                self.fleet.drop_peer(peer, PeerFailure::Unreachable, &why);
+                return Err(StoreError::transient(RetryReason::ServerError, why));
+            }
+        };
+        let content_length = response.content_length().unwrap_or(0);
+        // The store's own checksum for a whole object: never the peer's word.
+        let checksum = match range {
+            Some(_) => None,
+            None => self.trusted_checksum(key, etag).await?,
+        };
+        let fleet = Arc::clone(&self.fleet);
+        let (peer, timeout) = (peer.to_owned(), self.fleet.timeout);
+        let body = futures::stream::unfold(Some(response), move |response| {
+            let (fleet, peer) = (Arc::clone(&fleet), peer.clone());
+            async move {
+                let mut response = response?;
+                let chunk = match tokio::time::timeout(timeout, response.chunk()).await {
+                    Ok(Ok(Some(chunk))) => chunk,
+                    Ok(Ok(None)) => return None,
+                    Ok(Err(error)) => {
+                        fleet.drop_peer(&peer, PeerFailure::Unreachable, &error.to_string());
+                        return Some((Err(StoreError::transient(RetryReason::TruncatedBody, error)), None));
+                    }
+                    Err(_) => {
+                        fleet.drop_peer(&peer, PeerFailure::Stalled, "its response stalled");
+                        let error = StoreError::transient(RetryReason::Timeout, format!("peer {peer} stalled"));
+                        return Some((Err(error), None));
+                    }
+                };
+                fleet.received(chunk.len() as u64);
+                Some((Ok::<Bytes, StoreError>(chunk), Some(response)))
+            }
+        })
+        .boxed();
+        Ok(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body })
+    }
+
+    /// What the store says version `etag` of `key` is verified against.
+    async fn trusted_checksum(&self, key: &str, etag: &str) -> Result<Option<Integrity>, StoreError> {
+        if let Some(md5) = crate::store::s3::md5_from_etag(etag) {
+            return Ok(Some(Integrity::Whole(md5)));
+        }
+        let (meta, checksum) = self.inner.head(key).await?;
+        if meta.etag.as_deref() != Some(etag) {
+            return Err(StoreError::Changed);
+        }
+        Ok(checksum)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for PeerStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
+        self.inner.list_page(prefix, token).await
+    }
+
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
+        self.inner.head(key).await
+    }
+
+    async fn part_size(&self, key: &str, number: u32, if_match: Option<&str>) -> Result<u64, StoreError> {
+        self.inner.part_size(key, number, if_match).await
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError> {
+        if let (Some(etag), Some((peer, addr))) = (if_match, self.fleet.source_for(key)) {
+            match self.from_peer(&peer, addr, key, etag, range.as_ref()).await {
+                Ok(response) => return Ok(response),
+                // The peer is dropped; this read goes to the store.
+                Err(StoreError::Transient { .. }) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        self.inner.get(key, range, if_match).await
+    }
+
+    fn distrust(&self, key: &str) {
+        self.fleet.distrust(key);
+    }
+
+    async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
+        self.inner.put(key, body, crc32c).await
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        self.inner.create_multipart(key).await
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        body: Bytes,
+        crc32c: u32,
+    ) -> Result<crate::store::UploadedPart, StoreError> {
+        self.inner.upload_part(key, upload_id, number, body, crc32c).await
+    }
+
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<crate::store::UploadedPart>,
+        crc32c: u32,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.complete_multipart(key, upload_id, parts, crc32c).await
+    }
+
+    async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
+        self.inner.abort_multipart(key, upload_id).await
+    }
+
+    async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
+        self.inner.list_parts(key, upload_id).await
+    }
+
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        self.inner.list_uploads(prefix).await
+    }
+}

@@ -1,0 +1,205 @@
+//! Workers of one fleet against an in-memory store, each with its own
+//! directory and its own peer port on loopback: the dataset is read from the
+//! store about once, every node ends with all of it, and peers that are
+//! gone or lie cost time, never bytes on disk.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_contract::peers::PeerOptions;
+use tokio::sync::watch;
+
+use super::{Fleet, server};
+use crate::metrics::Metrics;
+use crate::store::memory::MemoryStore;
+use crate::transfer::{Engine, RetryPolicy, TransferConfig, pull::pull};
+
+const TOKEN: &str = "the-datastage-secret";
+
+/// Objects of assorted sizes under `p/`, some larger than one range.
+fn dataset() -> (Arc<MemoryStore>, BTreeMap<String, Vec<u8>>) {
+    let store = Arc::new(MemoryStore::default());
+    let mut objects = BTreeMap::new();
+    for i in 0..24u32 {
+        let size = match i % 4 {
+            0 => 0,
+            1 => 1 + i as usize * 37,
+            2 => 70_000 + i as usize,
+            _ => (2 << 20) + 3 * i as usize,
+        };
+        let data: Vec<u8> = (0..size).map(|b| (b as u32 * 31 + i) as u8).collect();
+        store.insert(&format!("p/dir{}/obj-{i}", i % 3), data.clone());
+        objects.insert(format!("dir{}/obj-{i}", i % 3), data);
+    }
+    (store, objects)
+}
+
+fn total(objects: &BTreeMap<String, Vec<u8>>) -> u64 {
+    objects.values().map(|d| d.len() as u64).sum()
+}
+
+fn config() -> TransferConfig {
+    TransferConfig {
+        concurrency: 4,
+        part_size: 1 << 20,
+        retry: RetryPolicy { base_delay: Duration::from_millis(1), ..RetryPolicy::default() },
+        ..TransferConfig::default()
+    }
+}
+
+fn options(group: &[&str]) -> PeerOptions {
+    PeerOptions {
+        peer_group: group.iter().map(|s| (*s).to_owned()).collect(),
+        peer_timeout: Duration::from_secs(2),
+        peer_linger: Duration::from_secs(20),
+        ..PeerOptions::default()
+    }
+}
+
+/// A worker `me` of `group`, serving on a loopback port it publishes in `directory`.
+async fn worker(
+    store: &Arc<MemoryStore>,
+    me: &str,
+    group: &[&str],
+    directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
+) -> (Arc<Engine>, Arc<Fleet>) {
+    let metrics = Arc::new(Metrics::new());
+    let fleet = Fleet::new(me, &options(group), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
+        .unwrap()
+        .expect("a group");
+    let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    directory.send_modify(|peers| {
+        peers.insert(me.to_owned(), addr);
+    });
+    let engine = Engine::in_fleet(Arc::clone(store) as _, config(), metrics, Arc::clone(&fleet)).unwrap();
+    (engine, fleet)
+}
+
+fn assert_staged(dir: &Path, objects: &BTreeMap<String, Vec<u8>>) {
+    for (rel, data) in objects {
+        let on_disk = std::fs::read(dir.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        assert!(on_disk == *data, "{rel} differs from the store's bytes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_read_the_dataset_from_the_store_once_and_each_ends_with_all_of_it() {
+    let (store, objects) = dataset();
+    let group = ["node-a", "node-b", "node-c"];
+    let directory = watch::Sender::new(BTreeMap::new());
+    let dirs: Vec<_> = group.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut workers = Vec::new();
+    for me in group {
+        workers.push(worker(&store, me, &group, &directory).await);
+    }
+    let runs = workers.iter().zip(&dirs).map(|((engine, fleet), dir)| {
+        let (engine, fleet, dir) = (Arc::clone(engine), Arc::clone(fleet), dir.path().to_path_buf());
+        tokio::spawn(async move {
+            let summary = pull(engine, "p/", &dir, false).await.unwrap();
+            fleet.linger().await;
+            summary
+        })
+    });
+    let summaries = futures::future::join_all(runs).await;
+    for (summary, dir) in summaries.into_iter().zip(&dirs) {
+        let summary = summary.unwrap();
+        assert!(summary.complete, "{summary:?}");
+        assert!(summary.peers.objects_from_peers > 0, "{:?}", summary.peers);
+        assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
+        assert_staged(dir.path(), &objects);
+    }
+    let read = store.calls().get_bytes;
+    assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_serves_corrupted_bytes_is_dropped_and_the_object_read_from_the_store() {
+    let (store, objects) = dataset();
+    let group = ["node-a", "node-b"];
+    // node-a staged everything earlier; then a byte of one of its files
+    // rotted on disk, size and time unchanged, so node-a still offers it.
+    let dir_a = tempfile::tempdir().unwrap();
+    pull(Engine::new(Arc::clone(&store) as _, config(), Arc::new(Metrics::new())).unwrap(), "p/", dir_a.path(), false)
+        .await
+        .unwrap();
+    let probe = ferry_contract::PeerGroup::new(group);
+    let rotted = objects
+        .iter()
+        .find(|(rel, data)| probe.owner(rel) == Some("node-a") && data.len() > 1000)
+        .map(|(rel, _)| dir_a.path().join(rel))
+        .expect("node-a owns a large object");
+    let mtime = std::fs::metadata(&rotted).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&rotted).unwrap();
+    bytes[500] ^= 0x5a;
+    std::fs::write(&rotted, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&rotted).unwrap().set_modified(mtime).unwrap();
+
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (engine_a, fleet_a) = worker(&store, "node-a", &group, &directory).await;
+    let (engine_b, fleet_b) = worker(&store, "node-b", &group, &directory).await;
+    let dir_b = tempfile::tempdir().unwrap();
+    let (a, b) = tokio::join!(
+        async {
+            pull(engine_a, "p/", dir_a.path(), false).await.unwrap();
+            fleet_a.linger().await;
+        },
+        async {
+            let summary = pull(engine_b, "p/", dir_b.path(), false).await.unwrap();
+            fleet_b.linger().await;
+            summary
+        },
+    );
+    let () = a;
+    assert!(b.complete, "{b:?}");
+    assert_eq!(b.peers.peer_failures, 1, "{:?}", b.peers);
+    assert_staged(dir_b.path(), &objects);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_is_gone_or_never_answers_costs_a_deadline_not_the_run() {
+    let (store, objects) = dataset();
+    // node-b's published address refuses connections; node-c's accepts
+    // and never says a word.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let directory = watch::Sender::new(BTreeMap::from([("node-b".into(), closed), ("node-c".into(), silent_addr)]));
+    let (engine, fleet) = worker(&store, "node-a", &["node-a", "node-b", "node-c"], &directory).await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let summary = pull(engine, "p/", dir.path(), false).await.unwrap();
+    fleet.linger().await;
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.peers.peer_failures, 2, "{:?}", summary.peers);
+    assert_eq!(summary.peers.objects_from_peers, 0);
+    assert_staged(dir.path(), &objects);
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_peer_port_refuses_requests_without_the_secret() {
+    let (store, _) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (_engine, fleet) = worker(&store, "node-a", &["node-a"], &directory).await;
+    fleet.catalog.hold("p/x", "/nonexistent".into(), "e", 1);
+    let addr = directory.borrow()["node-a"];
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{addr}{}?key=p/x&etag=e", ferry_contract::peers::wire::WAIT_PATH);
+    for token in [None, Some("wrong"), Some("the-datastage-secre")] {
+        let mut request = client.get(&url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 401, "{token:?}");
+    }
+    assert_eq!(client.get(&url).bearer_auth(TOKEN).send().await.unwrap().status(), 200);
+}
