@@ -129,7 +129,15 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         Transfer::Push { destination, .. } => destination,
     };
     let store = options::connect(options, location).await;
-    let engine = Engine::new(store, config, metrics)?;
+    // Fleet staging is for pulls: a push reads one node's directory.
+    let peering = match job {
+        Transfer::Pull { .. } => crate::peers::start(options, &metrics).await?.map(Arc::new),
+        Transfer::Push { .. } => None,
+    };
+    let engine = match &peering {
+        Some(peering) => Engine::in_fleet(store, config, metrics, Arc::clone(&peering.fleet))?,
+        None => Engine::new(store, config, metrics)?,
+    };
     let progress = Progress::start(cli.progress, Arc::clone(&engine.tally));
     let reporter = match (&options.report_to, &options.worker) {
         (Some(target), Some(worker)) => {
@@ -146,7 +154,7 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         }
         _ => None,
     };
-    let result = match job {
+    let mut result = match job {
         Transfer::Pull { source, destination } => {
             pull::pull(engine, &source.prefix, destination, options.delete_removed).await
         }
@@ -154,6 +162,11 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
     };
     if let Some(progress) = progress {
         progress.finish();
+    }
+    // Peers still staging read from this worker until they are done.
+    if let (Some(peering), Ok(summary)) = (&peering, &mut result) {
+        peering.fleet.linger().await;
+        summary.peers = peering.fleet.counts();
     }
     if let Some(reporter) = reporter {
         reporter.abort();

@@ -5,7 +5,9 @@
 //! The marker is a byte string the test plants in its objects; the proxy
 //! flips the last bit of its last byte in every response that carries it,
 //! on every connection, so retries see the same corruption. Requests pass
-//! unchanged.
+//! unchanged. It also counts what the server sent, so a test can measure a
+//! store's egress from outside the client (a marker that never occurs
+//! makes it a plain counting proxy).
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -18,8 +20,14 @@ use std::time::Duration;
 pub struct CorruptingProxy {
     /// `http://127.0.0.1:PORT`
     pub endpoint: String,
-    corrupted: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    corrupted: AtomicU64,
+    sent: AtomicU64,
 }
 
 impl CorruptingProxy {
@@ -32,10 +40,10 @@ impl CorruptingProxy {
         let upstream = upstream.strip_prefix("http://").expect("an http:// upstream").trim_end_matches('/').to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let endpoint = format!("http://{}", listener.local_addr().expect("proxy address"));
-        let corrupted = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let marker: Arc<[u8]> = Arc::from(marker);
-        let (count, stopped) = (Arc::clone(&corrupted), Arc::clone(&stop));
+        let (count, stopped) = (Arc::clone(&counters), Arc::clone(&stop));
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if stopped.load(Ordering::Relaxed) {
@@ -47,12 +55,17 @@ impl CorruptingProxy {
                 std::thread::spawn(move || relay(client, server, &marker, &count));
             }
         });
-        Self { endpoint, corrupted, stop }
+        Self { endpoint, counters, stop }
     }
 
     /// How many markers were corrupted so far.
     pub fn corrupted(&self) -> u64 {
-        self.corrupted.load(Ordering::Relaxed)
+        self.counters.corrupted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the server sent to clients so far (headers and bodies).
+    pub fn bytes_sent(&self) -> u64 {
+        self.counters.sent.load(Ordering::Relaxed)
     }
 }
 
@@ -64,20 +77,20 @@ impl Drop for CorruptingProxy {
     }
 }
 
-fn relay(client: TcpStream, server: TcpStream, marker: &[u8], corrupted: &AtomicU64) {
+fn relay(client: TcpStream, server: TcpStream, marker: &[u8], counters: &Counters) {
     let (Ok(mut client_read), Ok(mut server_write)) = (client.try_clone(), server.try_clone()) else { return };
     let upstream = std::thread::spawn(move || {
         let _ = std::io::copy(&mut client_read, &mut server_write);
         let _ = server_write.shutdown(Shutdown::Write);
     });
-    corrupt_stream(server, client, marker, corrupted);
+    corrupt_stream(server, client, marker, counters);
     let _ = upstream.join();
 }
 
 /// Copies `from` to `to`, corrupting every `marker`. Bytes that could be the
 /// start of a marker are held back until the next read shows whether they
 /// are, or until the server pauses (a response may end there).
-fn corrupt_stream(mut from: TcpStream, mut to: TcpStream, marker: &[u8], corrupted: &AtomicU64) {
+fn corrupt_stream(mut from: TcpStream, mut to: TcpStream, marker: &[u8], counters: &Counters) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
     let mut pending: Vec<u8> = Vec::new();
     let mut buffer = vec![0u8; 64 << 10];
@@ -93,12 +106,13 @@ fn corrupt_stream(mut from: TcpStream, mut to: TcpStream, marker: &[u8], corrupt
             }
             Err(_) => break,
         };
+        counters.sent.fetch_add(read as u64, Ordering::Relaxed);
         pending.extend_from_slice(&buffer[..read]);
         let mut at = 0;
         while let Some(found) = find(&pending[at..], marker) {
             let last = at + found + marker.len() - 1;
             pending[last] ^= 1;
-            corrupted.fetch_add(1, Ordering::Relaxed);
+            counters.corrupted.fetch_add(1, Ordering::Relaxed);
             at = last + 1;
         }
         let keep = longest_marker_prefix_suffix(&pending[at..], marker);
@@ -145,5 +159,6 @@ mod tests {
         client.read_to_end(&mut received).unwrap();
         assert_eq!(received, b"abcMARKESdefMARKESxMA");
         assert_eq!(proxy.corrupted(), 2);
+        assert_eq!(proxy.bytes_sent(), 21);
     }
 }
