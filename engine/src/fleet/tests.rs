@@ -53,7 +53,9 @@ fn config() -> TransferConfig {
 fn options(group: &[&str]) -> PeerOptions {
     PeerOptions {
         peer_group: group.iter().map(|s| (*s).to_owned()).collect(),
-        peer_timeout: Duration::from_secs(2),
+        // Above the long poll's 5 s, as the default is: a peer that answers
+        // "not yet" must have had time to make progress.
+        peer_timeout: Duration::from_secs(10),
         peer_linger: Duration::from_secs(20),
         ..PeerOptions::default()
     }
@@ -182,7 +184,9 @@ async fn a_peer_that_is_gone_or_never_answers_costs_a_deadline_not_the_run() {
     assert_eq!(summary.peers.peer_failures, 2, "{:?}", summary.peers);
     assert_eq!(summary.peers.objects_from_peers, 0);
     assert_staged(dir.path(), &objects);
-    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    // The silent peer costs one long poll plus the timeout, and lingering
+    // for the two the timeout again: bounded, whatever the dataset.
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
 }
 
 #[tokio::test]
