@@ -44,6 +44,25 @@ ROWS = [
           ("p99 {{operation}}", f'histogram_quantile(0.99, sum by (le, operation) (rate(ferry_stager_request_duration_seconds_bucket{{{SEL}}}[{RATE}])))')],
          "Duration of store requests including the body, by operation."),
     ]),
+    ("Fleet staging", [
+        ("Object-store egress saved", "Bps", "timeseries", 12,
+         [("{{namespace}}/{{datastage}} received from peers",
+           f'sum by (namespace, datastage) (rate(ferry_stager_peer_bytes_total{{{SEL}, direction="received"}}[{RATE}]))'),
+          ("{{namespace}}/{{datastage}} served to peers",
+           f'sum by (namespace, datastage) (rate(ferry_stager_peer_bytes_total{{{SEL}, direction="served"}}[{RATE}]))')],
+         "Bytes per second the workers of a PeerToPeer DataStage received from each other instead of reading"
+         " them from the object store (each verified against the store's checksum), and served to each other."),
+        ("Object-store egress saved (run)", "bytes", "stat", 6,
+         [("{{namespace}}/{{datastage}}",
+           f'max by (namespace, datastage) (ferry_operator_datastage_bytes{{{SEL}, state="from_peers"}})')],
+         "Bytes the current run's workers received from peers instead of the store: status.totals.bytesFromPeers,"
+         " cumulative over the run and kept after the workers exit."),
+        ("Peer failures", "ops", "timeseries", 6,
+         [("{{namespace}}/{{datastage}}",
+           f'sum by (namespace, datastage) (rate(ferry_stager_peer_failures_total{{{SEL}}}[{RATE}]))')],
+         "Peers the workers stopped asking (unreachable, stalled, or serving bytes that did not match the store's"
+         " checksum); their share was read from the store."),
+    ]),
     ("Errors", [
         ("Retries by reason", "ops", "timeseries", 8,
          [("{{reason}}", f'sum by (reason) (rate(ferry_stager_retries_total{{{SEL}}}[{RATE}]))')],

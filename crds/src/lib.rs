@@ -43,6 +43,9 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("!has(self.reclaimPolicy) || self.reclaimPolicy == 'Retain' || has(self.source.uri)").message("reclaimPolicy Delete removes what a pull staged; a push's source volume is never deleted: use Retain"))]
 #[x_kube(validation = Rule::new("!has(self.schedule) || has(self.source.uri)").message("spec.schedule re-syncs a pull; a push runs once: remove schedule, or create a new DataStage per upload"))]
 #[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
+#[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
+#[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
+#[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
     /// Where the data comes from: object storage (`uri`) for a pull, a
@@ -87,6 +90,12 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub workers: Option<i32>,
+
+    /// How the nodes of a pull onto hostPaths get the dataset: from each
+    /// other (`PeerToPeer`) or each from the store (`Direct`). The schema
+    /// shows [`Fanout`]'s description here, which says it all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<Fanout>,
 
     /// What happens to staged data when the DataStage is deleted: `Retain`
     /// (default) keeps it; `Delete` (pulls only) removes the files it staged
@@ -256,6 +265,12 @@ pub struct TransferSettings {
     /// bandwidth for training traffic. Default: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bandwidth: Option<ByteSize>,
+
+    /// With `fanout: PeerToPeer`: cap on the bytes per second each worker
+    /// serves to its peers, e.g. `500MiB`, so feeding other nodes does not
+    /// take this node's link from its training job. Default: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_serve_bandwidth: Option<ByteSize>,
 }
 
 /// What happens to staged data when the DataStage is deleted.
@@ -266,6 +281,28 @@ pub enum ReclaimPolicy {
     Retain,
     /// Remove the data from every node.
     Delete,
+}
+
+/// How a pull onto the nodes' local disks (`hostPath`) gets the dataset
+/// to every node. `PeerToPeer`: the workers read the dataset from the
+/// store about once between them, each its own share, and fetch the rest
+/// from each other; every byte from a peer is verified against the store's
+/// checksum, and a peer that is slow, unreachable or serves wrong bytes is
+/// bypassed and its share read from the store, so peers can make a pull
+/// slower, never wrong or stuck. Workers serve their peers on port 9466,
+/// only to holders of a secret the operator keeps in a Secret of the
+/// DataStage's own. `Direct`: every node reads everything from the store.
+/// Default: `PeerToPeer` for a pull onto a hostPath with one pod per node
+/// (`workers` unset or 1), `Direct` otherwise; `PeerToPeer` cannot be set
+/// for a push, a persistentVolumeClaim, or `workers` > 1.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fanout {
+    /// The workers read the dataset from the store about once between them
+    /// and feed each other, every byte verified against the store's
+    /// checksum.
+    PeerToPeer,
+    /// Every node reads everything from the store.
+    Direct,
 }
 
 /// Which nodes run workers.
@@ -453,6 +490,14 @@ pub struct Totals {
     /// When the last worker finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// Fleet staging (`fanout: PeerToPeer`): bytes the workers of this run
+    /// received from their peers instead of the store, summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_from_peers: Option<i64>,
+    /// Fleet staging: bytes the workers of this run copied from the store
+    /// (what they copied less what came from peers), summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_from_store: Option<i64>,
 }
 
 /// Progress of one worker.
@@ -501,6 +546,26 @@ pub struct WorkerStatus {
     /// Digest of the dataset version this worker staged (pulls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Fleet staging: written by the worker itself, where it serves its
+    /// peers, `IP:PORT`. Peers read it here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_address: Option<String>,
+    /// Fleet staging: bytes this worker received from its peers instead of
+    /// the store, each verified against the store's checksum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_from_peers: Option<i64>,
+    /// Fleet staging: bytes this worker copied from the store (what it
+    /// copied less what came from peers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_from_store: Option<i64>,
+    /// Fleet staging: bytes this worker served to its peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_served: Option<i64>,
+    /// Fleet staging: peers this worker stopped asking (unreachable,
+    /// stalled, or serving bytes that did not match the store's checksum);
+    /// it read their share from the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_failures: Option<i64>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -563,6 +628,47 @@ mod tests {
             "Requests in flight per worker, shared by all objects. Default {DEFAULT_CONCURRENCY}."
         )));
         assert!(yaml.contains(&format!("Default {DEFAULT_MEMORY_LIMIT}.")));
+    }
+
+    #[test]
+    fn peer_to_peer_where_it_cannot_work_is_refused_at_admission_naming_the_field() {
+        let yaml = crd_yaml();
+        for needle in [
+            "rule: '!has(self.fanout) || self.fanout != ''PeerToPeer'' || has(self.source.uri)'",
+            "message: 'spec.fanout PeerToPeer applies to pulls",
+            "message: 'spec.fanout PeerToPeer stages one copy per node onto a hostPath",
+            "message: 'spec.fanout PeerToPeer runs one worker pod per node",
+            "- PeerToPeer",
+            "- Direct",
+            "peerServeBandwidth:",
+            "peerAddress:",
+            "bytesFromStore:",
+        ] {
+            assert!(yaml.contains(needle), "missing {needle:?}");
+        }
+    }
+
+    #[test]
+    fn fleet_staging_fields_round_trip_in_camel_case() {
+        let spec: DataStageSpec = serde_json::from_value(serde_json::json!({
+            "source": {"uri": "s3://datasets/imagenet"},
+            "destination": {"volume": {"hostPath": "/mnt/nvme/imagenet"}},
+            "fanout": "PeerToPeer",
+            "transfer": {"peerServeBandwidth": "500Mi"},
+        }))
+        .unwrap();
+        assert_eq!(spec.fanout, Some(Fanout::PeerToPeer));
+        let bandwidth = spec.transfer.as_ref().and_then(|t| t.peer_serve_bandwidth.as_ref());
+        assert_eq!(bandwidth.map(ByteSize::bytes), Some(500 << 20));
+
+        let worker: WorkerStatus = serde_json::from_value(serde_json::json!({
+            "name": "node-a", "peerAddress": "10.0.0.7:9466", "bytesFromPeers": 3, "bytesServed": 4, "peerFailures": 1,
+        }))
+        .unwrap();
+        assert_eq!(worker.peer_address.as_deref(), Some("10.0.0.7:9466"));
+        assert_eq!((worker.bytes_from_peers, worker.bytes_served, worker.peer_failures), (Some(3), Some(4), Some(1)));
+        let json = serde_json::to_value(WorkerStatus { name: "a".into(), ..WorkerStatus::default() }).unwrap();
+        assert!(json.get("peerAddress").is_none() && json.get("bytesFromPeers").is_none(), "{json}");
     }
 
     #[test]

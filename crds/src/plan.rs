@@ -1,5 +1,6 @@
 //! What a DataStage spec means, decided once: which way data moves, which
-//! store and which volume, and how many worker pods share each place. The
+//! store and which volume, how many worker pods share each place, and
+//! whether the nodes feed each other. The
 //! operator's Job builders and status aggregation, and the stager's `wait`,
 //! read a [`Plan`] instead of asking the spec "is this a push? is this a
 //! hostPath?" each on their own.
@@ -7,7 +8,7 @@
 //! Not here: which nodes match (that needs the cluster's nodes; see the
 //! operator's placement module).
 
-use crate::{DataStageSpec, Location};
+use crate::{DataStageSpec, Fanout, Location};
 
 /// Which way data moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +59,10 @@ pub struct Plan<'a> {
     /// Worker pods per place (per node for a hostPath, for the claim
     /// otherwise), each copying one shard.
     pub pods_per_worker: u32,
+    /// Whether the workers feed each other: [`Fanout::PeerToPeer`] only
+    /// where it can work (a pull onto hostPaths, one pod per node), what
+    /// the spec defaults to there; [`Fanout::Direct`] everywhere else.
+    pub fanout: Fanout,
 }
 
 /// A spec the API server should have refused: only an object written
@@ -95,7 +100,16 @@ impl DataStageSpec {
             _ => return Err(IncompleteSpec),
         };
         let pods_per_worker = self.workers.unwrap_or(1).clamp(1, 1000) as u32;
-        Ok(Plan { direction, store, uri, backend, volume, pods_per_worker })
+        // Peers are nodes that each hold a whole copy and one process each
+        // to serve it. Admission refuses PeerToPeer anywhere else; should
+        // one get through, Direct still stages the data.
+        let peers_possible =
+            direction == Direction::Pull && matches!(volume, Volume::HostPath(_)) && pods_per_worker == 1;
+        let fanout = match self.fanout {
+            Some(Fanout::PeerToPeer) | None if peers_possible => Fanout::PeerToPeer,
+            _ => Fanout::Direct,
+        };
+        Ok(Plan { direction, store, uri, backend, volume, pods_per_worker, fanout })
     }
 }
 
@@ -127,5 +141,32 @@ mod tests {
 
         let neither = spec(serde_json::json!({"source": {"uri": "s3://b/p"}, "destination": {}}));
         assert_eq!(neither.plan(), Err(IncompleteSpec));
+    }
+
+    #[test]
+    fn nodes_feed_each_other_by_default_only_on_a_one_pod_per_node_pull_onto_host_paths() {
+        let fanout = |value: serde_json::Value| spec(value).plan().unwrap().fanout;
+        let host_path = serde_json::json!({"volume": {"hostPath": "/mnt/x"}});
+        let claim = serde_json::json!({"volume": {"persistentVolumeClaim": {"claimName": "c"}}});
+        let store = serde_json::json!({"uri": "s3://b/p"});
+        let pull = serde_json::json!({"source": store, "destination": host_path});
+        assert_eq!(fanout(pull.clone()), Fanout::PeerToPeer);
+        let mut one_pod = pull.clone();
+        one_pod["workers"] = 1.into();
+        assert_eq!(fanout(one_pod), Fanout::PeerToPeer);
+        let mut direct = pull.clone();
+        direct["fanout"] = "Direct".into();
+        assert_eq!(fanout(direct), Fanout::Direct);
+
+        let mut sharded = pull;
+        sharded["workers"] = 3.into();
+        assert_eq!(fanout(sharded.clone()), Fanout::Direct);
+        // Admission refuses these; a plan still never asks peers of them.
+        sharded["fanout"] = "PeerToPeer".into();
+        assert_eq!(fanout(sharded), Fanout::Direct);
+        let claim_pull = serde_json::json!({"source": store, "destination": claim, "fanout": "PeerToPeer"});
+        assert_eq!(fanout(claim_pull), Fanout::Direct);
+        let push = serde_json::json!({"source": host_path, "destination": store});
+        assert_eq!(fanout(push), Fanout::Direct);
     }
 }

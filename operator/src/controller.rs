@@ -6,6 +6,11 @@
 //! that joins or starts matching a placement is staged without a retry
 //! loop.
 //!
+//! With fanout PeerToPeer the DataStage's peer Secret is created before its
+//! first Jobs. A worker's Job is created once and never applied again, so
+//! a node that joins later gets its own Job with the peer group as it is
+//! then, and running workers are left alone.
+//!
 //! A pull with `reclaimPolicy: Delete` carries a finalizer. When it is
 //! deleted, its workers are stopped first (so nothing writes any more), then
 //! one clean-up Job per worker runs `ferry-stager clean` on the same volume
@@ -15,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_crds::plan::{Backend, Direction, Plan};
-use ferry_crds::{DataStage, DataStageStatus, Phase, ReclaimPolicy, WorkerStatus};
+use ferry_crds::{DataStage, DataStageStatus, Fanout, Phase, ReclaimPolicy, WorkerStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
@@ -320,10 +325,11 @@ async fn carry_out(
     let mut existing = jobs.list(&ListParams::default().labels(&selector)).await?.items;
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
-    for worker in workers {
-        let has_job = existing.iter().any(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name));
-        if !has_job && !finished_in(recorded, worker, run.number) {
-            let job = build_job(ds, plan, worker, run.number, &ctx.config.worker_defaults());
+    let starting: Vec<Worker> = workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
+    if !starting.is_empty() {
+        let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
+        for worker in &starting {
+            let job = build_job(ds, &jobs_plan, worker, workers, run.number, &ctx.config.worker_defaults());
             let job_name = job.name_any();
             let apply = PatchParams::apply(FIELD_MANAGER).force();
             existing.push(jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?);
@@ -333,8 +339,8 @@ async fn carry_out(
         }
     }
     let observed = observe(ctx, ds, workers, existing, &run).await?;
-    let mut status =
-        status::aggregate(ds, &Inputs { run: &run, direction: plan.direction, observed: &observed, now: &now });
+    let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
+    let mut status = status::aggregate(ds, &inputs);
     status.workers.extend(departed(ds, workers, plan));
     if status.phase.is_some_and(Phase::is_finished) && status.run == Some(run.number) {
         let last = status.last_sync_time.as_ref().map_or(now.0, |t| t.0);
@@ -366,6 +372,56 @@ async fn carry_out(
 /// `ttlSecondsAfterFinished`, or deleted by hand).
 fn finished_in(recorded: &[WorkerStatus], worker: &Worker, run: i64) -> bool {
     recorded.iter().any(|w| w.name == worker.name && w.finished_run(run))
+}
+
+/// The workers that get a Job now: those without one in the current run
+/// (`existing`, the run's Jobs) that have not finished it. A Job that
+/// exists is never applied again: its pod template cannot change, and with
+/// fanout PeerToPeer it names the peer group as it was when the Job was
+/// created. A node that joins later gets a Job naming the group as it is
+/// then; the running workers keep theirs and learn the newcomer's address
+/// from the status.
+pub fn workers_to_start<'a>(
+    workers: &'a [Worker],
+    existing: &[Job],
+    recorded: &[WorkerStatus],
+    run: i64,
+) -> Vec<&'a Worker> {
+    workers
+        .iter()
+        .filter(|worker| !existing.iter().any(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)))
+        .filter(|worker| !finished_in(recorded, worker, run))
+        .collect()
+}
+
+/// The plan to create Jobs from. With fanout PeerToPeer the DataStage's
+/// peer Secret must exist first: worker pods read it as they start. It is
+/// created once and never applied, because server-side apply would replace
+/// the token under workers that already run with it. Where the operator may
+/// not create Secrets (a namespace the chart was not told of), the new
+/// workers read everything from the store: peers make staging cheaper,
+/// never possible.
+async fn with_peer_secret<'a>(ds: &DataStage, ctx: &Context, plan: &Plan<'a>) -> Result<Plan<'a>, Error> {
+    if plan.fanout != Fanout::PeerToPeer {
+        return Ok(*plan);
+    }
+    let namespace = ds.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = crate::peers::build_secret(ds, &crate::peers::new_token());
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+    match secrets.create(&params, &secret).await {
+        Ok(_) => Ok(*plan),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(*plan),
+        Err(kube::Error::Api(status)) if status.is_forbidden() => {
+            let note = format!(
+                "the operator may not create Secret {} in namespace {namespace}, which peers need; these workers read everything from the store (fanout Direct). Add the namespace to the chart's dataStageNamespaces",
+                secret.name_any()
+            );
+            publish(ctx, ds, EventType::Warning, "PeersUnavailable", note, "Create").await;
+            Ok(Plan { fanout: Fanout::Direct, ..*plan })
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Deletes the Jobs of runs other than `run` (their pods go with them)
@@ -428,6 +484,8 @@ pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>) -> Vec<Work
             phase: w.phase,
             message: Some(format!("node no longer matches spec.placement; {fate}")),
             throughput_bytes_per_second: 0,
+            // The worker's own field: the operator never applies it.
+            peer_address: None,
             ..w.clone()
         })
         .collect()
@@ -690,7 +748,7 @@ mod tests {
 
     fn ds(host_path: &str, uri: &str) -> DataStage {
         serde_json::from_value(json!({
-            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "d", "namespace": "n"},
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "d", "namespace": "n", "uid": "u"},
             "spec": {"source": {"uri": uri}, "destination": {"volume": {"hostPath": host_path}}},
         }))
         .unwrap()
@@ -766,6 +824,54 @@ mod tests {
         let pull = ds("/mnt/x", "s3://b/p");
         assert_eq!(per_node_workers(&pull.spec.plan().unwrap(), &nodes).unwrap().len(), 2);
         assert_eq!(per_node_workers(&pull.spec.plan().unwrap(), &[]).unwrap_err().reason, reasons::NO_MATCHING_NODES);
+    }
+
+    #[test]
+    fn a_node_that_joins_gets_a_job_with_the_larger_group_and_running_jobs_are_left_alone() {
+        use crate::jobs::WorkerDefaults;
+        let pull = ds("/mnt/x", "s3://b/p");
+        let plan = pull.spec.plan().unwrap();
+        assert_eq!(plan.fanout, Fanout::PeerToPeer);
+        let defaults = WorkerDefaults::image("stager:1");
+        let group_of = |job: &Job| {
+            let args = job.spec.clone().unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+            args.into_iter().find(|a| a.starts_with("--peer-group=")).unwrap()
+        };
+        let before = per_node_workers(&plan, &["a".to_owned(), "b".to_owned()]).unwrap();
+        let running: Vec<Job> = before.iter().map(|w| build_job(&pull, &plan, w, &before, 1, &defaults)).collect();
+        assert!(running.iter().all(|job| group_of(job) == "--peer-group=a,b"));
+
+        // Node c joins: only it gets a Job, naming all three.
+        let after = per_node_workers(&plan, &["a".to_owned(), "b".to_owned(), "c".to_owned()]).unwrap();
+        let starting = workers_to_start(&after, &running, &[], 1);
+        assert_eq!(starting, [&Worker::on_node("c")]);
+        assert_eq!(group_of(&build_job(&pull, &plan, starting[0], &after, 1, &defaults)), "--peer-group=a,b,c");
+
+        // A worker that finished the run is not started again once its Job is gone;
+        // a new run starts every worker afresh.
+        let finished = WorkerStatus {
+            name: "a".into(),
+            run: Some(1),
+            phase: Some(Phase::Succeeded),
+            ..WorkerStatus::default()
+        };
+        let recorded = [finished];
+        assert_eq!(workers_to_start(&after, &running[1..], &recorded, 1), [&Worker::on_node("c")]);
+        assert_eq!(workers_to_start(&after, &[], &recorded, 2).len(), 3);
+    }
+
+    #[test]
+    fn a_departed_node_keeps_its_entry_but_the_operator_never_writes_a_peer_address() {
+        let mut pull = ds("/mnt/x", "s3://b/p");
+        pull.status = Some(
+            serde_json::from_value(json!({"workers": [
+                {"name": "gone", "node": "gone", "peerAddress": "10.0.0.9:9466", "bytesDone": 5}]}))
+            .unwrap(),
+        );
+        let plan = pull.spec.plan().unwrap();
+        let departed = departed(&pull, &[Worker::on_node("a")], &plan);
+        assert_eq!((departed[0].name.as_str(), departed[0].bytes_done), ("gone", 5));
+        assert_eq!(departed[0].peer_address, None);
     }
 
     #[test]

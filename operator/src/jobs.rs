@@ -8,14 +8,15 @@
 //! worker, pinned to the node by name. A claim is shared, so it gets one
 //! worker. Either way `spec.workers` > 1 makes the worker an Indexed Job
 //! whose pods each copy one shard (`--shards N`; the pod's index comes
-//! from the Job).
+//! from the Job). With fanout PeerToPeer the node's worker also serves
+//! its peers and is told who they are ([`crate::peers`]).
 
 use std::collections::BTreeMap;
 
 use ferry_contract::cli::{LogFormat, ProgressMode, StagerCli, StagerCommand, TransferOptions};
 use ferry_contract::{ExitStatus, ObjectLocation};
 use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
-use ferry_crds::{DataStage, DataStageSpec};
+use ferry_crds::{DataStage, DataStageSpec, Fanout};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
@@ -79,7 +80,7 @@ pub fn plan_workers(plan: &Plan<'_>, matching_nodes: &[String]) -> Vec<Worker> {
 /// A Kubernetes name of at most 63 characters from `base` and `suffix`:
 /// when too long, `base` is cut and a hash of all of it keeps names of
 /// different long bases apart.
-fn bounded_name(base: &str, suffix: &str) -> String {
+pub(crate) fn bounded_name(base: &str, suffix: &str) -> String {
     let full = format!("{base}{suffix}");
     if full.len() <= 63 {
         return full;
@@ -151,9 +152,22 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
     options
 }
 
-/// The stager's command line for `worker` of `ds`.
-pub fn stager_cli(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> StagerCli {
+/// The stager's command line for `worker` of `ds`, whose peers (with fanout
+/// PeerToPeer) are `group`: the plan's workers as the Job is created. The
+/// one thing it cannot say is `--peer-listen`, the pod's own IP:
+/// [`build_job`] adds it ([`crate::peers::listen_on_pod_ip`]).
+pub fn stager_cli(
+    ds: &DataStage,
+    plan: &Plan<'_>,
+    worker: &Worker,
+    group: &[Worker],
+    defaults: &WorkerDefaults,
+) -> StagerCli {
     let mut options = transfer_options(&ds.spec, plan);
+    if plan.fanout == Fanout::PeerToPeer {
+        let serve_bandwidth = ds.spec.transfer.as_ref().and_then(|t| t.peer_serve_bandwidth.clone());
+        options.peers = crate::peers::options(worker, group, serve_bandwidth);
+    }
     // Running workers write their own entry of the DataStage's status.
     options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
     options.worker = Some(worker.name.clone());
@@ -339,32 +353,54 @@ fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, arg
     }
 }
 
-/// The worker Job for `worker` in run `run`, owned by the DataStage.
-pub fn build_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, run: i64, defaults: &WorkerDefaults) -> Job {
+/// The worker Job for `worker` in run `run`, owned by the DataStage. With
+/// fanout PeerToPeer its peers are `group`, the plan's workers now: a Job's
+/// pod template cannot change, so a node that joins later gets a Job with
+/// the larger group while the earlier Jobs keep theirs.
+pub fn build_job(
+    ds: &DataStage,
+    plan: &Plan<'_>,
+    worker: &Worker,
+    group: &[Worker],
+    run: i64,
+    defaults: &WorkerDefaults,
+) -> Job {
     let spec = &ds.spec;
     let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
-    let args = stager_cli(ds, plan, worker, defaults).to_args();
+    let peer_to_peer = plan.fanout == Fanout::PeerToPeer;
+    let mut args = stager_cli(ds, plan, worker, group, defaults).to_args();
+    if peer_to_peer {
+        args = crate::peers::listen_on_pod_ip(args);
+    }
     let mut pod = stager_pod(ds, plan, worker, &image, args);
     pod.service_account_name = spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
     let container = &mut pod.containers[0];
     let (mut env, key_file) = credentials(plan);
     env.push(node_name_env());
+    if peer_to_peer {
+        env.extend(crate::peers::pod_env(ds));
+    }
     container.env = Some(env);
     container.resources = spec.resources.clone();
     if let Some((volume, mount)) = key_file {
         container.volume_mounts.get_or_insert_with(Vec::new).push(mount);
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
-    // Transfer workers serve metrics on a named port for a PodMonitor to find.
+    // Transfer workers serve metrics on a named port for a PodMonitor to
+    // find, and their peers on another.
+    let mut ports = Vec::new();
     if let Some(port) = defaults.metrics_port {
-        let port = ContainerPort {
+        ports.push(ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),
             container_port: i32::from(port),
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
-        };
-        pod.containers[0].ports = Some(vec![port]);
+        });
     }
+    if peer_to_peer {
+        ports.push(crate::peers::container_port());
+    }
+    pod.containers[0].ports = Some(ports).filter(|p| !p.is_empty());
     let labels = labels(ds, (WORKER_LABEL, &worker.name), Some(run));
     let pods = i32::try_from(plan.pods_per_worker).unwrap_or(1);
     Job {
@@ -479,9 +515,22 @@ mod tests {
         job.spec.clone().unwrap().template.spec.unwrap()
     }
 
-    /// The stager's view of a container's arguments: what it would parse.
+    /// The pod's IP in tests.
+    const POD_IP: &str = "10.0.0.7";
+
+    /// The stager's view of a container's arguments: what it would parse
+    /// once the kubelet expanded `$(POD_IP)`, as it does for a variable the
+    /// container's environment defines (here from the downward API).
     fn parsed(pod: &PodSpec) -> StagerCli {
-        let args = pod.containers[0].args.clone().unwrap();
+        let container = &pod.containers[0];
+        let has_pod_ip = container.env.iter().flatten().any(|e| {
+            e.name == crate::peers::POD_IP_ENV
+                && e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str())
+                    == Some("status.podIP")
+        });
+        let args = container.args.clone().unwrap().into_iter().map(|arg| {
+            if has_pod_ip { arg.replace(&format!("$({})", crate::peers::POD_IP_ENV), POD_IP) } else { arg }
+        });
         StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args)).unwrap()
     }
 
@@ -490,7 +539,7 @@ mod tests {
         let ds = pull_to_host_path();
         let plan = ds.spec.plan().unwrap();
         let workers = plan_workers(&plan, &["a".to_owned(), "c".to_owned()]);
-        let job = build_job(&ds, &plan, &workers[1], 7, &WorkerDefaults::image("stager:1"));
+        let job = build_job(&ds, &plan, &workers[1], &workers, 7, &WorkerDefaults::image("stager:1"));
         assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c-r7"));
         assert_eq!(job.metadata.labels.as_ref().unwrap()[RUN_LABEL], "7");
         assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].kind, "DataStage");
@@ -518,8 +567,12 @@ mod tests {
         assert_eq!(context.read_only_root_filesystem, Some(true));
         assert_eq!(context.capabilities.unwrap().drop.unwrap(), ["ALL"]);
         let env = container.env.clone().unwrap();
-        let secret_keys: Vec<_> =
-            env.iter().filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref()).map(|r| r.key.clone()).collect();
+        let secret_keys: Vec<_> = env
+            .iter()
+            .filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+            .filter(|r| r.name == "s3")
+            .map(|r| r.key.clone())
+            .collect();
         assert_eq!(secret_keys, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]);
         assert_eq!(pod.volumes.clone().unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
 
@@ -536,11 +589,63 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_to_peer_worker_serves_on_its_pod_ip_with_the_datastages_secret_and_knows_its_group() {
+        let mut ds = pull_to_host_path();
+        ds.spec.transfer.as_mut().unwrap().peer_serve_bandwidth = Some("500Mi".parse().unwrap());
+        let plan = ds.spec.plan().unwrap();
+        assert_eq!(plan.fanout, Fanout::PeerToPeer, "the default for a pull onto hostPaths");
+        let workers = plan_workers(&plan, &["c".to_owned(), "a".to_owned(), "b".to_owned()]);
+        let defaults = WorkerDefaults { metrics_port: Some(9464), ..WorkerDefaults::image("stager:1") };
+        let pod = pod(&build_job(&ds, &plan, &workers[2], &workers, 1, &defaults));
+        let container = &pod.containers[0];
+
+        let args = container.args.clone().unwrap();
+        let listen: Vec<_> = args.iter().filter(|a| a.starts_with("--peer-listen")).collect();
+        assert_eq!(listen, ["--peer-listen=$(POD_IP):9466"]);
+        let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(options.peers.peer_group, ["a", "b", "c"]);
+        assert_eq!(options.peers.peer_listen, Some(format!("{POD_IP}:9466").parse().unwrap()));
+        assert_eq!(options.peers.peer_serve_bandwidth.map(|s| s.bytes()), Some(500 << 20));
+        assert_eq!(options.peers.peer_timeout, ferry_contract::peers::DEFAULT_PEER_TIMEOUT);
+        // Peers find each other's addresses in the status each writes.
+        assert_eq!((options.worker.as_deref(), options.report_to.as_deref()), (Some("b"), Some("ml/imagenet")));
+
+        let env = container.env.clone().unwrap();
+        let from = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value_from.clone()).unwrap();
+        assert_eq!(from("POD_IP").field_ref.unwrap().field_path, "status.podIP");
+        let token = from(ferry_contract::peers::PEER_TOKEN_ENV).secret_key_ref.unwrap();
+        assert_eq!((token.name.as_str(), token.key.as_str()), ("imagenet-peers", "token"));
+        assert!(args.iter().all(|a| !a.contains("token")), "the secret is never a flag");
+
+        let ports: Vec<_> =
+            container.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
+        assert_eq!(ports, [(METRICS_PORT_NAME.to_owned(), 9464), (crate::peers::PEER_PORT_NAME.to_owned(), 9466)]);
+    }
+
+    #[test]
+    fn a_direct_worker_has_no_peers_port_address_or_secret() {
+        let mut ds = pull_to_host_path();
+        ds.spec.fanout = Some(Fanout::Direct);
+        ds.spec.transfer.as_mut().unwrap().peer_serve_bandwidth = Some("500Mi".parse().unwrap());
+        let plan = ds.spec.plan().unwrap();
+        let workers = plan_workers(&plan, &["a".to_owned(), "b".to_owned()]);
+        let pod = pod(&build_job(&ds, &plan, &workers[0], &workers, 1, &WorkerDefaults::image("stager:1")));
+        let container = &pod.containers[0];
+        let args = container.args.clone().unwrap();
+        assert!(args.iter().all(|a| !a.starts_with("--peer-group") && !a.contains("$(")), "{args:?}");
+        let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(options.peers, ferry_contract::PeerOptions::default());
+        let env = container.env.clone().unwrap();
+        assert!(env.iter().all(|e| e.name != "POD_IP" && e.name != ferry_contract::peers::PEER_TOKEN_ENV));
+        assert_eq!(container.ports, None);
+    }
+
+    #[test]
     fn several_workers_per_node_are_an_indexed_job_per_node_each_pod_a_shard() {
         let mut ds = pull_to_host_path();
         ds.spec.workers = Some(3);
         let plan = ds.spec.plan().unwrap();
-        let job = build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1"));
+        let job = build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1"));
         let spec = job.spec.clone().unwrap();
         assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
         assert_eq!((spec.completions, spec.parallelism), (Some(3), Some(3)));
@@ -560,7 +665,7 @@ mod tests {
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();
         let plan = ds.spec.plan().unwrap();
-        let pod = pod(&build_job(&ds, &plan, &worker, 1, &defaults));
+        let pod = pod(&build_job(&ds, &plan, &worker, &[], 1, &defaults));
         assert_eq!(pod.service_account_name.as_deref(), Some("ferry-stager"));
         let port = &pod.containers[0].ports.as_ref().unwrap()[0];
         assert_eq!((port.name.as_deref(), port.container_port), (Some(METRICS_PORT_NAME), 9464));
@@ -575,14 +680,14 @@ mod tests {
 
         ds.spec.service_account_name = Some("trainer".into());
         let plan = ds.spec.plan().unwrap();
-        let trainer = super::tests::pod(&build_job(&ds, &plan, &worker, 1, &defaults));
+        let trainer = super::tests::pod(&build_job(&ds, &plan, &worker, &[], 1, &defaults));
         assert_eq!(trainer.service_account_name.as_deref(), Some("trainer"));
     }
 
     #[test]
     fn a_refused_run_fails_the_job_at_once_and_an_eviction_is_not_counted() {
         let ds = pull_to_host_path();
-        let job = build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), 1, &WorkerDefaults::image("s:1"));
+        let job = build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1"));
         let rules = job.spec.unwrap().pod_failure_policy.unwrap().rules;
         assert_eq!(rules[0].action, "FailJob");
         let codes = rules[0].on_exit_codes.as_ref().unwrap();
@@ -627,7 +732,7 @@ mod tests {
         let plan = ds.spec.plan().unwrap();
         let workers = plan_workers(&plan, &[]);
         assert_eq!(workers, [Worker::shared()]);
-        let job = build_job(&ds, &plan, &workers[0], 1, &WorkerDefaults::image("stager:1"));
+        let job = build_job(&ds, &plan, &workers[0], &workers, 1, &WorkerDefaults::image("stager:1"));
         let spec = job.spec.clone().unwrap();
         assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
         assert_eq!((spec.completions, spec.parallelism), (Some(3), Some(3)));
@@ -647,7 +752,7 @@ mod tests {
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
         }));
         let plan = ds.spec.plan().unwrap();
-        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1")));
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
         let env = pod.containers[0].env.clone().unwrap();
         let adc = env.iter().find(|e| e.name == "GOOGLE_APPLICATION_CREDENTIALS").unwrap();
         assert_eq!(adc.value.as_deref(), Some("/var/run/secrets/ferry/gcs/key.json"));
@@ -672,7 +777,7 @@ mod tests {
             "destination": {"uri": "s3://checkpoints/run-1"},
         }));
         let plan = ds.spec.plan().unwrap();
-        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), 1, &WorkerDefaults::image("stager:1")));
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
         let StagerCommand::Push { source, destination, options } = parsed(&pod).command else { panic!("a push") };
         assert_eq!((source, destination.to_string()), (DATA_MOUNT.into(), "s3://checkpoints/run-1/".to_owned()));
         assert!(!options.delete_removed);

@@ -7,6 +7,7 @@
 //! * [`runs`]: which run is current (new spec, schedule) and its inputs.
 //! * [`schedule`]: cron schedules of re-syncs.
 //! * [`jobs`]: pure builders of worker Jobs.
+//! * [`peers`]: what the workers of a PeerToPeer DataStage need to feed each other.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
 //! * [`leader`]: Lease-based leader election, so replicas are safe.
 //! * [`webhook`]: the admission webhook that wires training pods to their data.
@@ -20,6 +21,7 @@ pub mod http;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;
+pub mod peers;
 pub mod placement;
 pub mod runs;
 pub mod schedule;

@@ -56,6 +56,9 @@ pub struct DataStageProgress {
     pub objects_done: i64,
     /// Objects that failed.
     pub objects_failed: i64,
+    /// Bytes the workers received from peers instead of the store (0
+    /// without fanout PeerToPeer: nothing was saved).
+    pub bytes_from_peers: i64,
 }
 
 impl DataStageProgress {
@@ -69,6 +72,7 @@ impl DataStageProgress {
             objects_total: totals.objects_total,
             objects_done: totals.objects_done,
             objects_failed: totals.objects_failed,
+            bytes_from_peers: totals.bytes_from_peers.unwrap_or(0),
         }
     }
 }
@@ -145,7 +149,7 @@ impl Default for Metrics {
         registry.register_with_unit("staged", "Bytes in place over all DataStages", Unit::Bytes, staged_bytes.clone());
         registry.register_with_unit(
             "datastage",
-            "Bytes of one DataStage, by state (total: selected, done: in place)",
+            "Bytes of one DataStage, by state (total: selected, done: in place, from_peers: received from peers instead of the store)",
             Unit::Bytes,
             datastage_bytes.clone(),
         );
@@ -247,13 +251,14 @@ impl Metrics {
                 known.insert(key, progress);
                 self.datastage_bytes.get_or_create(&labels("total")).set(progress.bytes_total);
                 self.datastage_bytes.get_or_create(&labels("done")).set(progress.bytes_done);
+                self.datastage_bytes.get_or_create(&labels("from_peers")).set(progress.bytes_from_peers);
                 self.datastage_objects.get_or_create(&labels("total")).set(progress.objects_total);
                 self.datastage_objects.get_or_create(&labels("done")).set(progress.objects_done);
                 self.datastage_objects.get_or_create(&labels("failed")).set(progress.objects_failed);
             }
             None => {
                 known.remove(&key);
-                for state in ["total", "done"] {
+                for state in ["total", "done", "from_peers"] {
                     self.datastage_bytes.remove(&labels(state));
                 }
                 for state in ["total", "done", "failed"] {
@@ -293,6 +298,7 @@ mod tests {
             objects_total: 4,
             objects_done: 2,
             objects_failed: 0,
+            bytes_from_peers: done / 2,
         }
     }
 
@@ -310,6 +316,12 @@ mod tests {
             text.contains(r#"ferry_operator_datastage_objects{namespace="ml",datastage="imagenet",state="total"} 4"#)
         );
         assert!(text.contains(r#"ferry_operator_datastages{phase="Running"} 1"#));
+        assert!(
+            text.contains(
+                r#"ferry_operator_datastage_bytes{namespace="ml",datastage="imagenet",state="from_peers"} 20"#
+            ),
+            "{text}"
+        );
         assert!(text.contains("ferry_operator_staged_bytes 140"));
 
         metrics.observe("ml", "imagenet", None);

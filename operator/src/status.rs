@@ -5,6 +5,10 @@
 //!
 //! A worker's outcome is kept in its status entry together with the run it
 //! belongs to, so it survives its Job and pods (`ttlSecondsAfterFinished`).
+//!
+//! An entry's `peerAddress` is the worker's own (it applies it with its own
+//! field manager); the operator never writes it, so that an address read a
+//! moment ago cannot overwrite the one a restarted worker just published.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +16,7 @@ use ferry_contract::Reason;
 use ferry_contract::summary::{Changes, Summary};
 use ferry_crds::plan::Direction;
 use ferry_crds::{
-    DataStage, DataStageStatus, ObjectsAndBytes, Phase, SnapshotStatus, SyncChanges, Totals, WorkerStatus,
+    DataStage, DataStageStatus, Fanout, ObjectsAndBytes, Phase, SnapshotStatus, SyncChanges, Totals, WorkerStatus,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -238,11 +242,11 @@ pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message
 /// A worker's status entry in the current run: from its Job and report
 /// while the Job exists; from its recorded entry once the Job is gone after
 /// finishing; a fresh Pending entry otherwise.
-fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) -> WorkerStatus {
+fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, fanout: Fanout) -> WorkerStatus {
     if observed.job.is_none()
         && let Some(done) = recorded.filter(|w| w.finished_run(run))
     {
-        return done.clone();
+        return WorkerStatus { peer_address: None, ..done.clone() };
     }
     let phase = job_phase(observed.job.as_ref());
     let mut entry = WorkerStatus {
@@ -266,6 +270,9 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) 
             entry.snapshot = summary.snapshot.as_ref().map(|s| s.digest.clone());
             entry.reason = summary.reason.map(|r| r.to_string());
             entry.message = summary_message(summary);
+            if fanout == Fanout::PeerToPeer {
+                fold_peer_counts(&mut entry, summary);
+            }
         }
         Report::Message(message) => entry.message = Some(message.clone()),
         Report::Nothing => {}
@@ -280,8 +287,23 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64) 
         entry.objects_done = live.objects_done;
         entry.objects_total = live.objects_total;
         entry.throughput_bytes_per_second = live.throughput_bytes_per_second;
+        entry.bytes_from_peers = live.bytes_from_peers;
+        entry.bytes_served = live.bytes_served;
+        entry.peer_failures = live.peer_failures;
     }
     entry
+}
+
+/// What fleet staging did in a worker's run, from its summary: bytes from
+/// peers and from the store (what it copied less what peers gave it),
+/// bytes served, peers dropped.
+fn fold_peer_counts(entry: &mut WorkerStatus, summary: &Summary) {
+    let peers = summary.peers;
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    entry.bytes_from_peers = Some(count(peers.bytes_from_peers));
+    entry.bytes_from_store = Some(count(summary.bytes.transferred.saturating_sub(peers.bytes_from_peers)));
+    entry.bytes_served = Some(count(peers.bytes_served));
+    entry.peer_failures = Some(count(peers.peer_failures));
 }
 
 /// The first failure of a summary, in a line.
@@ -321,6 +343,8 @@ fn totals(workers: &[WorkerStatus], previous: Option<&Totals>, phase: Phase, run
         totals.objects_failed += w.objects_failed;
         totals.throughput_bytes_per_second += w.throughput_bytes_per_second;
     }
+    totals.bytes_from_peers = sum_known(workers.iter().map(|w| w.bytes_from_peers));
+    totals.bytes_from_store = sum_known(workers.iter().map(|w| w.bytes_from_store));
     let previous = previous.filter(|_| !run_is_new).cloned().unwrap_or_default();
     totals.start_time = previous.start_time.or_else(|| (phase != Phase::Pending).then(|| now.clone()));
     totals.completion_time = match phase {
@@ -331,6 +355,11 @@ fn totals(workers: &[WorkerStatus], previous: Option<&Totals>, phase: Phase, run
         totals.eta_seconds = Some((totals.bytes_total - totals.bytes_done).max(0) / totals.throughput_bytes_per_second);
     }
     totals
+}
+
+/// The sum of the values that are known; `None` when none is.
+fn sum_known(values: impl Iterator<Item = Option<i64>>) -> Option<i64> {
+    values.flatten().reduce(i64::saturating_add)
 }
 
 /// Bytes per second over a finished run: what it moved over how long it took.
@@ -377,6 +406,9 @@ pub struct Inputs<'a> {
     pub run: &'a Run,
     /// Which way data moves.
     pub direction: Direction,
+    /// Whether the workers feed each other (their entries then count what
+    /// came from peers and from the store).
+    pub fanout: Fanout,
     /// The workers of the current run, as observed.
     pub observed: &'a [Observed],
     /// Now.
@@ -390,7 +422,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let run_is_new = previous.run != Some(run);
     let recorded = |name: &str| previous.workers.iter().find(|w| w.name == name);
     let workers: Vec<WorkerStatus> =
-        inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run)).collect();
+        inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run, inputs.fanout)).collect();
     let mut phase = overall_phase(&workers);
     let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
     let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
@@ -533,6 +565,7 @@ fn failure_message(workers: &[WorkerStatus]) -> String {
 mod tests {
     use super::*;
     use crate::runs::Trigger;
+    use ferry_contract::PeerCounts;
     use ferry_contract::summary::{Amount, Counts, Failure, Snapshot};
     use serde_json::json;
 
@@ -588,7 +621,7 @@ mod tests {
     }
 
     fn aggregate_at(d: &DataStage, run: &Run, observed: &[Observed], now: &str) -> DataStageStatus {
-        aggregate(d, &Inputs { run, direction: Direction::Pull, observed, now: &time(now) })
+        aggregate(d, &Inputs { run, direction: Direction::Pull, fanout: Fanout::Direct, observed, now: &time(now) })
     }
 
     fn condition_of<'a>(status: &'a DataStageStatus, kind: &str) -> &'a Condition {
@@ -715,6 +748,58 @@ mod tests {
         assert_eq!(condition_of(&again, types::PROGRESSING).last_transition_time, time("2026-01-01T00:00:00Z"));
         let end = aggregate_at(&d, &run(1), &[observed("a", complete(), summary(100, "aa"))], "2026-01-01T00:05:00Z");
         assert_eq!(condition_of(&end, types::READY).last_transition_time, time("2026-01-01T00:05:00Z"));
+    }
+
+    fn with_peers(transferred: u64, bytes_from_peers: u64, bytes_served: u64, peer_failures: u64) -> Report {
+        let Report::Summary(mut summary) = summary(transferred, "aa") else { unreachable!() };
+        summary.peers = PeerCounts { bytes_from_peers, objects_from_peers: 1, bytes_served, peer_failures };
+        Report::Summary(summary)
+    }
+
+    fn aggregate_peers(d: &DataStage, observed: &[Observed], now: &str) -> DataStageStatus {
+        aggregate(d, &Inputs { run: &run(1), direction: Direction::Pull, fanout: Fanout::PeerToPeer, observed, now: &time(now) })
+    }
+
+    #[test]
+    fn peer_to_peer_entries_count_bytes_from_peers_and_from_the_store_and_totals_sum_them() {
+        let observed =
+            [observed("a", complete(), with_peers(100, 30, 70, 0)), observed("b", complete(), with_peers(100, 70, 30, 1))];
+        let status = aggregate_peers(&ds(json!({})), &observed, "2026-01-01T00:00:01Z");
+        let a = &status.workers[0];
+        assert_eq!(
+            (a.bytes_from_peers, a.bytes_from_store, a.bytes_served, a.peer_failures),
+            (Some(30), Some(70), Some(70), Some(0))
+        );
+        assert_eq!(status.workers[1].peer_failures, Some(1));
+        let totals = status.totals.clone().unwrap();
+        assert_eq!((totals.bytes_from_peers, totals.bytes_from_store), (Some(100), Some(100)));
+
+        let direct = aggregate_at(&ds(json!({})), &run(1), &observed, "2026-01-01T00:00:01Z");
+        assert!(direct.workers.iter().all(|w| w.bytes_from_peers.is_none() && w.bytes_served.is_none()));
+        let totals = direct.totals.unwrap();
+        assert_eq!((totals.bytes_from_peers, totals.bytes_from_store), (None, None), "no peers, nothing to say");
+    }
+
+    #[test]
+    fn an_entry_keeps_its_peer_counts_but_the_operator_never_writes_its_address() {
+        // The worker published its address and live counts while it ran.
+        let live = json!({"run": 1, "workers": [{"name": "a", "run": 1, "bytesDone": 40, "bytesTotal": 100,
+            "objectsDone": 1, "objectsTotal": 2, "peerAddress": "10.0.0.7:9466", "bytesFromPeers": 10}]});
+        let running = job(json!({"active": 1}));
+        let status = aggregate_peers(&ds(live), &[observed("a", running, Report::Nothing)], "2026-01-01T00:00:01Z");
+        assert_eq!((status.workers[0].bytes_from_peers, status.workers[0].peer_address.as_deref()), (Some(10), None));
+        assert_eq!(status.totals.unwrap().bytes_from_peers, Some(10));
+
+        // Finished, and its Job deleted: the counts stay, the address is still not the operator's.
+        let mut d = ds(json!({}));
+        let mut finished =
+            aggregate_peers(&d, &[observed("a", complete(), with_peers(100, 30, 70, 0))], "2026-01-01T00:00:02Z");
+        finished.workers[0].peer_address = Some("10.0.0.7:9466".into());
+        d.status = Some(finished);
+        let later = aggregate_peers(&d, &[observed("a", None, Report::Nothing)], "2026-01-01T01:00:00Z");
+        assert_eq!(later.workers[0].bytes_from_peers, Some(30));
+        assert_eq!(later.workers[0].peer_address, None);
+        assert_eq!(later.totals.unwrap().bytes_from_store, Some(70));
     }
 
     #[test]
