@@ -325,7 +325,8 @@ async fn carry_out(
     let mut existing = jobs.list(&ListParams::default().labels(&selector)).await?.items;
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
-    let starting: Vec<Worker> = workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
+    let starting: Vec<Worker> =
+        workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
     if !starting.is_empty() {
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
         for worker in &starting {
@@ -849,12 +850,8 @@ mod tests {
 
         // A worker that finished the run is not started again once its Job is gone;
         // a new run starts every worker afresh.
-        let finished = WorkerStatus {
-            name: "a".into(),
-            run: Some(1),
-            phase: Some(Phase::Succeeded),
-            ..WorkerStatus::default()
-        };
+        let finished =
+            WorkerStatus { name: "a".into(), run: Some(1), phase: Some(Phase::Succeeded), ..WorkerStatus::default() };
         let recorded = [finished];
         assert_eq!(workers_to_start(&after, &running[1..], &recorded, 1), [&Worker::on_node("c")]);
         assert_eq!(workers_to_start(&after, &[], &recorded, 2).len(), 3);

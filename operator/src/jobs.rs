@@ -528,9 +528,10 @@ mod tests {
                 && e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str())
                     == Some("status.podIP")
         });
-        let args = container.args.clone().unwrap().into_iter().map(|arg| {
-            if has_pod_ip { arg.replace(&format!("$({})", crate::peers::POD_IP_ENV), POD_IP) } else { arg }
-        });
+        let args =
+            container.args.clone().unwrap().into_iter().map(|arg| {
+                if has_pod_ip { arg.replace(&format!("$({})", crate::peers::POD_IP_ENV), POD_IP) } else { arg }
+            });
         StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args)).unwrap()
     }
 
@@ -687,7 +688,8 @@ mod tests {
     #[test]
     fn a_refused_run_fails_the_job_at_once_and_an_eviction_is_not_counted() {
         let ds = pull_to_host_path();
-        let job = build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1"));
+        let job =
+            build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1"));
         let rules = job.spec.unwrap().pod_failure_policy.unwrap().rules;
         assert_eq!(rules[0].action, "FailJob");
         let codes = rules[0].on_exit_codes.as_ref().unwrap();

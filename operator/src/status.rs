@@ -757,13 +757,18 @@ mod tests {
     }
 
     fn aggregate_peers(d: &DataStage, observed: &[Observed], now: &str) -> DataStageStatus {
-        aggregate(d, &Inputs { run: &run(1), direction: Direction::Pull, fanout: Fanout::PeerToPeer, observed, now: &time(now) })
+        aggregate(
+            d,
+            &Inputs { run: &run(1), direction: Direction::Pull, fanout: Fanout::PeerToPeer, observed, now: &time(now) },
+        )
     }
 
     #[test]
     fn peer_to_peer_entries_count_bytes_from_peers_and_from_the_store_and_totals_sum_them() {
-        let observed =
-            [observed("a", complete(), with_peers(100, 30, 70, 0)), observed("b", complete(), with_peers(100, 70, 30, 1))];
+        let observed = [
+            observed("a", complete(), with_peers(100, 30, 70, 0)),
+            observed("b", complete(), with_peers(100, 70, 30, 1)),
+        ];
         let status = aggregate_peers(&ds(json!({})), &observed, "2026-01-01T00:00:01Z");
         let a = &status.workers[0];
         assert_eq!(

@@ -150,7 +150,7 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
                 worker: worker.clone(),
                 node: options.node_name.clone(),
             };
-            Some(tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally))))
+            Some(tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally), peering.clone())))
         }
         _ => None,
     };

@@ -30,11 +30,19 @@ pub struct Peering {
 /// The group is unusable (no secret, this worker not in it) or the peer
 /// port cannot be bound.
 pub async fn start(options: &TransferOptions, metrics: &Arc<Metrics>) -> Result<Option<Peering>, TransferError> {
+    start_with_token(options, std::env::var(PEER_TOKEN_ENV).ok(), metrics).await
+}
+
+/// [`start`] with the secret given rather than read from the environment.
+async fn start_with_token(
+    options: &TransferOptions,
+    token: Option<String>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Peering>, TransferError> {
     let peers = &options.peers;
     let (Some(me), Some(listen)) = (options.worker.as_deref(), peers.peer_listen) else { return Ok(None) };
     let fixed: BTreeMap<String, SocketAddr> = peers.peers.iter().map(|p| (p.name.clone(), p.addr)).collect();
     let directory = watch::Sender::new(fixed);
-    let token = std::env::var(PEER_TOKEN_ENV).ok();
     let fleet = Fleet::new(me, peers, token, directory.subscribe(), Arc::clone(metrics))
         .map_err(|e| TransferError::Config(e.to_string()))?;
     let Some(fleet) = fleet else { return Ok(None) };
@@ -46,4 +54,57 @@ pub async fn start(options: &TransferOptions, metrics: &Arc<Metrics>) -> Result<
     });
     tracing::info!(%address, group = ?peers.peer_group, "serving peers");
     Ok(Some(Peering { fleet, address, directory }))
+}
+
+impl Peering {
+    /// Records the peer addresses discovery found (from the DataStage's
+    /// status); returns whether any was new or had changed. A worker that
+    /// restarted publishes a new address, which replaces the old one; a
+    /// peer missing from `published` keeps the address it had, since the
+    /// fleet drops peers that stop answering on its own.
+    pub fn learned(&self, published: Vec<(String, SocketAddr)>) -> bool {
+        self.directory.send_if_modified(|known| {
+            let mut changed = false;
+            for (name, address) in published {
+                if known.get(&name) != Some(&address) {
+                    known.insert(name, address);
+                    changed = true;
+                }
+            }
+            changed
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_contract::PeerOptions;
+
+    #[tokio::test]
+    async fn learned_addresses_replace_old_ones_and_wake_the_fleet_only_on_change() {
+        let options = TransferOptions {
+            worker: Some("a".into()),
+            peers: PeerOptions {
+                peer_group: vec!["a".into(), "b".into()],
+                peer_listen: Some("127.0.0.1:0".parse().unwrap()),
+                ..PeerOptions::default()
+            },
+            ..TransferOptions::default()
+        };
+        let metrics = Arc::new(Metrics::new());
+        let peering = start_with_token(&options, Some("secret".into()), &metrics).await.unwrap().expect("in a group");
+        let mut seen = peering.directory.subscribe();
+        seen.mark_unchanged();
+        let b: SocketAddr = "10.0.0.2:9466".parse().unwrap();
+        assert!(peering.learned(vec![("b".into(), b)]));
+        assert!(seen.has_changed().unwrap());
+        seen.mark_unchanged();
+        assert!(!peering.learned(vec![("b".into(), b)]), "nothing new");
+        assert!(!seen.has_changed().unwrap());
+        let restarted: SocketAddr = "10.0.0.3:9466".parse().unwrap();
+        assert!(peering.learned(vec![("b".into(), restarted)]));
+        assert_eq!(peering.directory.borrow().get("b"), Some(&restarted));
+        assert_eq!(peering.directory.borrow().get("a"), Some(&peering.address));
+    }
 }

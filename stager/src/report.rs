@@ -9,9 +9,11 @@
 //! `datastages/status`) or without API access copies data all the same and
 //! says so once in its log.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_contract::PeerCounts;
 use ferry_crds::{DataStage, DataStageStatus, WorkerStatus};
 use kube::Api;
 use kube::Resource as _;
@@ -19,6 +21,8 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use ferry_engine::transfer::tally::Tally;
+
+use crate::peers::Peering;
 
 /// How often a worker writes its progress.
 const INTERVAL: Duration = Duration::from_secs(2);
@@ -44,8 +48,9 @@ pub fn worker_patch(
     target: &ReportTarget,
     snapshot: &ferry_engine::transfer::tally::Snapshot,
     rate: f64,
+    peers: Option<(SocketAddr, PeerCounts)>,
 ) -> serde_json::Value {
-    let entry = WorkerStatus {
+    let mut entry = WorkerStatus {
         name: target.worker.clone(),
         node: target.node.clone(),
         bytes_done: snapshot.bytes_done as i64,
@@ -55,6 +60,12 @@ pub fn worker_patch(
         throughput_bytes_per_second: rate as i64,
         ..WorkerStatus::default()
     };
+    if let Some((address, counts)) = peers {
+        entry.peer_address = Some(address.to_string());
+        entry.bytes_from_peers = Some(counts.bytes_from_peers as i64);
+        entry.bytes_served = Some(counts.bytes_served as i64);
+        entry.peer_failures = Some(counts.peer_failures as i64);
+    }
     let status = DataStageStatus { workers: vec![entry], ..DataStageStatus::default() };
     json!({
         "apiVersion": DataStage::api_version(&()),
@@ -64,8 +75,9 @@ pub fn worker_patch(
     })
 }
 
-/// Reports until aborted.
-pub async fn report(target: ReportTarget, tally: Arc<Tally>) {
+/// Reports until aborted; in a fleet, also publishes this worker's peer
+/// address and learns the others' from the same DataStage.
+pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc<Peering>>) {
     let client = match kube::Client::try_default().await {
         Ok(client) => client,
         Err(error) => {
@@ -77,20 +89,45 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>) {
     let params = PatchParams::apply(&format!("ferry.dev/stager-{}", target.worker)).force();
     let mut warned = false;
     let mut previous = (Instant::now(), 0u64);
+    // Peers need this worker's address at once; progress can wait.
+    let mut first = peering.is_some();
     loop {
-        tokio::time::sleep(INTERVAL).await;
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(INTERVAL).await;
+        }
         let snapshot = tally.snapshot();
         let elapsed = previous.0.elapsed().as_secs_f64().max(1e-3);
         let rate = snapshot.bytes_done.saturating_sub(previous.1) as f64 / elapsed;
         previous = (Instant::now(), snapshot.bytes_done);
-        let patch = worker_patch(&target, &snapshot, rate);
+        let peers = peering.as_ref().map(|p| (p.address, p.fleet.counts()));
+        let patch = worker_patch(&target, &snapshot, rate, peers);
         if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await
             && !warned
         {
             tracing::warn!(%error, datastage = %target.name, "cannot report progress (needs patch on datastages/status)");
             warned = true;
         }
+        if let Some(peering) = &peering {
+            match api.get_status(&target.name).await {
+                Ok(ds) => {
+                    if peering.learned(published_peers(&ds, &target.worker)) {
+                        tracing::debug!(peers = ?peering.directory.borrow(), "learned peer addresses");
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "cannot read the peers' addresses"),
+            }
+        }
     }
+}
+
+/// The peer addresses other workers published in the DataStage's status.
+pub fn published_peers(ds: &DataStage, me: &str) -> Vec<(String, SocketAddr)> {
+    let workers = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
+    workers
+        .iter()
+        .filter(|w| w.name != me)
+        .filter_map(|w| Some((w.name.clone(), w.peer_address.as_deref()?.parse().ok()?)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -112,7 +149,7 @@ mod tests {
             bytes_done: 400,
             listing_done: true,
         };
-        let patch = worker_patch(&target, &snapshot, 123.0);
+        let patch = worker_patch(&target, &snapshot, 123.0, None);
         let workers = patch["status"]["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 1);
         assert_eq!(workers[0]["name"], "node-a");
@@ -121,5 +158,35 @@ mod tests {
         assert!(patch.get("spec").is_none(), "a worker never touches the spec");
         assert!(workers[0].get("phase").is_none(), "the phase is the operator's");
         assert_eq!(patch["apiVersion"], "ferry.dev/v1alpha1");
+        assert!(workers[0].get("peerAddress").is_none(), "no peers, no address");
+    }
+
+    #[test]
+    fn a_fleet_worker_publishes_its_address_and_reads_the_others() {
+        let target = ReportTarget { namespace: "ml".into(), name: "d".into(), worker: "node-a".into(), node: None };
+        let counts = PeerCounts { bytes_from_peers: 7, bytes_served: 9, ..PeerCounts::default() };
+        let address: SocketAddr = "10.224.3.4:9466".parse().unwrap();
+        let patch = worker_patch(&target, &Default::default(), 0.0, Some((address, counts)));
+        let entry = &patch["status"]["workers"][0];
+        assert_eq!(entry["peerAddress"], "10.224.3.4:9466");
+        assert_eq!(entry["bytesFromPeers"], 7);
+        assert_eq!(entry["bytesServed"], 9);
+
+        // What the API server returns once every worker has applied its entry.
+        let mut ds: DataStage = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": "d", "namespace": "ml"},
+            "spec": {"source": {"uri": "s3://b/p"}, "destination": {"volume": {"hostPath": "/data"}}},
+        }))
+        .unwrap();
+        let mut status: DataStageStatus = serde_json::from_value(patch["status"].clone()).unwrap();
+        status.workers.push(WorkerStatus {
+            name: "node-b".into(),
+            peer_address: Some("10.224.9.9:9466".into()),
+            ..WorkerStatus::default()
+        });
+        status.workers.push(WorkerStatus { name: "node-c".into(), ..WorkerStatus::default() });
+        ds.status = Some(status);
+        assert_eq!(published_peers(&ds, "node-a"), vec![("node-b".to_owned(), "10.224.9.9:9466".parse().unwrap())]);
     }
 }

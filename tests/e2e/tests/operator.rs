@@ -891,3 +891,134 @@ async fn nodes_that_staged_different_versions_converge_on_one_snapshot() {
     }
     setup.cluster.stop().await;
 }
+
+/// Fleet staging over a proxy that counts what MinIO sends: the demo
+/// dataset as seen through it.
+fn counted_store(proxy: &ferry_testkit::CorruptingProxy) -> serde_json::Value {
+    json!({"uri": "s3://datasets/demo", "endpoint": proxy.endpoint, "credentials": {"name": "s3"}})
+}
+
+/// A counting proxy: the marker never occurs in the dataset.
+fn egress_counter(setup: &Setup) -> ferry_testkit::CorruptingProxy {
+    ferry_testkit::CorruptingProxy::start(&setup.s3.endpoint, b"\xfe\xed\xfa\xce-not-in-the-data")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_peers_may_read_them() {
+    let setup = setup("fleet").await;
+    setup.create_secret().await;
+    let proxy = egress_counter(&setup);
+    setup
+        .apply_spec(
+            "fleet",
+            json!({
+                "source": counted_store(&proxy),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/fleet"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+                // Slow enough that the peer port can be tried while it serves.
+                "transfer": {"maxBandwidth": "4MiB"},
+            }),
+        )
+        .await;
+    // Someone without the DataStage's secret (here, the test itself, on the
+    // pod network) is refused by a worker's peer port.
+    let serving =
+        setup.wait_status("fleet", "serving peers", |s| s.workers.iter().any(|w| w.peer_address.is_some())).await;
+    let address = serving.workers.iter().find_map(|w| w.peer_address.clone()).unwrap();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{address}{}", ferry_contract::peers::wire::STATE_PATH);
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 401, "no secret");
+    assert_eq!(client.get(&url).bearer_auth("guess").send().await.unwrap().status(), 401, "a wrong secret");
+
+    let status = setup.wait_status("fleet", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let bytes: u64 = setup.files.values().map(|f| f.len() as u64).sum();
+    if let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) {
+        assert_eq!(read_tree(&a.join("mnt/ferry/fleet")), setup.files, "node-a's copy is byte-identical");
+        assert_eq!(read_tree(&b.join("mnt/ferry/fleet")), setup.files, "node-b's copy is byte-identical");
+    }
+    // MinIO sent the dataset about once (plus listings and headers), not twice.
+    let sent = proxy.bytes_sent();
+    assert!(sent < bytes + bytes / 20 + (256 << 10), "MinIO sent {sent} bytes for a {bytes}-byte dataset on two nodes");
+    // The workers say the same.
+    let totals = status.totals.unwrap();
+    let (from_store, from_peers) = (totals.bytes_from_store.unwrap_or(0), totals.bytes_from_peers.unwrap_or(0));
+    assert!(from_peers > 0 && from_store + from_peers == 2 * bytes as i64, "{from_store} + {from_peers}");
+    assert!(from_store <= bytes as i64 + bytes as i64 / 20, "{from_store} bytes from the store");
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_mid_transfer_neither_stops_its_peer_nor_loses_its_own_copy() {
+    let setup = setup("fleetkill").await;
+    setup.create_secret().await;
+    setup
+        .apply_spec(
+            "killed",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/killed"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+                "transfer": {"maxBandwidth": "2MiB"},
+            }),
+        )
+        .await;
+    setup
+        .wait_status("killed", "copying on node-b", |s| {
+            s.workers.iter().any(|w| w.name == "node-b" && w.bytes_done > 0)
+        })
+        .await;
+    let victim = std::process::Command::new("pgrep")
+        .args(["-f", "--", "report-to=fleetkill/killed --worker=node-b"])
+        .output()
+        .unwrap();
+    let pids = String::from_utf8_lossy(&victim.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    assert!(!pids.is_empty(), "node-b's stager is running");
+    for pid in &pids {
+        std::process::Command::new("kill").args(["-KILL", pid]).status().unwrap();
+    }
+    let status = setup.wait_status("killed", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    if let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) {
+        assert_eq!(read_tree(&a.join("mnt/ferry/killed")), setup.files, "node-a finished without its peer");
+        assert_eq!(read_tree(&b.join("mnt/ferry/killed")), setup.files, "node-b's next pod finished the copy");
+    }
+    assert_eq!(status.nodes.as_deref(), Some("2/2"));
+    setup.cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_whose_copy_rotted_cannot_corrupt_the_other_node() {
+    let setup = setup("fleetrot").await;
+    setup.create_secret().await;
+    let spec = |placement: serde_json::Value| {
+        json!({
+            "source": setup.store("s3://datasets/demo"),
+            "destination": {"volume": {"hostPath": "/mnt/ferry/rot"}},
+            "placement": placement,
+        })
+    };
+    setup.apply_spec("seed", spec(json!({"nodeSelector": {"ferry.dev/e2e-node": "node-a"}}))).await;
+    setup.wait_status("seed", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) else {
+        // Nodes on a real cluster: their disks are not this machine's to rot.
+        setup.cluster.stop().await;
+        return;
+    };
+    // A byte of a file node-a will serve rots on its disk; size and time
+    // stay, so node-a still believes it holds the object.
+    let group = ferry_contract::PeerGroup::new(["node-a", "node-b"]);
+    let (rel, _) = setup.files.iter().find(|(rel, _)| group.owner(rel) == Some("node-a")).expect("node-a owns a key");
+    let path = a.join("mnt/ferry/rot").join(rel);
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+
+    setup.apply_spec("fleet", spec(json!({"nodeSelector": {"kubernetes.io/os": "linux"}}))).await;
+    let status = setup.wait_status("fleet", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(read_tree(&b.join("mnt/ferry/rot")), setup.files, "node-b has the store's bytes");
+    let node_b = status.workers.iter().find(|w| w.name == "node-b").unwrap();
+    assert!(node_b.peer_failures.unwrap_or(0) >= 1, "node-b dropped the peer that served rotten bytes: {node_b:?}");
+    setup.cluster.stop().await;
+}
