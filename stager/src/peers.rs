@@ -57,6 +57,15 @@ async fn start_with_token(
 }
 
 impl Peering {
+    /// Gives up on peers: discovery cannot work (`why`), so every peer's
+    /// share is read from the store now rather than after the peer timeout.
+    pub fn alone(&self, why: &str) {
+        self.fleet.alone(why);
+        // Wakes the reads that wait for an address, so they see the peers
+        // are dropped.
+        self.directory.send_modify(|_| {});
+    }
+
     /// Records the peer addresses discovery found (from the DataStage's
     /// status); returns whether any was new or had changed. A worker that
     /// restarted publishes a new address, which replaces the old one; a

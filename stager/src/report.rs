@@ -91,6 +91,7 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
     let mut previous = (Instant::now(), 0u64);
     // Peers need this worker's address at once; progress can wait.
     let mut first = peering.is_some();
+    let mut alone = false;
     loop {
         if !std::mem::take(&mut first) {
             tokio::time::sleep(INTERVAL).await;
@@ -101,21 +102,31 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
         previous = (Instant::now(), snapshot.bytes_done);
         let peers = peering.as_ref().map(|p| (p.address, p.fleet.counts()));
         let patch = worker_patch(&target, &snapshot, rate, peers);
-        if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await
+        let published = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await;
+        if let Err(error) = &published
             && !warned
         {
             tracing::warn!(%error, datastage = %target.name, "cannot report progress (needs patch on datastages/status)");
             warned = true;
         }
-        if let Some(peering) = &peering {
-            match api.get_status(&target.name).await {
-                Ok(ds) => {
-                    if peering.learned(published_peers(&ds, &target.worker)) {
-                        tracing::debug!(peers = ?peering.directory.borrow(), "learned peer addresses");
-                    }
+        let Some(peering) = peering.as_ref().filter(|_| !alone) else { continue };
+        let discovered = match published {
+            Ok(_) => api.get(&target.name).await,
+            Err(error) => Err(error),
+        };
+        match discovered {
+            Ok(ds) => {
+                if peering.learned(published_peers(&ds, &target.worker)) {
+                    tracing::debug!(peers = ?peering.directory.borrow(), "learned peer addresses");
                 }
-                Err(error) => tracing::debug!(%error, "cannot read the peers' addresses"),
             }
+            // Peers find each other only through this DataStage: without
+            // the right to write or read it, waiting for them is in vain.
+            Err(kube::Error::Api(status)) if status.is_forbidden() => {
+                peering.alone("this worker may not publish its peer address or read its peers' (needs get on datastages and patch on datastages/status)");
+                alone = true;
+            }
+            Err(error) => tracing::debug!(%error, "cannot exchange peer addresses"),
         }
     }
 }

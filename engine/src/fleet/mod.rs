@@ -28,7 +28,7 @@ mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,6 +92,9 @@ pub struct Fleet {
     objects_from_peers: AtomicU64,
     bytes_served: AtomicU64,
     peer_failures: AtomicU64,
+    /// Set by [`Fleet::alone`]: peers cannot find this worker, so it
+    /// neither asks them nor lingers for them.
+    alone: AtomicBool,
 }
 
 impl Fleet {
@@ -138,6 +141,7 @@ impl Fleet {
             objects_from_peers: AtomicU64::new(0),
             bytes_served: AtomicU64::new(0),
             peer_failures: AtomicU64::new(0),
+            alone: AtomicBool::new(false),
         })))
     }
 
@@ -307,6 +311,9 @@ impl Fleet {
         let mut directory = self.directory.clone();
         let deadline = Instant::now() + self.timeout;
         loop {
+            if self.is_dropped(peer) {
+                return None;
+            }
             if let Some(addr) = directory.borrow_and_update().get(peer).copied() {
                 return Some(addr);
             }
@@ -347,9 +354,25 @@ impl Fleet {
         self.catalog.finish(complete);
     }
 
+    /// Gives up on peers for the rest of the run, when discovery cannot
+    /// work (this worker may not publish its address or read theirs): every
+    /// other member is bypassed at once, rather than each after the
+    /// timeout, and [`Fleet::linger`] returns at once, since no peer can
+    /// find this worker. Whoever writes the directory then marks it
+    /// changed, so that reads waiting for an address notice.
+    pub fn alone(&self, why: &str) {
+        self.alone.store(true, Relaxed);
+        for peer in self.group.members().iter().filter(|m| **m != self.me) {
+            self.drop_peer(peer, PeerFailure::Unreachable, why);
+        }
+    }
+
     /// Keeps this (finished) worker serving until every peer is complete,
     /// has been unreachable for the timeout, or the linger time is up.
     pub async fn linger(&self) {
+        if self.alone.load(Relaxed) {
+            return;
+        }
         let deadline = Instant::now() + self.linger;
         let mut waiting: BTreeMap<&str, Instant> =
             self.group.members().iter().filter(|m| **m != self.me).map(|m| (m.as_str(), Instant::now())).collect();

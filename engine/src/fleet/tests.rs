@@ -190,6 +190,32 @@ async fn a_peer_that_is_gone_or_never_answers_costs_a_deadline_not_the_run() {
 }
 
 #[tokio::test]
+async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
+    let (store, objects) = dataset();
+    // node-b never publishes an address: the wait for it would last the
+    // peer timeout, unless discovery says it cannot work.
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (engine, fleet) = worker(&store, "node-a", &["node-a", "node-b"], &directory).await;
+    let started = std::time::Instant::now();
+    let giving_up = {
+        let (fleet, directory) = (Arc::clone(&fleet), directory.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            fleet.alone("may not read the DataStage");
+            directory.send_modify(|_| {});
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let summary = pull(engine, "p/", dir.path(), false).await.unwrap();
+    fleet.linger().await;
+    giving_up.await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.peers.peer_failures, 1);
+    assert_staged(dir.path(), &objects);
+    assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}, not the 10 s timeout", started.elapsed());
+}
+
+#[tokio::test]
 async fn the_peer_port_refuses_requests_without_the_secret() {
     let (store, _) = dataset();
     let directory = watch::Sender::new(BTreeMap::new());

@@ -127,7 +127,7 @@ impl Cluster {
     /// Logs of every component, for a failing test's report.
     pub fn diagnostics(&self) -> String {
         match &self.local {
-            Some(local) => local.control_plane.log_tails(30),
+            Some(local) => format!("{}{}", local.control_plane.log_tails(30), pod_log_tails(&local.nodes_root, 20)),
             None => format!("external cluster ({}): inspect it with kubectl", self.kubeconfig.display()),
         }
     }
@@ -143,6 +143,29 @@ impl Cluster {
         }
         drop(_dir);
     }
+}
+
+/// The last `lines` of every container's output on the local nodes
+/// (`<node>/pods/<uid>/containers/<name>/output.log`), oldest pod first.
+fn pod_log_tails(nodes_root: &Path, lines: usize) -> String {
+    let mut logs: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for node in std::fs::read_dir(nodes_root).into_iter().flatten().flatten() {
+        for pod in std::fs::read_dir(node.path().join("pods")).into_iter().flatten().flatten() {
+            for container in std::fs::read_dir(pod.path().join("containers")).into_iter().flatten().flatten() {
+                let log = container.path().join("output.log");
+                if let Ok(modified) = std::fs::metadata(&log).and_then(|m| m.modified()) {
+                    logs.push((modified, log));
+                }
+            }
+        }
+    }
+    logs.sort();
+    logs.iter()
+        .map(|(_, log)| {
+            let shown = log.strip_prefix(nodes_root).unwrap_or(log);
+            format!("\n--- pod log {} ---\n{}", shown.display(), process::tail(log, lines))
+        })
+        .collect()
 }
 
 /// The image to use for one of Ferry's images (`ferry-stager`,

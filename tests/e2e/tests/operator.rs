@@ -622,21 +622,28 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     setup.cluster.stop().await;
 }
 
+/// Workers run as the namespace's default ServiceAccount; lets it do what
+/// the chart's stager Role allows: write its progress and, in a fleet, read
+/// its peers' addresses.
+async fn let_workers_report(setup: &Setup, namespace: &str) {
+    let client = setup.cluster.client().await.unwrap();
+    for manifest in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "stager", "namespace": namespace},
+               "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages"], "verbs": ["get"]},
+                         {"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "stager", "namespace": namespace},
+               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}),
+    ] {
+        create_object(&client, namespace, manifest).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn progress_moves_in_the_status_while_a_worker_runs() {
     let setup = setup("progress").await;
     setup.create_secret().await;
-    // Workers run as the namespace's default ServiceAccount; let it write its progress.
-    let client = setup.cluster.client().await.unwrap();
-    for manifest in [
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "stager", "namespace": "progress"},
-               "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "stager", "namespace": "progress"},
-               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "progress"}],
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}),
-    ] {
-        create_object(&client, "progress", manifest).await;
-    }
+    let_workers_report(&setup, "progress").await;
     setup
         .apply_spec(
             "slow",
@@ -907,6 +914,7 @@ fn egress_counter(setup: &Setup) -> ferry_testkit::CorruptingProxy {
 async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_peers_may_read_them() {
     let setup = setup("fleet").await;
     setup.create_secret().await;
+    let_workers_report(&setup, "fleet").await;
     let proxy = egress_counter(&setup);
     setup
         .apply_spec(
@@ -951,6 +959,7 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
 async fn a_worker_killed_mid_transfer_neither_stops_its_peer_nor_loses_its_own_copy() {
     let setup = setup("fleetkill").await;
     setup.create_secret().await;
+    let_workers_report(&setup, "fleetkill").await;
     setup
         .apply_spec(
             "killed",
@@ -989,6 +998,7 @@ async fn a_worker_killed_mid_transfer_neither_stops_its_peer_nor_loses_its_own_c
 async fn a_peer_whose_copy_rotted_cannot_corrupt_the_other_node() {
     let setup = setup("fleetrot").await;
     setup.create_secret().await;
+    let_workers_report(&setup, "fleetrot").await;
     let spec = |placement: serde_json::Value| {
         json!({
             "source": setup.store("s3://datasets/demo"),
