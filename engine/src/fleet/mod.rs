@@ -23,6 +23,16 @@
 pub mod catalog;
 mod peer_store;
 pub mod server;
+/// What a peer's state endpoint said.
+enum Heard {
+    /// Its state.
+    State(PeerState),
+    /// Nothing listens at its address.
+    Closed,
+    /// No usable answer (a timeout, an error status, no address yet).
+    Nothing,
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -374,24 +384,34 @@ impl Fleet {
             return;
         }
         let deadline = Instant::now() + self.linger;
-        let mut waiting: BTreeMap<&str, Instant> =
-            self.group.members().iter().filter(|m| **m != self.me).map(|m| (m.as_str(), Instant::now())).collect();
+        // Per peer: when it last answered, and whether it ever did.
+        let mut waiting: BTreeMap<&str, (Instant, bool)> = self
+            .group
+            .members()
+            .iter()
+            .filter(|m| **m != self.me)
+            .map(|m| (m.as_str(), (Instant::now(), false)))
+            .collect();
         while !waiting.is_empty() && Instant::now() < deadline {
             let mut done = Vec::new();
-            for (peer, last_seen) in &mut waiting {
+            for (peer, (last_seen, answered)) in &mut waiting {
                 let addr = self.directory.borrow().get(*peer).copied();
-                let state = match addr {
+                let heard = match addr {
                     Some(addr) => self.peer_state(addr).await,
-                    None => None,
+                    None => Heard::Nothing,
                 };
-                match state {
-                    Some(state) if state.complete => done.push(*peer),
-                    Some(_) => *last_seen = Instant::now(),
-                    None if last_seen.elapsed() > self.timeout => {
+                match heard {
+                    Heard::State(state) if state.complete => done.push(*peer),
+                    Heard::State(_) => (*last_seen, *answered) = (Instant::now(), true),
+                    // It answered before and its port is closed now: it
+                    // exited (done, or killed and replaced by a new pod with
+                    // a new address); nobody is there to serve.
+                    Heard::Closed if *answered => done.push(*peer),
+                    Heard::Closed | Heard::Nothing if last_seen.elapsed() > self.timeout => {
                         tracing::info!(%peer, "no longer waiting for a peer that does not answer");
                         done.push(*peer);
                     }
-                    None => {}
+                    Heard::Closed | Heard::Nothing => {}
                 }
             }
             done.iter().for_each(|peer| {
@@ -406,18 +426,19 @@ impl Fleet {
         }
     }
 
-    async fn peer_state(&self, addr: SocketAddr) -> Option<PeerState> {
-        let response = self
+    async fn peer_state(&self, addr: SocketAddr) -> Heard {
+        let sent = self
             .http
             .get(format!("http://{addr}{STATE_PATH}"))
             .bearer_auth(&self.token)
             .timeout(Duration::from_secs(2))
             .send()
-            .await
-            .ok()?;
-        if !response.status().is_success() {
-            return None;
-        }
-        response.json().await.ok()
+            .await;
+        let response = match sent {
+            Ok(response) if response.status().is_success() => response,
+            Err(error) if error.is_connect() => return Heard::Closed,
+            _ => return Heard::Nothing,
+        };
+        response.json().await.map_or(Heard::Nothing, Heard::State)
     }
 }
