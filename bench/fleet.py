@@ -123,7 +123,8 @@ def tree_digest(root):
 
 def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
     """One pull of the dataset onto n workers; returns wall seconds, store
-    bytes sent, the largest peak RSS, and each worker's summary."""
+    bytes sent, the largest peak RSS, CPU seconds of all workers, and each
+    worker's summary."""
     links.reset()
     names = [f"node-{i}" for i in range(n)]
     peer_ports = [free_port() for _ in names]
@@ -143,17 +144,18 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
         env = dict(peer_env_for(links, i), FERRY_PEER_TOKEN=token)
         procs.append((subprocess.Popen([tool("measure"), "-t", f"{timeout:.0f}", str(measure)] + cmd,
                                        env=env, stdout=log, stderr=log), measure, summary, dest))
-    rss, summaries = 0, []
+    rss, cpu, summaries = 0, 0.0, []
     for proc, measure, summary, dest in procs:
         proc.wait()
-        _, _, rss_kib, code, timed_out = measure.read_text().split()
+        _, cpu_seconds, rss_kib, code, timed_out = measure.read_text().split()
+        cpu += float(cpu_seconds)
         if code != "0" or timed_out == "1":
             raise SystemExit(f"a {fanout} worker of {n} failed (exit {code}, timed out {timed_out}); see the log")
         rss = max(rss, int(rss_kib) * 1024)
         summaries.append(json.loads(summary.read_text()))
         if tree_digest(dest) != dataset:
             raise SystemExit(f"a {fanout} worker of {n} is not byte-identical to the source")
-    return time.monotonic() - started, sum(links.sent), rss, summaries
+    return time.monotonic() - started, sum(links.sent), rss, cpu, summaries
 
 
 PEER_ENV = {}
@@ -202,12 +204,12 @@ def main():
         for rep in range(args.reps):
             for n in sizes:
                 for fanout in ["Direct", "PeerToPeer"]:
-                    wall, sent, rss, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout)
+                    wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
-                        {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "from_peers": from_peers})
+                        {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "cpu": cpu, "from_peers": from_peers})
                     print(f"rep {rep + 1} N={n} {fanout}: {wall:.1f} s, store sent {sent / dataset_bytes:.2f}× "
-                          f"the dataset, peak RSS {rss / MIB:.0f} MiB", flush=True)
+                          f"the dataset, peak RSS {rss / MIB:.0f} MiB, CPU {cpu:.1f} s", flush=True)
         table = report(results, sizes, args, dataset_bytes)
         (out / "fleet.md").write_text(table)
         (out / "fleet.json").write_text(json.dumps(
@@ -226,13 +228,14 @@ def main():
 def report(results, sizes, args, dataset_bytes):
     one_node = statistics.median(r["wall"] for r in results[(sizes[0], "Direct")])
     lines = [
-        f"{args.objects} objects × {args.object_size} MiB ({dataset_bytes / MIB:.0f} MiB); each node's link to the "
+        f"{os.cpu_count()} CPUs; {args.objects} objects × {args.object_size} MiB ({dataset_bytes / MIB:.0f} MiB); each node's link to the "
         f"store {args.link:g} MiB/s, the store's total {args.store:g} MiB/s; peers over loopback; medians of "
         f"{args.reps} run(s); wall ÷ the {sizes[0]}-node Direct time.",
         "",
         "| nodes | Direct: store sent ÷ dataset | Direct: wall ÷ one node | PeerToPeer: store sent ÷ dataset "
-        "| PeerToPeer: wall ÷ one node | PeerToPeer: wall (s) | largest peak RSS (MiB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| PeerToPeer: wall ÷ one node | PeerToPeer: wall (s) | PeerToPeer: CPU s, all workers "
+        "| largest peak RSS (MiB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sizes:
         direct, p2p = results[(n, "Direct")], results[(n, "PeerToPeer")]
@@ -240,6 +243,7 @@ def report(results, sizes, args, dataset_bytes):
         lines.append(
             f"| {n} | {med(direct, 'egress'):.2f}× | {med(direct, 'wall') / one_node:.2f}× "
             f"| {med(p2p, 'egress'):.2f}× | {med(p2p, 'wall') / one_node:.2f}× | {med(p2p, 'wall'):.1f} "
+            f"| {med(p2p, 'cpu'):.1f} "
             f"| {max(r['rss'] for r in direct + p2p) / MIB:.0f} |")
     return "\n".join(lines) + "\n"
 

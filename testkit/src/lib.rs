@@ -101,6 +101,8 @@ impl S3Server {
             .env("MINIO_ROOT_PASSWORD", &secret_key)
             .env("MINIO_BROWSER", "off")
             .env("MINIO_UPDATE", "off")
+            // Its own Prometheus metrics without a token: tests read what it sent.
+            .env("MINIO_PROMETHEUS_AUTH_TYPE", "public")
             .stdout(log.try_clone().expect("dup log"))
             .stderr(log)
             .spawn()
@@ -170,6 +172,21 @@ impl S3Server {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("{:?} not healthy within {START_DEADLINE:?}:\n{}", self.flavor, self.log_tail());
+    }
+
+    /// Bytes MinIO says it sent in answers to S3 requests since it started
+    /// (`minio_s3_traffic_sent_bytes` of its node metrics), a count
+    /// independent of any client's; `None` for other servers. MinIO updates
+    /// it every few seconds.
+    pub async fn bytes_sent(&self) -> Option<u64> {
+        if self.flavor != Flavor::Minio {
+            return None;
+        }
+        let url = format!("{}/minio/v2/metrics/node", self.endpoint);
+        let text = reqwest::Client::new().get(url).send().await.ok()?.text().await.ok()?;
+        let line = text.lines().find(|l| l.starts_with("minio_s3_traffic_sent_bytes{"))?;
+        let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        Some(value as u64)
     }
 
     /// The last lines of the server's log, for failure messages.

@@ -81,6 +81,9 @@ struct PeerHealth {
     progressed: Instant,
 }
 
+/// How soon a peer whose port refused a connection is asked again.
+const CONNECT_RETRY: Duration = Duration::from_millis(250);
+
 /// One worker's side of fleet staging.
 #[derive(Debug)]
 pub struct Fleet {
@@ -195,6 +198,13 @@ impl Fleet {
                 .await;
             let response = match asked {
                 Ok(response) => response,
+                // Nothing listens there yet (a peer still starting) or any
+                // more (one being replaced, which publishes a new address):
+                // ask again until the peer has been silent for the timeout.
+                Err(error) if error.is_connect() && self.still_patient(&owner) => {
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                    continue;
+                }
                 Err(error) => {
                     self.drop_peer(&owner, PeerFailure::Unreachable, &error.to_string());
                     return false;
@@ -314,6 +324,12 @@ impl Fleet {
             Some(_) => {}
         }
         now.duration_since(entry.progressed) <= self.timeout
+    }
+
+    /// Whether `peer` made progress within the timeout (without counting
+    /// this as news from it).
+    fn still_patient(&self, peer: &str) -> bool {
+        self.heard_from(peer, Some(0))
     }
 
     /// Where `peer` serves, waiting up to the timeout for discovery to learn it.
