@@ -66,6 +66,20 @@ impl Peering {
         self.directory.send_modify(|_| {});
     }
 
+    /// Records the peers discovery saw exit (their run in the DataStage's
+    /// status is finished): their shares are read from the store now,
+    /// not after the peer timeout.
+    pub fn exited(&self, peers: &[String]) {
+        if peers.is_empty() {
+            return;
+        }
+        for peer in peers {
+            self.fleet.exited(peer);
+        }
+        // Wakes the reads that wait for an address, so they see it.
+        self.directory.send_modify(|_| {});
+    }
+
     /// Records the peer addresses discovery found (from the DataStage's
     /// status); returns whether any was new or had changed. A worker that
     /// restarted publishes a new address, which replaces the old one; a

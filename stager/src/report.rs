@@ -119,6 +119,7 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
                 if peering.learned(published_peers(&ds, &target.worker)) {
                     tracing::debug!(peers = ?peering.directory.borrow(), "learned peer addresses");
                 }
+                peering.exited(&exited_peers(&ds, &target.worker));
             }
             // Peers find each other only through this DataStage: without
             // the right to write or read it, waiting for them is in vain.
@@ -139,6 +140,15 @@ pub fn published_peers(ds: &DataStage, me: &str) -> Vec<(String, SocketAddr)> {
         .filter(|w| w.name != me)
         .filter_map(|w| Some((w.name.clone(), w.peer_address.as_deref()?.parse().ok()?)))
         .collect()
+}
+
+/// The other workers whose entry says they finished the DataStage's
+/// current run: their processes have exited, and nothing will answer at
+/// their addresses.
+pub fn exited_peers(ds: &DataStage, me: &str) -> Vec<String> {
+    let Some(status) = ds.status.as_ref() else { return Vec::new() };
+    let Some(run) = status.run else { return Vec::new() };
+    status.workers.iter().filter(|w| w.name != me && w.finished_run(run)).map(|w| w.name.clone()).collect()
 }
 
 #[cfg(test)]
@@ -199,5 +209,15 @@ mod tests {
         status.workers.push(WorkerStatus { name: "node-c".into(), ..WorkerStatus::default() });
         ds.status = Some(status);
         assert_eq!(published_peers(&ds, "node-a"), vec![("node-b".to_owned(), "10.224.9.9:9466".parse().unwrap())]);
+
+        // node-b finished run 2 and exited; node-c's finished entry is of
+        // run 1, before the current run began.
+        let status = ds.status.as_mut().unwrap();
+        status.run = Some(2);
+        let finished = |run| (Some(run), Some(ferry_crds::Phase::Succeeded));
+        (status.workers[1].run, status.workers[1].phase) = finished(2);
+        (status.workers[2].run, status.workers[2].phase) = finished(1);
+        assert_eq!(exited_peers(&ds, "node-a"), ["node-b"]);
+        assert_eq!(exited_peers(&ds, "node-b"), Vec::<String>::new(), "never itself");
     }
 }

@@ -79,6 +79,14 @@ struct PeerHealth {
     /// When it last answered with more bytes done than before (or first
     /// answered at all).
     progressed: Instant,
+    /// Known to have exited ([`Fleet::exited`]): neither asked nor waited for.
+    exited: bool,
+}
+
+impl PeerHealth {
+    fn new() -> Self {
+        Self { dropped: false, bytes_done: 0, progressed: Instant::now(), exited: false }
+    }
 }
 
 /// How soon a peer whose port refused a connection is asked again.
@@ -291,11 +299,7 @@ impl Fleet {
     /// Bypasses `peer` for the rest of the run (once).
     fn drop_peer(&self, peer: &str, failure: PeerFailure, why: &str) {
         let mut health = self.health.lock().expect("health lock poisoned");
-        let entry = health.entry(peer.to_owned()).or_insert_with(|| PeerHealth {
-            dropped: false,
-            bytes_done: 0,
-            progressed: Instant::now(),
-        });
+        let entry = health.entry(peer.to_owned()).or_insert_with(PeerHealth::new);
         if !entry.dropped {
             entry.dropped = true;
             self.peer_failures.fetch_add(1, Relaxed);
@@ -309,11 +313,7 @@ impl Fleet {
     fn heard_from(&self, peer: &str, bytes_done: Option<u64>) -> bool {
         let now = Instant::now();
         let mut health = self.health.lock().expect("health lock poisoned");
-        let entry = health.entry(peer.to_owned()).or_insert_with(|| PeerHealth {
-            dropped: false,
-            bytes_done: 0,
-            progressed: now,
-        });
+        let entry = health.entry(peer.to_owned()).or_insert_with(PeerHealth::new);
         match bytes_done {
             Some(done) if done > entry.bytes_done => {
                 entry.bytes_done = done;
@@ -393,6 +393,28 @@ impl Fleet {
         }
     }
 
+    /// Stops asking `peer` and waiting for it: it exited (discovery saw
+    /// its run finish), so its share is read from the store at once rather
+    /// than after the timeout. Not a failure: nothing went wrong. This is
+    /// how a node that joins after the others finished is staged without
+    /// waiting for them.
+    pub fn exited(&self, peer: &str) {
+        if peer == self.me {
+            return;
+        }
+        let mut health = self.health.lock().expect("health lock poisoned");
+        let entry = health.entry(peer.to_owned()).or_insert_with(PeerHealth::new);
+        if !entry.exited {
+            entry.exited = true;
+            entry.dropped = true;
+            tracing::info!(%peer, "a peer has exited: what it owns is read from the store");
+        }
+    }
+
+    fn has_exited(&self, peer: &str) -> bool {
+        self.health.lock().expect("health lock poisoned").get(peer).is_some_and(|h| h.exited)
+    }
+
     /// Keeps this (finished) worker serving until every peer is complete,
     /// has been unreachable for the timeout, or the linger time is up.
     pub async fn linger(&self) {
@@ -400,39 +422,53 @@ impl Fleet {
             return;
         }
         let deadline = Instant::now() + self.linger;
-        // Per peer: when it last answered, and whether it ever did.
-        let mut waiting: BTreeMap<&str, (Instant, bool)> = self
-            .group
-            .members()
-            .iter()
-            .filter(|m| **m != self.me)
-            .map(|m| (m.as_str(), (Instant::now(), false)))
-            .collect();
-        while !waiting.is_empty() && Instant::now() < deadline {
+        // Per peer: when it last answered, and whether it ever did. The
+        // group, and whoever discovery found besides: a node that joined
+        // later is fed too.
+        let mut waiting: BTreeMap<String, (Instant, bool)> = BTreeMap::new();
+        // Peers no longer waited for, at the address they had then: one
+        // that comes back at a new address (a replaced pod) is waited for
+        // again.
+        let mut settled: BTreeMap<String, Option<SocketAddr>> = BTreeMap::new();
+        while Instant::now() < deadline {
+            let directory = self.directory.borrow().clone();
+            for peer in self.group.members().iter().chain(directory.keys()) {
+                let at_same_address = settled.get(peer).is_some_and(|addr| *addr == directory.get(peer).copied());
+                let new = !waiting.contains_key(peer) && !at_same_address;
+                if new && *peer != self.me && !self.has_exited(peer) {
+                    waiting.insert(peer.clone(), (Instant::now(), false));
+                }
+            }
+            waiting.retain(|peer, _| !self.has_exited(peer));
+            if waiting.is_empty() {
+                break;
+            }
             let mut done = Vec::new();
             for (peer, (last_seen, answered)) in &mut waiting {
-                let addr = self.directory.borrow().get(*peer).copied();
+                let addr = self.directory.borrow().get(peer).copied();
                 let heard = match addr {
                     Some(addr) => self.peer_state(addr).await,
                     None => Heard::Nothing,
                 };
                 match heard {
-                    Heard::State(state) if state.complete => done.push(*peer),
+                    Heard::State(state) if state.complete => done.push(peer.clone()),
                     Heard::State(_) => (*last_seen, *answered) = (Instant::now(), true),
                     // It answered before and its port is closed now: it
                     // exited (done, or killed and replaced by a new pod with
                     // a new address); nobody is there to serve.
-                    Heard::Closed if *answered => done.push(*peer),
+                    Heard::Closed if *answered => done.push(peer.clone()),
                     Heard::Closed | Heard::Nothing if last_seen.elapsed() > self.timeout => {
                         tracing::info!(%peer, "no longer waiting for a peer that does not answer");
-                        done.push(*peer);
+                        done.push(peer.clone());
                     }
                     Heard::Closed | Heard::Nothing => {}
                 }
             }
-            done.iter().for_each(|peer| {
-                waiting.remove(peer);
-            });
+            for peer in done {
+                waiting.remove(&peer);
+                let addr = self.directory.borrow().get(&peer).copied();
+                settled.insert(peer, addr);
+            }
             if !waiting.is_empty() {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }

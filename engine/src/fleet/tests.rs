@@ -215,6 +215,55 @@ async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
     assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}, not the 10 s timeout", started.elapsed());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waiting_by_ones_that_exited() {
+    let (store, objects) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let pair = ["node-a", "node-b"];
+    let (dir_a, dir_b, dir_c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (engine_a, fleet_a) = worker(&store, "node-a", &pair, &directory).await;
+    let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
+    let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
+    assert!(a.unwrap().complete && b.unwrap().complete);
+
+    // node-c joins as the first two finish: its group names all three, and
+    // the two that finished learn its address and keep serving until it is
+    // complete.
+    let trio = ["node-a", "node-b", "node-c"];
+    let (engine_c, fleet_c) = worker(&store, "node-c", &trio, &directory).await;
+    let lingering = [Arc::clone(&fleet_a), Arc::clone(&fleet_b)].map(|fleet| tokio::spawn(async move { fleet.linger().await }));
+    let before = store.calls().get_bytes;
+    let summary = pull(engine_c, "p/", dir_c.path(), false).await.unwrap();
+    fleet_c.linger().await;
+    for linger in lingering {
+        tokio::time::timeout(Duration::from_secs(10), linger).await.expect("done once node-c is").unwrap();
+    }
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
+    assert_staged(dir_c.path(), &objects);
+    let group = ferry_contract::PeerGroup::new(trio);
+    let own: u64 = objects.iter().filter(|(key, _)| group.owner(key) == Some("node-c")).map(|(_, b)| b.len() as u64).sum();
+    assert_eq!(store.calls().get_bytes - before, own, "node-c read only its own share from the store");
+    assert_eq!(summary.peers.bytes_from_peers, total(&objects) - own);
+
+    // node-d joins after everyone exited: their addresses are stale. Told
+    // they exited, it reads everything from the store at once instead of
+    // waiting out the peer timeout (10 s here).
+    let stale = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let late = watch::Sender::new(BTreeMap::from([("node-a".into(), stale), ("node-b".into(), stale)]));
+    let (engine_d, fleet_d) = worker(&store, "node-d", &["node-a", "node-b", "node-d"], &late).await;
+    fleet_d.exited("node-a");
+    fleet_d.exited("node-b");
+    let dir_d = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let summary = pull(engine_d, "p/", dir_d.path(), false).await.unwrap();
+    fleet_d.linger().await;
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!((summary.peers.peer_failures, summary.peers.bytes_from_peers), (0, 0), "exiting is not failing");
+    assert_staged(dir_d.path(), &objects);
+    assert!(started.elapsed() < Duration::from_secs(5), "waited {:?} for peers that had exited", started.elapsed());
+}
+
 #[tokio::test]
 async fn the_peer_port_refuses_requests_without_the_secret() {
     let (store, _) = dataset();
