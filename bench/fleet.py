@@ -144,9 +144,13 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
         env = dict(peer_env_for(links, i), FERRY_PEER_TOKEN=token)
         procs.append((subprocess.Popen([tool("measure"), "-t", f"{timeout:.0f}", str(measure)] + cmd,
                                        env=env, stdout=log, stderr=log), measure, summary, dest))
+    for proc, *_ in procs:
+        proc.wait()
+    # The fleet is done when its last worker exits; checking the copies
+    # comes after and is not counted.
+    wall = time.monotonic() - started
     rss, cpu, summaries = 0, 0.0, []
     for proc, measure, summary, dest in procs:
-        proc.wait()
         _, cpu_seconds, rss_kib, code, timed_out = measure.read_text().split()
         cpu += float(cpu_seconds)
         if code != "0" or timed_out == "1":
@@ -155,7 +159,7 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
         summaries.append(json.loads(summary.read_text()))
         if tree_digest(dest) != dataset:
             raise SystemExit(f"a {fanout} worker of {n} is not byte-identical to the source")
-    return time.monotonic() - started, sum(links.sent), rss, cpu, summaries
+    return wall, sum(links.sent), rss, cpu, summaries
 
 
 PEER_ENV = {}

@@ -220,7 +220,8 @@ async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waitin
     let (store, objects) = dataset();
     let directory = watch::Sender::new(BTreeMap::new());
     let pair = ["node-a", "node-b"];
-    let (dir_a, dir_b, dir_c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (dir_a, dir_b, dir_c) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (engine_a, fleet_a) = worker(&store, "node-a", &pair, &directory).await;
     let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
     let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
@@ -231,7 +232,8 @@ async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waitin
     // complete.
     let trio = ["node-a", "node-b", "node-c"];
     let (engine_c, fleet_c) = worker(&store, "node-c", &trio, &directory).await;
-    let lingering = [Arc::clone(&fleet_a), Arc::clone(&fleet_b)].map(|fleet| tokio::spawn(async move { fleet.linger().await }));
+    let lingering =
+        [Arc::clone(&fleet_a), Arc::clone(&fleet_b)].map(|fleet| tokio::spawn(async move { fleet.linger().await }));
     let before = store.calls().get_bytes;
     let summary = pull(engine_c, "p/", dir_c.path(), false).await.unwrap();
     fleet_c.linger().await;
@@ -242,7 +244,8 @@ async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waitin
     assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
     assert_staged(dir_c.path(), &objects);
     let group = ferry_contract::PeerGroup::new(trio);
-    let own: u64 = objects.iter().filter(|(key, _)| group.owner(key) == Some("node-c")).map(|(_, b)| b.len() as u64).sum();
+    let own: u64 =
+        objects.iter().filter(|(key, _)| group.owner(key) == Some("node-c")).map(|(_, b)| b.len() as u64).sum();
     assert_eq!(store.calls().get_bytes - before, own, "node-c read only its own share from the store");
     assert_eq!(summary.peers.bytes_from_peers, total(&objects) - own);
 
