@@ -287,9 +287,13 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
         entry.objects_done = live.objects_done;
         entry.objects_total = live.objects_total;
         entry.throughput_bytes_per_second = live.throughput_bytes_per_second;
-        entry.bytes_from_peers = live.bytes_from_peers;
-        entry.bytes_served = live.bytes_served;
-        entry.peer_failures = live.peer_failures;
+        // Only a fleet's counts: copying a Direct run's would make the
+        // operator keep whatever an earlier PeerToPeer run left there.
+        if fanout == Fanout::PeerToPeer {
+            entry.bytes_from_peers = live.bytes_from_peers;
+            entry.bytes_served = live.bytes_served;
+            entry.peer_failures = live.peer_failures;
+        }
     }
     entry
 }
@@ -761,6 +765,27 @@ mod tests {
             d,
             &Inputs { run: &run(1), direction: Direction::Pull, fanout: Fanout::PeerToPeer, observed, now: &time(now) },
         )
+    }
+
+    #[test]
+    fn a_running_workers_peer_counts_are_copied_only_in_a_fleet() {
+        // An entry a PeerToPeer run left, now read back in run 1 again.
+        let d = ds(json!({"run": 1, "workers": [
+            {"name": "a", "run": 1, "bytesDone": 7, "bytesFromPeers": 5, "bytesServed": 4, "peerFailures": 1}]}));
+        let running = [observed("a", job(json!({"active": 1})), Report::Nothing)];
+        let now = time("2026-01-01T00:00:01Z");
+        let entry = |fanout| {
+            let inputs = Inputs { run: &run(1), direction: Direction::Pull, fanout, observed: &running, now: &now };
+            aggregate(&d, &inputs).workers.remove(0)
+        };
+        let fleet = entry(Fanout::PeerToPeer);
+        assert_eq!(
+            (fleet.bytes_done, fleet.bytes_from_peers, fleet.bytes_served, fleet.peer_failures),
+            (7, Some(5), Some(4), Some(1))
+        );
+        let direct = entry(Fanout::Direct);
+        assert_eq!(direct.bytes_done, 7);
+        assert_eq!((direct.bytes_from_peers, direct.bytes_served, direct.peer_failures), (None, None, None));
     }
 
     #[test]

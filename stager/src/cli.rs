@@ -139,21 +139,24 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         None => Engine::new(store, config, metrics)?,
     };
     let progress = Progress::start(cli.progress, Arc::clone(&engine.tally));
-    let reporter = match (&options.report_to, &options.worker) {
+    let tally = Arc::clone(&engine.tally);
+    let report_target = match (&options.report_to, &options.worker) {
         (Some(target), Some(worker)) => {
             let (namespace, name) = target
                 .split_once('/')
                 .ok_or_else(|| TransferError::Config(format!("--report-to {target}: expected NAMESPACE/NAME")))?;
-            let target = crate::report::ReportTarget {
+            Some(crate::report::ReportTarget {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
                 worker: worker.clone(),
                 node: options.node_name.clone(),
-            };
-            Some(tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally), peering.clone())))
+            })
         }
         _ => None,
     };
+    let reporter = report_target
+        .clone()
+        .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally), peering.clone())));
     let mut result = match job {
         Transfer::Pull { source, destination } => {
             pull::pull(engine, &source.prefix, destination, options.delete_removed).await
@@ -170,6 +173,9 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
     }
     if let Some(reporter) = reporter {
         reporter.abort();
+    }
+    if let (Some(_), Some(target)) = (&peering, &report_target) {
+        crate::report::withdraw(target, &tally).await;
     }
     result
 }

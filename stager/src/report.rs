@@ -78,15 +78,7 @@ pub fn worker_patch(
 /// Reports until aborted; in a fleet, also publishes this worker's peer
 /// address and learns the others' from the same DataStage.
 pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc<Peering>>) {
-    let client = match kube::Client::try_default().await {
-        Ok(client) => client,
-        Err(error) => {
-            tracing::warn!(%error, "cannot reach the Kubernetes API; progress will not be reported");
-            return;
-        }
-    };
-    let api: Api<DataStage> = Api::namespaced(client, &target.namespace);
-    let params = PatchParams::apply(&format!("ferry.dev/stager-{}", target.worker)).force();
+    let Some((api, params)) = status_api(&target).await else { return };
     let mut warned = false;
     let mut previous = (Instant::now(), 0u64);
     // Peers need this worker's address at once; progress can wait.
@@ -129,6 +121,32 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
             }
             Err(error) => tracing::debug!(%error, "cannot exchange peer addresses"),
         }
+    }
+}
+
+/// The DataStage API and this worker's field manager, when the API can be reached.
+async fn status_api(target: &ReportTarget) -> Option<(Api<DataStage>, PatchParams)> {
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "cannot reach the Kubernetes API; progress will not be reported");
+            return None;
+        }
+    };
+    let params = PatchParams::apply(&format!("ferry.dev/stager-{}", target.worker)).force();
+    Some((Api::namespaced(client, &target.namespace), params))
+}
+
+/// A fleet worker's last word, once it stops serving: its entry without its
+/// peer address and counts. Server-side apply removes the fields this
+/// worker's field manager no longer sets, so no later run or late joiner
+/// finds an address nobody listens at (the operator keeps the run's counts
+/// from the summary). Best effort: an error only costs a stale address.
+pub async fn withdraw(target: &ReportTarget, tally: &Tally) {
+    let Some((api, params)) = status_api(target).await else { return };
+    let patch = worker_patch(target, &tally.snapshot(), 0.0, None);
+    if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await {
+        tracing::debug!(%error, "cannot withdraw the peer address");
     }
 }
 
