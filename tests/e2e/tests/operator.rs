@@ -925,7 +925,7 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
                 "destination": {"volume": {"hostPath": "/mnt/ferry/fleet"}},
                 "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
                 // Slow enough that the peer port can be tried while it serves.
-                "transfer": {"maxBandwidth": "4MiB"},
+                "transfer": {"maxBandwidth": "1MiB"},
             }),
         )
         .await;
@@ -938,6 +938,35 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
     let url = format!("http://{address}{}", ferry_contract::peers::wire::STATE_PATH);
     assert_eq!(client.get(&url).send().await.unwrap().status(), 401, "no secret");
     assert_eq!(client.get(&url).bearer_auth("guess").send().await.unwrap().status(), 401, "a wrong secret");
+    // So is a pod in another namespace: it succeeds only on a 401 (a closed
+    // port or any other answer fails it).
+    create_namespace(&setup.cluster, "outsider", &[]).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(setup.cluster.client().await.unwrap(), "outsider");
+    let probe = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "probe", "image": ferry_e2e::image("ferry-e2e-shell"),
+            // `$$(` is `$(` after Kubernetes' own `$(VAR)` expansion.
+            "command": ["sh", "-c", "code=$$(curl -s -o /dev/null -w '%{http_code}' \"$URL\"); echo \"peer port answered $code\"; test \"$code\" = 401"],
+            "env": [{"name": "URL", "value": url}],
+        }]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &probe).await.unwrap();
+    let phase = wait_for(&setup.cluster, "the probe pod to finish", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            let phase = pods.get("probe").await.ok()?.status?.phase?;
+            ["Succeeded", "Failed"].contains(&phase.as_str()).then_some(phase)
+        }
+    })
+    .await;
+    assert_eq!(
+        phase,
+        "Succeeded",
+        "a pod outside the DataStage was not refused with 401\n{}",
+        setup.cluster.diagnostics()
+    );
 
     let status = setup.wait_status("fleet", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
     let bytes: u64 = setup.files.values().map(|f| f.len() as u64).sum();
