@@ -35,7 +35,7 @@ impl PeerStore {
 
     /// The response of `peer` for `key`, with its body counted and watched
     /// for stalls, or why it cannot serve.
-    async fn from_peer(
+    async fn read_from_peer(
         &self,
         peer: &str,
         addr: std::net::SocketAddr,
@@ -121,7 +121,7 @@ impl ObjectStore for PeerStore {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
         if let (Some(etag), Some((peer, addr))) = (if_match, self.fleet.source_for(key)) {
-            match self.from_peer(&peer, addr, key, etag, range.as_ref()).await {
+            match self.read_from_peer(&peer, addr, key, etag, range.as_ref()).await {
                 Ok(response) => return Ok(response),
                 // The peer is dropped; this read goes to the store.
                 Err(StoreError::Transient { .. }) => {}
