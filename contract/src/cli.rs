@@ -247,7 +247,7 @@ mod tests {
             proptest::option::of("[a-z]{2}-[a-z]{4}-[1-9]"),
         );
         let tuning = (
-            1u32..=4096,
+            prop_oneof![Just(Concurrency::Adaptive), (1u32..=MAX_CONCURRENCY).prop_map(Concurrency::Fixed)],
             proptest::option::of(size()),
             proptest::option::of(size()),
             proptest::collection::vec(text(), 0..3),

@@ -14,8 +14,15 @@ use serde::{Deserialize, Serialize};
 use crate::peers::PeerOptions;
 use crate::size::ByteSize;
 
-/// Requests in flight per worker unless told otherwise.
-pub const DEFAULT_CONCURRENCY: u32 = 64;
+/// The fewest requests an adaptive run keeps in flight.
+pub const ADAPTIVE_MIN_CONCURRENCY: u32 = 4;
+/// Requests in flight when an adaptive run starts, before it has measured
+/// anything.
+pub const ADAPTIVE_START_CONCURRENCY: u32 = 16;
+/// The most requests an adaptive run puts in flight.
+pub const ADAPTIVE_MAX_CONCURRENCY: u32 = 256;
+/// The most requests in flight that can be asked for.
+pub const MAX_CONCURRENCY: u32 = 4096;
 /// Bound on a worker's transfer buffers unless told otherwise.
 pub const DEFAULT_MEMORY_LIMIT: &str = "256MiB";
 /// Free space a pull leaves on its destination's filesystem unless told
@@ -57,9 +64,11 @@ pub struct TransferOptions {
     /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
     #[cfg_attr(feature = "cli", arg(long, env = "AWS_REGION"))]
     pub region: Option<String>,
-    /// Requests in flight, shared by all objects.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=4096)))]
-    pub concurrency: u32,
+    /// Requests in flight, shared by all objects: a number, or `auto` to start at 16 and
+    /// follow the throughput the run measures (between 4 and 256; halved when the store
+    /// throttles).
+    #[cfg_attr(feature = "cli", arg(long, default_value = "auto"))]
+    pub concurrency: Concurrency,
     /// Part size for uploads and range size for downloads (e.g. 16MiB) [default: 8MiB, with
     /// download ranges growing for objects larger than concurrency x 8MiB, up to 64MiB].
     #[cfg_attr(feature = "cli", arg(long))]
@@ -146,7 +155,7 @@ impl Default for TransferOptions {
             endpoint_url: None,
             anonymous: false,
             region: None,
-            concurrency: DEFAULT_CONCURRENCY,
+            concurrency: Concurrency::Adaptive,
             part_size: None,
             multipart_threshold: None,
             include: Vec::new(),
@@ -171,6 +180,64 @@ impl Default for TransferOptions {
             request_timeout: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(30),
             peers: PeerOptions::default(),
+        }
+    }
+}
+
+/// How many requests a run keeps in flight.
+///
+/// A fixed number suits no workload everywhere: against a store on the
+/// same machine 8 large ranges beat 32, against a distant one a hundred
+/// small objects in flight are needed to hide the round trips. So by
+/// default a run adapts (see the engine's `transfer::adaptive`); a number
+/// pins it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Concurrency {
+    /// Start at [`ADAPTIVE_START_CONCURRENCY`] and follow the measured
+    /// throughput between [`ADAPTIVE_MIN_CONCURRENCY`] and
+    /// [`ADAPTIVE_MAX_CONCURRENCY`].
+    #[default]
+    Adaptive,
+    /// Exactly this many, 1 to [`MAX_CONCURRENCY`].
+    Fixed(u32),
+}
+
+impl Concurrency {
+    /// The most requests the run may have in flight at once: what sizes
+    /// windows and ranges.
+    pub fn ceiling(self) -> u32 {
+        match self {
+            Concurrency::Adaptive => ADAPTIVE_MAX_CONCURRENCY,
+            Concurrency::Fixed(n) => n,
+        }
+    }
+}
+
+/// A `--concurrency` value that is neither `auto` nor a number of requests.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid concurrency '{0}': expected auto or a number from 1 to {MAX_CONCURRENCY}")]
+pub struct ConcurrencyError(pub String);
+
+impl std::str::FromStr for Concurrency {
+    type Err = ConcurrencyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Concurrency::Adaptive);
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=MAX_CONCURRENCY).contains(&n) => Ok(Concurrency::Fixed(n)),
+            _ => Err(ConcurrencyError(s.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Concurrency::Adaptive => f.write_str("auto"),
+            Concurrency::Fixed(n) => write!(f, "{n}"),
         }
     }
 }
@@ -217,5 +284,28 @@ impl Shard {
 impl std::fmt::Display for Shard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_is_auto_or_a_number_of_requests_and_prints_as_it_parses() {
+        assert_eq!("auto".parse(), Ok(Concurrency::Adaptive));
+        assert_eq!("AUTO".parse(), Ok(Concurrency::Adaptive));
+        assert_eq!(" 8 ".parse(), Ok(Concurrency::Fixed(8)));
+        assert_eq!("4096".parse(), Ok(Concurrency::Fixed(4096)));
+        for bad in ["0", "4097", "-1", "", "eight", "8.5"] {
+            let error = bad.parse::<Concurrency>().unwrap_err();
+            assert!(error.to_string().contains("auto or a number from 1 to 4096"), "{error}");
+        }
+        for value in [Concurrency::Adaptive, Concurrency::Fixed(1), Concurrency::Fixed(4096)] {
+            assert_eq!(value.to_string().parse(), Ok(value));
+        }
+        assert_eq!(TransferOptions::default().concurrency, Concurrency::Adaptive);
+        assert_eq!(Concurrency::Adaptive.ceiling(), ADAPTIVE_MAX_CONCURRENCY);
+        assert_eq!(Concurrency::Fixed(8).ceiling(), 8);
     }
 }

@@ -49,6 +49,9 @@ pub struct Summary {
     /// Requests retried.
     #[serde(default)]
     pub retries: u64,
+    /// Requests sent to the store, every attempt counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requests: u64,
     /// Wall-clock duration of the run.
     #[serde(default)]
     pub seconds: f64,
@@ -77,6 +80,22 @@ pub struct Summary {
     /// Fleet staging: bytes from peers instead of the store, bytes served.
     #[serde(default, skip_serializing_if = "PeerCounts::is_none")]
     pub peers: PeerCounts,
+    /// Requests the run kept in flight (for shards combined: the first
+    /// shard's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyUsed>,
+}
+
+/// How many requests a run kept in flight, as `--concurrency` had it choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub struct ConcurrencyUsed {
+    /// Whether the number followed the measured throughput (`auto`).
+    pub adaptive: bool,
+    /// The number in force when the run ended.
+    pub last: u32,
+    /// The highest number in force during the run.
+    pub peak: u32,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -380,6 +399,7 @@ impl Summary {
             total.resumed.objects += shard.resumed.objects;
             total.resumed.bytes += shard.resumed.bytes;
             total.retries += shard.retries;
+            total.requests += shard.requests;
             total.seconds = total.seconds.max(shard.seconds);
             total.throughput_bytes_per_second += shard.throughput_bytes_per_second;
             total.reason = total.reason.or(shard.reason);
@@ -470,6 +490,7 @@ mod tests {
             bytes: Counts { selected: 1000, transferred: 500, skipped: 200, failed: 300 },
             reason: Some(Reason::AccessDenied),
             failures,
+            concurrency: Some(ConcurrencyUsed { adaptive: true, last: 24, peak: 32 }),
             ..Summary::default()
         }
     }

@@ -242,7 +242,7 @@ pub struct ClaimLocation {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSettings {
-    /// Requests in flight per worker, shared by all objects. Default 64.
+    /// Requests in flight per worker, shared by all objects. Unset: adaptive, 16 at first, 4 to 256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub concurrency: Option<i32>,
@@ -622,11 +622,13 @@ mod tests {
 
     #[test]
     fn the_defaults_kubectl_explain_states_are_the_stagers() {
-        use ferry_contract::cli::{DEFAULT_CONCURRENCY, DEFAULT_MEMORY_LIMIT};
+        use ferry_contract::cli::{
+            ADAPTIVE_MAX_CONCURRENCY, ADAPTIVE_MIN_CONCURRENCY, ADAPTIVE_START_CONCURRENCY, DEFAULT_MEMORY_LIMIT,
+        };
         let yaml = crd_yaml();
         assert!(yaml.contains(&format!(
-            "Requests in flight per worker, shared by all objects. Default {DEFAULT_CONCURRENCY}."
-        )));
+            "Requests in flight per worker, shared by all objects. Unset: adaptive, {ADAPTIVE_START_CONCURRENCY} at first, {ADAPTIVE_MIN_CONCURRENCY} to {ADAPTIVE_MAX_CONCURRENCY}."
+        )), "{yaml}");
         assert!(yaml.contains(&format!("Default {DEFAULT_MEMORY_LIMIT}.")));
     }
 

@@ -7,6 +7,7 @@
 //! dataset. The CLI serves the exposition at `--metrics-addr` on `/metrics`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -182,6 +183,17 @@ pub struct Metrics {
     peer_bytes: Family<DirectionLabels, Counter>,
     peer_failures: Family<ReasonLabels, Counter>,
     peer_refused: Counter,
+    concurrency_limit: Gauge,
+    /// What adaptive concurrency judges a limit by, readable without the
+    /// label lookups of the families above.
+    flow: Flow,
+}
+
+/// Bytes moved and throttled requests, as plain counters.
+#[derive(Debug, Default)]
+struct Flow {
+    bytes: AtomicU64,
+    throttles: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -205,6 +217,7 @@ impl Metrics {
         let peer_bytes = Family::<DirectionLabels, Counter>::default();
         let peer_failures = Family::<ReasonLabels, Counter>::default();
         let peer_refused = Counter::default();
+        let concurrency_limit = Gauge::default();
         registry.register_with_unit(
             "transferred",
             "Bytes written to their destination (disk for downloads, the store for uploads)",
@@ -231,6 +244,11 @@ impl Metrics {
             resumed.clone(),
         );
         registry.register("requests_in_flight", "Store requests currently in flight", in_flight.clone());
+        registry.register(
+            "concurrency_limit",
+            "Store requests allowed in flight at once (with --concurrency auto, what the run chose last)",
+            concurrency_limit.clone(),
+        );
         registry.register_with_unit(
             "peer",
             "Fleet staging: bytes received from peers instead of the store, and bytes served to peers",
@@ -278,6 +296,8 @@ impl Metrics {
             peer_bytes,
             peer_failures,
             peer_refused,
+            concurrency_limit,
+            flow: Flow::default(),
         }
     }
 
@@ -304,6 +324,27 @@ impl Metrics {
     /// Counts bytes that reached their destination.
     pub fn add_bytes(&self, direction: Direction, bytes: u64) {
         self.bytes.get_or_create(&DirectionLabels { direction: direction.as_str() }).inc_by(bytes);
+        self.flow.bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Bytes that reached their destination so far, both directions.
+    pub fn bytes_moved(&self) -> u64 {
+        self.flow.bytes.load(Relaxed)
+    }
+
+    /// Requests the store throttled so far.
+    pub fn throttles(&self) -> u64 {
+        self.flow.throttles.load(Relaxed)
+    }
+
+    /// Store requests in flight now.
+    pub fn requests_in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+
+    /// Records the number of requests allowed in flight.
+    pub fn set_concurrency_limit(&self, limit: usize) {
+        self.concurrency_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// Counts a finished object.
@@ -331,6 +372,9 @@ impl Metrics {
     /// Counts a retry.
     pub fn retry(&self, reason: RetryReason) {
         self.retries.get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+        if reason == RetryReason::Throttled {
+            self.flow.throttles.fetch_add(1, Relaxed);
+        }
     }
 
     /// Marks a request as in flight until the guard is dropped.
@@ -379,8 +423,10 @@ mod tests {
         metrics.resumed(Direction::Upload, 7);
         metrics.peer_bytes_received(5);
         metrics.peer_failure(PeerFailure::Mismatch);
+        metrics.set_concurrency_limit(24);
         let guard = metrics.request_started();
         let text = metrics.encode();
+        assert_eq!((metrics.bytes_moved(), metrics.throttles(), metrics.requests_in_flight()), (42, 1, 1));
         drop(guard);
         for needle in [
             "ferry_stager_transferred_bytes_total{direction=\"download\"} 42",
@@ -389,6 +435,7 @@ mod tests {
             "ferry_stager_request_duration_seconds_count{operation=\"get\"} 1",
             "ferry_stager_retries_total{reason=\"throttled\"} 1",
             "ferry_stager_requests_in_flight 1",
+            "ferry_stager_concurrency_limit 24",
             "ferry_stager_verified_objects_total{kind=\"etag_multipart\"} 1",
             "ferry_stager_verified_objects_total{kind=\"crc64nvme\"} 0",
             "ferry_stager_resumed_bytes_total{direction=\"upload\"} 7",

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use ferry_contract::TransferOptions;
-use ferry_contract::options::{COMPLETION_INDEX_ENV, Shard};
+use ferry_contract::options::{COMPLETION_INDEX_ENV, Concurrency, Shard};
 
 use crate::ObjectLocation;
 use crate::selection::Selection;
@@ -70,7 +70,8 @@ impl TransferConfig {
             .map_err(|e| TransferError::Config(e.to_string()))?;
         let part_size = part_size(options);
         Ok(TransferConfig {
-            concurrency: options.concurrency as usize,
+            concurrency: options.concurrency.ceiling() as usize,
+            adaptive: options.concurrency == Concurrency::Adaptive,
             part_size,
             // A part size the user chose is taken as the range size too.
             grow_ranges: options.part_size.is_none(),

@@ -13,7 +13,9 @@
 
 use std::collections::BTreeMap;
 
-use ferry_contract::cli::{LogFormat, ProgressMode, StagerCli, StagerCommand, TransferOptions};
+use ferry_contract::cli::{
+    Concurrency, LogFormat, MAX_CONCURRENCY, ProgressMode, StagerCli, StagerCommand, TransferOptions,
+};
 use ferry_contract::{ExitStatus, ObjectLocation};
 use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
 use ferry_crds::{DataStage, DataStageSpec, Fanout};
@@ -138,7 +140,7 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
     };
     if let Some(transfer) = &spec.transfer {
         if let Some(concurrency) = transfer.concurrency {
-            options.concurrency = concurrency.clamp(1, 4096) as u32;
+            options.concurrency = Concurrency::Fixed(concurrency.clamp(1, MAX_CONCURRENCY as i32) as u32);
         }
         options.part_size = transfer.part_size.clone();
         if let Some(limit) = &transfer.memory_limit {
@@ -580,7 +582,10 @@ mod tests {
         let StagerCommand::Pull { source, destination, options } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!((source.to_string(), destination), ("s3://datasets/imagenet/".to_owned(), DATA_MOUNT.into()));
         assert_eq!(options.endpoint_url.as_deref(), Some("http://minio:9000"));
-        assert_eq!((options.include.as_slice(), options.concurrency), (&["*.tar".to_owned()][..], 16));
+        assert_eq!(
+            (options.include.as_slice(), options.concurrency),
+            (&["*.tar".to_owned()][..], Concurrency::Fixed(16))
+        );
         assert_eq!(options.verify, ferry_contract::VerifyMode::Size);
         assert_eq!(options.part_size.map(|s| s.bytes()), Some(8 << 20), "8Mi reaches the stager as a size it parses");
         assert_eq!(options.termination_log.as_deref(), Some(std::path::Path::new(TERMINATION_LOG)));

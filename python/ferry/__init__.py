@@ -5,7 +5,7 @@ The work happens in Rust with the GIL released, so Python threads calling
 in parallel run in parallel; calls with the same options share one engine
 (one request budget, one connection pool). Every function has an
 ``*_async`` twin that asyncio can await. Options are the ``ferry-stager``
-flags with underscores (``part_size="16MiB"``, ``concurrency=32``,
+flags with underscores (``part_size="16MiB"``, ``concurrency=32`` or the default ``"auto"``,
 ``endpoint_url="http://minio:9000"``); credentials come from the usual
 AWS or Google environment and files.
 

@@ -15,7 +15,7 @@ class Options(TypedDict, total=False):
     endpoint_url: Optional[str]
     anonymous: bool
     region: Optional[str]
-    concurrency: int
+    concurrency: Union[int, str, None]
     part_size: Optional[_Size]
     multipart_threshold: Optional[_Size]
     include: Union[str, Sequence[str]]

@@ -164,7 +164,7 @@ async fn read_object(
 }
 
 async fn read_objects(objects: Vec<ObjectUri>, options: TransferOptions) -> Result<Vec<Buffer>, Failure> {
-    let at_once = options.concurrency as usize;
+    let at_once = options.concurrency.ceiling() as usize;
     futures::stream::iter(objects)
         .map(|object| {
             let options = options.clone();

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ferry_contract::options::{Shard, TransferOptions, VerifyMode};
+use ferry_contract::options::{Concurrency, MAX_CONCURRENCY, Shard, TransferOptions, VerifyMode};
 use ferry_contract::size::ByteSize;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -59,7 +59,7 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "endpoint_url" => o.endpoint_url = optional(&name, &value)?,
             "anonymous" => o.anonymous = typed(&name, &value)?,
             "region" => o.region = optional(&name, &value)?,
-            "concurrency" => o.concurrency = ranged(&name, &value, 1, 4096)?,
+            "concurrency" => o.concurrency = concurrency(&name, &value)?,
             "part_size" => o.part_size = optional_size(&name, &value)?,
             "multipart_threshold" => o.multipart_threshold = optional_size(&name, &value)?,
             "include" => o.include = globs(&name, &value)?,
@@ -156,6 +156,19 @@ fn ranged(name: &str, value: &Bound<'_, PyAny>, low: u32, high: u32) -> PyResult
         .ok()
         .filter(|n| (low..=high).contains(n))
         .ok_or_else(|| PyValueError::new_err(format!("{name}: {number} is not in {low}..={high}")))
+}
+
+/// `None` or `"auto"` adapts; an int pins the number of requests in flight.
+fn concurrency(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Concurrency> {
+    if value.is_none() {
+        return Ok(Concurrency::Adaptive);
+    }
+    if let Ok(text) = value.extract::<String>() {
+        return parsed(name, &text);
+    }
+    ranged(name, value, 1, MAX_CONCURRENCY).map(Concurrency::Fixed).map_err(|e| {
+        if e.is_instance_of::<PyTypeError>(value.py()) { type_error(name, "int, 'auto' or None", value) } else { e }
+    })
 }
 
 fn parsed<T: std::str::FromStr>(name: &str, text: &str) -> PyResult<T>

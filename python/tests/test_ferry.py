@@ -81,6 +81,10 @@ def test_read_many_returns_buffers_in_the_order_asked(s3):
     random.Random(1).shuffle(uris)
     buffers = ferry.read_many(uris, concurrency=16, **options)
     assert [bytes(b) for b in buffers] == [payloads[u] for u in uris]
+    # Adaptive concurrency (the default) by name and by None reads the same.
+    for concurrency in ("auto", None):
+        buffers = ferry.read_many(uris, concurrency=concurrency, **options)
+        assert [bytes(b) for b in buffers] == [payloads[u] for u in uris]
 
 
 def test_write_file_sends_a_file_in_parts(s3, tmp_path):
@@ -105,6 +109,10 @@ def test_pull_and_push_a_directory_with_a_summary_and_progress(s3, tmp_path):
     destination = tmp_path / "destination"
     pulled = ferry.pull(f"s3://{bucket}/dataset", destination, progress=seen.append, **options)
     assert pulled.complete and pulled.objects["transferred"] == 12, pulled
+    # The default concurrency adapts, within its bounds, and says so.
+    assert pulled.concurrency["adaptive"] is True, pulled
+    assert 4 <= pulled.concurrency["last"] <= pulled.concurrency["peak"] <= 256, pulled
+    assert pulled.requests >= 12, pulled
     for name, payload in files.items():
         assert (destination / name).read_bytes() == payload, name
     assert seen and all(isinstance(p, ferry.Progress) for p in seen)
@@ -189,8 +197,11 @@ def test_bad_arguments_name_the_argument(s3):
         ferry.read(f"s3://{bucket}/k", part_size="eight", **options)
     with pytest.raises(ValueError, match="concurrency"):
         ferry.read(f"s3://{bucket}/k", concurrency=0, **options)
-    with pytest.raises(TypeError, match="concurrency"):
+    # A string is a kind of concurrency ("auto"), so another word is a bad value.
+    with pytest.raises(ValueError, match="concurrency"):
         ferry.read(f"s3://{bucket}/k", concurrency="many", **options)
+    with pytest.raises(TypeError, match="concurrency"):
+        ferry.read(f"s3://{bucket}/k", concurrency=2.5, **options)
     with pytest.raises(ValueError, match="verify"):
         ferry.read(f"s3://{bucket}/k", verify="maybe", **options)
     with pytest.raises(TypeError, match="summary_file"):

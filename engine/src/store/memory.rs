@@ -55,6 +55,8 @@ struct State {
     get_faults: BTreeMap<String, VecDeque<Fault>>,
     upload_faults: VecDeque<Fault>,
     calls: Calls,
+    /// Time every GET waits before it answers, like a store a round trip away.
+    get_latency: Option<std::time::Duration>,
 }
 
 /// An unfinished multipart upload.
@@ -97,6 +99,11 @@ impl MemoryStore {
     /// Queues faults for the next GETs of `key`, in order.
     pub fn fail_gets(&self, key: &str, faults: impl IntoIterator<Item = Fault>) {
         self.state.lock().unwrap().get_faults.entry(key.into()).or_default().extend(faults);
+    }
+
+    /// Makes every GET wait `latency` before it answers.
+    pub fn delay_gets(&self, latency: std::time::Duration) {
+        self.state.lock().unwrap().get_latency = Some(latency);
     }
 
     /// Queues faults for the next part uploads, in order.
@@ -173,13 +180,16 @@ impl ObjectStore for MemoryStore {
         range: Option<Range<u64>>,
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
-        let (data, checksum, fault) = {
+        let (data, checksum, fault, latency) = {
             let mut state = self.state.lock().unwrap();
             state.calls.gets += 1;
             let fault = state.get_faults.get_mut(key).and_then(VecDeque::pop_front);
             let (data, checksum) = state.objects.get(key).cloned().ok_or(StoreError::NotFound)?;
-            (data, checksum, fault)
+            (data, checksum, fault, state.get_latency)
         };
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency).await;
+        }
         if let Some(error) = fault.as_ref().and_then(Self::injected) {
             return Err(error);
         }

@@ -55,7 +55,7 @@ pub async fn read_range(engine: &Arc<Engine>, key: &str, range: Range<u64>) -> R
         return Ok(Bytes::new());
     }
     let ranges: Vec<Range<u64>> =
-        plan_ranges(len, download_range_size(len, engine.config.part_size, concurrency(engine)))
+        plan_ranges(len, download_range_size(len, engine.config.part_size, engine.range_spread()))
             .into_iter()
             .map(|r| r.start + range.start..r.end + range.start)
             .collect();
@@ -73,7 +73,8 @@ pub async fn write(engine: &Arc<Engine>, key: &str, data: Bytes) -> Result<Optio
     write_from(engine, key, data.len() as u64, Source::Memory(data)).await
 }
 
-/// Requests one object may have in flight.
+/// Requests one object may have in flight (the budget decides how many
+/// actually run).
 fn concurrency(engine: &Engine) -> usize {
     engine.config.concurrency.max(1)
 }
@@ -91,7 +92,7 @@ async fn read_once(engine: &Arc<Engine>, key: &str) -> Result<Bytes, ObjectError
     let (object, bytes, digests, checksum, ranged) = match first {
         FirstRead::Whole { object, bytes, digest, checksum } => (object, bytes, vec![digest], checksum, false),
         FirstRead::Large { object, checksum } => {
-            let range_size = download_range_size(object.size, engine.config.part_size, concurrency(engine));
+            let range_size = download_range_size(object.size, engine.config.part_size, engine.range_spread());
             let wanted = Wanted::for_checksum(checksum.as_ref());
             let if_match = object.etag.clone();
             let ranges = plan_ranges(object.size, range_size);
@@ -110,7 +111,7 @@ async fn first_read(engine: &Arc<Engine>, key: &str) -> Result<FirstRead, Object
     let size = response.content_length;
     let checksum = if engine.config.verify == VerifyMode::Checksum { response.checksum.clone() } else { None };
     let object = ObjectMeta { key: key.to_owned(), size, etag: response.etag.clone(), last_modified: None };
-    if size > download_range_size(size, engine.config.part_size, concurrency(engine)) {
+    if size > download_range_size(size, engine.config.part_size, engine.range_spread()) {
         return Ok(FirstRead::Large { object, checksum });
     }
     let wanted = Wanted::for_checksum(checksum.as_ref()).with_md5_for(checksum.as_ref());

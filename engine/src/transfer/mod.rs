@@ -6,6 +6,8 @@
 //!   attempt and gives it back while it backs off, so a 10 GiB object and ten
 //!   thousand 64 KiB objects share the same pipe fairly (the semaphore is
 //!   FIFO).
+//!   With `--concurrency auto` (the default) the number of request slots
+//!   follows the throughput the run measures ([`adaptive`]).
 //! * [`Engine::retrying`] runs one request with bounded, jittered
 //!   exponential backoff and records its duration and retries.
 //! * [`pull`] and [`push`] are the two directions ([`push_resume`] is what
@@ -13,6 +15,7 @@
 //!   is whether a pull's destination has room); [`tally`] counts what
 //!   happened and produces the run summary.
 
+pub mod adaptive;
 pub mod bandwidth;
 pub mod buffers;
 pub mod capacity;
@@ -36,6 +39,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -95,8 +100,13 @@ impl RetryPolicy {
 /// Everything that shapes a run, parsed once from the command line.
 #[derive(Clone, Debug)]
 pub struct TransferConfig {
-    /// Requests in flight across all objects.
+    /// Requests in flight across all objects; with `adaptive`, the most the
+    /// run may reach.
     pub concurrency: usize,
+    /// Whether the number of requests in flight follows the measured
+    /// throughput (starting at [`adaptive::ADAPTIVE_START_CONCURRENCY`])
+    /// instead of staying at `concurrency`.
+    pub adaptive: bool,
     /// Part size for uploads; range size for downloads, the smallest one when
     /// `grow_ranges` is set.
     pub part_size: u64,
@@ -279,25 +289,42 @@ fn check_fatal(joined: Result<Result<(), TransferError>, tokio::task::JoinError>
 /// The global request and memory budget.
 #[derive(Debug, Clone)]
 pub struct Budget {
-    requests: Arc<Semaphore>,
+    requests: Arc<adaptive::RequestLimit>,
     memory: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    /// With adaptive concurrency, whether its controller still has to be
+    /// started (by the first request, which runs inside the runtime).
+    controller_pending: Arc<AtomicBool>,
+    /// The most requests an adaptive run may reach.
+    ceiling: usize,
 }
 
 /// A request slot; frees itself and the in-flight gauge on drop.
 #[derive(Debug)]
 pub struct RequestSlot {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
+    limit: Arc<adaptive::RequestLimit>,
     _in_flight: InFlightGuard,
 }
 
+impl Drop for RequestSlot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.limit.release(permit);
+        }
+    }
+}
+
 impl Budget {
-    /// A budget of `concurrency` requests and `memory_limit` bytes.
+    /// A budget of `concurrency` requests and `memory_limit` bytes; with
+    /// `adaptive`, `concurrency` is the most the number of requests may
+    /// reach, and it starts lower (see [`adaptive`]).
     ///
     /// # Errors
     /// Fails when the memory limit cannot hold one buffer of `largest_buffer`.
     pub fn new(
         concurrency: usize,
+        adaptive: bool,
         memory_limit: u64,
         largest_buffer: u64,
         metrics: Arc<Metrics>,
@@ -312,17 +339,35 @@ impl Budget {
             )));
         }
         let units = ((memory_limit - MEMORY_RESERVE) / MEMORY_UNIT).min(u64::from(u32::MAX >> 4)) as usize;
+        let start = if adaptive { adaptive::Climber::default_bounds().limit().min(concurrency) } else { concurrency };
+        metrics.set_concurrency_limit(start);
         Ok(Self {
-            requests: Arc::new(Semaphore::new(concurrency.max(1))),
+            requests: Arc::new(adaptive::RequestLimit::new(start)),
             memory: Arc::new(Semaphore::new(units)),
             metrics,
+            controller_pending: Arc::new(AtomicBool::new(adaptive)),
+            ceiling: concurrency.max(1),
         })
     }
 
     /// Waits for a request slot.
     pub async fn request(&self) -> RequestSlot {
-        let permit = Arc::clone(&self.requests).acquire_owned().await.expect("request budget is never closed");
-        RequestSlot { _permit: permit, _in_flight: self.metrics.request_started() }
+        if self.controller_pending.load(Relaxed) && self.controller_pending.swap(false, Relaxed) {
+            let floor = adaptive::ADAPTIVE_MIN_CONCURRENCY as usize;
+            let climber = adaptive::Climber::new(self.requests.limit(), floor, self.ceiling);
+            tokio::spawn(adaptive::run_controller(Arc::downgrade(&self.requests), Arc::clone(&self.metrics), climber));
+        }
+        let permit = self.requests.acquire().await;
+        RequestSlot {
+            permit: Some(permit),
+            limit: Arc::clone(&self.requests),
+            _in_flight: self.metrics.request_started(),
+        }
+    }
+
+    /// The number of requests allowed in flight now, and the most so far.
+    pub fn request_limit(&self) -> (usize, usize) {
+        (self.requests.limit(), self.requests.peak())
     }
 
     /// Waits until `bytes` of buffer memory are available.
@@ -393,7 +438,8 @@ impl Engine {
         fleet: Option<Arc<crate::fleet::Fleet>>,
     ) -> Result<Arc<Self>, TransferError> {
         let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
-        let budget = Budget::new(config.concurrency, config.memory_limit, largest, Arc::clone(&metrics))?;
+        let budget =
+            Budget::new(config.concurrency, config.adaptive, config.memory_limit, largest, Arc::clone(&metrics))?;
         let bandwidth = config.max_bandwidth.map(bandwidth::BandwidthLimit::new);
         Ok(Arc::new(Self {
             store,
@@ -413,6 +459,30 @@ impl Engine {
     /// busy while some objects are being verified or renamed.
     pub fn objects_in_flight(&self) -> usize {
         self.config.concurrency.max(1) * 2
+    }
+
+    /// How many requests the run has kept in flight, for its summary.
+    pub fn concurrency_used(&self) -> ferry_contract::summary::ConcurrencyUsed {
+        let (last, peak) = self.budget.request_limit();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        ferry_contract::summary::ConcurrencyUsed {
+            adaptive: self.config.adaptive,
+            last: count(last),
+            peak: count(peak),
+        }
+    }
+
+    /// The request count that sizes download ranges (see
+    /// [`ranges::download_range_size`]): the fixed concurrency, or with
+    /// adaptive concurrency its starting point, so a large object is split
+    /// into as few ranges as a run that starts there needs, not into one
+    /// per slot of the ceiling.
+    pub fn range_spread(&self) -> usize {
+        if self.config.adaptive {
+            self.config.concurrency.min(adaptive::ADAPTIVE_START_CONCURRENCY as usize)
+        } else {
+            self.config.concurrency
+        }
     }
 
     /// Waits until `bytes` may move under `--max-bandwidth` (at once without it).
@@ -439,6 +509,7 @@ impl Engine {
         loop {
             attempts += 1;
             let slot = self.budget.request().await;
+            self.tally.requested();
             let started = Instant::now();
             let result = attempt().await;
             self.metrics.observe_request(operation, started.elapsed());
@@ -496,8 +567,8 @@ mod tests {
 
     #[test]
     fn a_memory_limit_below_one_part_is_refused_with_advice() {
-        let err = Budget::new(8, 40 << 20, 16 << 20, Arc::new(Metrics::new())).unwrap_err();
+        let err = Budget::new(8, false, 40 << 20, 16 << 20, Arc::new(Metrics::new())).unwrap_err();
         assert!(err.to_string().contains("--part-size"), "{err}");
-        assert!(Budget::new(8, 256 << 20, 8 << 20, Arc::new(Metrics::new())).is_ok());
+        assert!(Budget::new(8, false, 256 << 20, 8 << 20, Arc::new(Metrics::new())).is_ok());
     }
 }

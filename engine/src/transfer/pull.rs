@@ -290,6 +290,7 @@ pub async fn pull(
     if let Some(fleet) = &engine.fleet {
         summary.peers = fleet.counts();
     }
+    summary.concurrency = Some(engine.concurrency_used());
     Ok(summary)
 }
 
@@ -470,7 +471,7 @@ async fn download(
     let verify = engine.config.verify;
     let config = &engine.config;
     let range_size = if config.grow_ranges {
-        download_range_size(size, config.part_size, config.concurrency)
+        download_range_size(size, config.part_size, engine.range_spread())
     } else {
         config.part_size
     };

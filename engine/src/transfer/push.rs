@@ -126,12 +126,14 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
     // Every task is gone, so this is the last reference.
     let run = Arc::into_inner(run).expect("all tasks joined");
     run.resume.finish(&engine, prefix).await;
-    Ok(engine.tally.summary(
+    let mut summary = engine.tally.summary(
         super::tally::Operation::Push,
         source.display().to_string(),
         destination_uri,
         started.elapsed(),
-    ))
+    );
+    summary.concurrency = Some(engine.concurrency_used());
+    Ok(summary)
 }
 
 /// One cheap request before anything is read, so a missing bucket, wrong

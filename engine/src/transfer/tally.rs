@@ -30,6 +30,7 @@ pub struct Tally {
     verified: [AtomicU64; VerifiedKind::ALL.len()],
     resumed: AmountCounter,
     retries: AtomicU64,
+    requests: AtomicU64,
     listing_done: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<Failure>>,
     added: AmountCounter,
@@ -169,6 +170,11 @@ impl Tally {
         self.retries.fetch_add(1, Relaxed);
     }
 
+    /// A request was sent to the store.
+    pub fn requested(&self) {
+        self.requests.fetch_add(1, Relaxed);
+    }
+
     /// The set of objects is complete.
     pub fn listing_finished(&self) {
         self.listing_done.store(true, Relaxed);
@@ -228,6 +234,7 @@ impl Tally {
                 Resumed { objects, bytes }
             },
             retries: self.retries.load(Relaxed),
+            requests: self.requests.load(Relaxed),
             seconds,
             throughput_bytes_per_second: if seconds > 0.0 { transferred as f64 / seconds } else { 0.0 },
             peak_rss_bytes: peak_rss_bytes(),
@@ -267,6 +274,12 @@ pub fn one_line(summary: &Summary) -> String {
         summary.seconds,
         summary.retries,
     );
+    let head = match summary.concurrency {
+        Some(used) if used.adaptive => {
+            format!("{head}; concurrency auto: {} requests at the end, at most {}", used.last, used.peak)
+        }
+        _ => head,
+    };
     match summary.failures.first() {
         Some(first) => format!("{head}; first failure: {}: {}", first.key, first.error),
         None => head,
