@@ -105,6 +105,13 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Ar
         };
         return Arc::new(GcsStore::connect(&location.bucket, &gcs).await);
     }
+    // An ablation knob for benchmarks, read from the environment only
+    // (store::s3's module documentation); a value it does not know is
+    // refused loudly and the run goes on with the default.
+    let data_path = crate::store::s3::S3DataPath::from_env().unwrap_or_else(|error| {
+        tracing::error!(error = %error, "S3 data requests stay on the SDK");
+        crate::store::s3::S3DataPath::Sdk
+    });
     let s3 = S3Options {
         endpoint_url: options.endpoint_url.clone(),
         // S3-compatible servers rarely care about the region; defaulting
@@ -112,6 +119,7 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Ar
         region: options.region.clone().or_else(|| options.endpoint_url.as_ref().map(|_| "us-east-1".to_owned())),
         connect_timeout: options.connect_timeout,
         request_timeout: options.request_timeout,
+        data_path,
     };
     Arc::new(S3Store::connect(&location.bucket, &s3).await)
 }

@@ -7,12 +7,62 @@
 //! calculation and payload signing are switched off too: the store verifies
 //! the CRC32C header instead of a SHA-256 of the payload, which would cost a
 //! second pass over every byte.
+//!
+//! # The data-path ablation
+//!
+//! Which client carries the *data* requests (GET, whole or ranged, PUT and
+//! UploadPart) is chosen by `FERRY_S3_DATA_PATH` ([`S3DataPath`]). It is a
+//! knob for benchmarks that compare HTTP stacks under the same scheduler,
+//! budgets and verification, not a user option: it is read from the
+//! environment only and never appears among the flags. Listing, HEAD,
+//! `part_size` and the multipart control requests (create, complete, abort,
+//! list) always go through `aws-sdk-s3`.
+//!
+//! * `sdk` (the default): every request through `aws-sdk-s3`. Each request
+//!   runs the SDK's orchestrator: interceptors, the S3 endpoint rules engine,
+//!   identity-cache lookup and signing, and deserialisation of every modelled
+//!   header into an output struct. With `checksum_mode(Enabled)` the SDK also
+//!   CRCs the body of a whole-object GET itself, a pass over every byte that
+//!   the engine's own verification repeats.
+//! * `hyper` (`s3/hyper_path.rs`): a lean path straight on hyper 1 and
+//!   hyper-util's pooled client, the same stack and rustls (aws-lc-rs)
+//!   provider the SDK runs on, signed with `aws-sigv4` (UNSIGNED-PAYLOAD, the
+//!   engine's CRC32C in `x-amz-checksum-crc32c` as the SDK path sends it).
+//!   The bucket's URL is resolved once, by the SDK's own endpoint resolver,
+//!   so addressing (path style for custom endpoints, virtual hosts on AWS)
+//!   matches the SDK path; credentials come from the same SDK configuration
+//!   chain and are cached until shortly before they expire.
+//! * `object_store` (`s3/object_store_path.rs`): the `object_store` crate's S3
+//!   client over reqwest, pointed at the same resolved bucket URL, with the
+//!   same credentials (bridged from the SDK chain), its own retries off and
+//!   unsigned payloads. It cannot send a CRC32C with a PUT or a part (it
+//!   knows only SHA-256 and CRC64NVME, computed by itself), so on this path
+//!   the store does not check uploaded bytes against the engine's CRC32C,
+//!   and multipart uploads are started and completed without one (a store
+//!   promised a CRC32C refuses parts without it); such objects are verified
+//!   on a pull against their ETags (MD5, multipart MD5). Keys it cannot
+//!   represent (empty segments, `.`/`..` segments, control characters) are
+//!   refused. It can send If-Match. Response checksum headers reach the
+//!   engine through a connector that copies them into the response's
+//!   extensions.
+//!
+//! All three hand the engine the same [`GetResponse`]: content length, the
+//! ETag without quotes, the [`Integrity`] of a whole-object read (one header
+//! parser, `integrity`) and errors in the same [`StoreError`] categories
+//! (`classify_status` on the status and the S3 error code).
+
+mod credentials;
+mod hyper_path;
+mod object_store_path;
 
 use std::ops::Range;
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::endpoint::{DefaultResolver, Params as EndpointParams, ResolveEndpoint as _};
 use aws_sdk_s3::config::{
     Region, RequestChecksumCalculation, ResponseChecksumValidation, retry::RetryConfig, timeout::TimeoutConfig,
 };
@@ -43,6 +93,150 @@ pub struct S3Options {
     pub connect_timeout: Duration,
     /// Time allowed for one request until its response headers arrive.
     pub request_timeout: Duration,
+    /// Which client carries the data requests (an ablation knob, see the
+    /// module documentation).
+    pub data_path: S3DataPath,
+}
+
+/// The environment variable that chooses the [`S3DataPath`] of a run.
+pub const DATA_PATH_ENV: &str = "FERRY_S3_DATA_PATH";
+
+/// Which client carries GET, PUT and UploadPart requests: an ablation knob
+/// for benchmarks (`FERRY_S3_DATA_PATH`), not a user option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum S3DataPath {
+    /// `aws-sdk-s3`, like every other request.
+    #[default]
+    Sdk,
+    /// hyper with SigV4 signing from `aws-sigv4`.
+    Hyper,
+    /// The `object_store` crate's S3 client.
+    ObjectStore,
+}
+
+impl S3DataPath {
+    /// Every choice, in the order the error message lists them.
+    pub const ALL: [S3DataPath; 3] = [S3DataPath::Sdk, S3DataPath::Hyper, S3DataPath::ObjectStore];
+
+    /// The value `FERRY_S3_DATA_PATH` takes for it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            S3DataPath::Sdk => "sdk",
+            S3DataPath::Hyper => "hyper",
+            S3DataPath::ObjectStore => "object_store",
+        }
+    }
+
+    /// The choice `FERRY_S3_DATA_PATH` makes; unset or empty is [`S3DataPath::Sdk`].
+    ///
+    /// # Errors
+    /// A value that names no data path.
+    pub fn from_env() -> Result<Self, DataPathError> {
+        match std::env::var(DATA_PATH_ENV) {
+            Ok(value) if !value.trim().is_empty() => value.parse(),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(S3DataPath::Sdk),
+            Err(std::env::VarError::NotUnicode(value)) => {
+                Err(DataPathError::Unknown(value.to_string_lossy().into_owned()))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for S3DataPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for S3DataPath {
+    type Err = DataPathError;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let value = value.trim();
+        S3DataPath::ALL
+            .into_iter()
+            .find(|path| path.as_str().eq_ignore_ascii_case(value))
+            .ok_or_else(|| DataPathError::Unknown(value.to_owned()))
+    }
+}
+
+/// Why the data path a run asked for cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DataPathError {
+    /// `FERRY_S3_DATA_PATH` names no data path.
+    #[error("{DATA_PATH_ENV}='{0}' is not one of sdk, hyper, object_store")]
+    Unknown(String),
+    /// The client of the chosen data path could not be built.
+    #[error("the {path} data path cannot be set up: {detail}")]
+    Unusable {
+        /// The data path that was asked for.
+        path: S3DataPath,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// The client that carries a store's data requests.
+#[derive(Clone, Debug)]
+enum DataClient {
+    Sdk,
+    Hyper(Arc<hyper_path::HyperDataPath>),
+    ObjectStore(Arc<object_store_path::ObjectStoreDataPath>),
+}
+
+/// How the SDK client addresses a bucket, beyond its region and endpoint.
+#[derive(Clone, Copy, Debug, Default)]
+struct Addressing {
+    path_style: bool,
+    fips: bool,
+    dual_stack: bool,
+}
+
+/// The bucket's URL, without a trailing slash, as the SDK's own endpoint
+/// resolver gives it: `<endpoint>/<bucket>` in path style, a virtual host
+/// (`https://<bucket>.s3.<region>.amazonaws.com`) on AWS. Resolved once per
+/// store, where the SDK runs its rules engine for every request.
+async fn resolve_bucket_url(
+    bucket: &str,
+    region: &str,
+    endpoint: Option<&str>,
+    addressing: Addressing,
+) -> Result<String, String> {
+    let mut params = EndpointParams::builder()
+        .bucket(bucket)
+        .region(region)
+        .force_path_style(addressing.path_style)
+        .use_fips(addressing.fips)
+        .use_dual_stack(addressing.dual_stack);
+    if let Some(endpoint) = endpoint {
+        params = params.endpoint(endpoint);
+    }
+    let params = params.build().map_err(|e| e.to_string())?;
+    let resolved = DefaultResolver::new().resolve_endpoint(&params).await.map_err(|e| crate::error_chain(&*e))?;
+    Ok(resolved.url().trim_end_matches('/').to_owned())
+}
+
+impl DataClient {
+    /// Whether PUTs and parts carry the engine's CRC32C. Multipart uploads
+    /// are started with a CRC32C only then: a store that was promised one
+    /// refuses parts without it (MinIO: "checksum missing"), and completes
+    /// an upload against the parts' checksums.
+    fn sends_crc32c(&self) -> bool {
+        !matches!(self, DataClient::ObjectStore(_))
+    }
+}
+
+/// What the non-SDK data paths share with the SDK's view of a bucket,
+/// resolved once when the store connects.
+struct DataPathSetup<'a> {
+    bucket: &'a str,
+    /// The bucket's URL without a trailing slash, as the SDK's endpoint
+    /// resolver gives it (path style: `<endpoint>/<bucket>`).
+    bucket_url: String,
+    /// The region requests are signed for.
+    region: String,
+    credentials: Arc<credentials::CachedCredentials>,
+    options: &'a S3Options,
 }
 
 /// An S3 bucket.
@@ -50,6 +244,7 @@ pub struct S3Options {
 pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
+    data: DataClient,
 }
 
 impl S3Store {
@@ -64,7 +259,14 @@ impl S3Store {
             loader = loader.endpoint_url(endpoint);
         }
         let shared = loader.load().await;
-        let mut config = aws_sdk_s3::config::Builder::from(&shared)
+        Self::from_sdk_config(bucket, options, &shared).await
+    }
+
+    /// Builds a client from an SDK configuration the caller loaded (tests
+    /// give one with static keys); `options` adds the timeouts, the
+    /// addressing a custom endpoint implies and the data path.
+    pub async fn from_sdk_config(bucket: &str, options: &S3Options, shared: &aws_config::SdkConfig) -> Self {
+        let mut config = aws_sdk_s3::config::Builder::from(shared)
             .retry_config(RetryConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
@@ -77,12 +279,74 @@ impl S3Store {
         if shared.region().is_none() {
             config = config.region(Region::from_static("us-east-1"));
         }
-        if options.endpoint_url.is_some() || shared.endpoint_url().is_some() {
+        let path_style = options.endpoint_url.is_some() || shared.endpoint_url().is_some();
+        if path_style {
             // Custom endpoints are almost always S3-compatible servers that
             // do not serve virtual-hosted bucket names.
             config = config.force_path_style(true);
         }
-        Self { client: aws_sdk_s3::Client::from_conf(config.build()), bucket: bucket.to_owned() }
+        let config = config.build();
+        let data = match options.data_path {
+            S3DataPath::Sdk => DataClient::Sdk,
+            path => match Self::data_client(path, bucket, options, shared, &config, path_style).await {
+                Ok(data) => {
+                    tracing::info!(data_path = %path, "S3 data requests bypass the SDK (a benchmark ablation)");
+                    data
+                }
+                Err(error) => {
+                    tracing::error!(error = %error, "S3 data requests stay on the SDK");
+                    DataClient::Sdk
+                }
+            },
+        };
+        Self { client: aws_sdk_s3::Client::from_conf(config), bucket: bucket.to_owned(), data }
+    }
+
+    /// The client of a non-SDK data path, configured as the SDK client is:
+    /// the same region, credentials chain and bucket URL.
+    async fn data_client(
+        path: S3DataPath,
+        bucket: &str,
+        options: &S3Options,
+        shared: &aws_config::SdkConfig,
+        config: &aws_sdk_s3::Config,
+        path_style: bool,
+    ) -> Result<DataClient, DataPathError> {
+        let unusable = |detail: String| DataPathError::Unusable { path, detail };
+        let region = config.region().map_or_else(|| "us-east-1".to_owned(), |r| r.as_ref().to_owned());
+        let endpoint = options.endpoint_url.as_deref().or(shared.endpoint_url());
+        let addressing = Addressing {
+            path_style,
+            fips: shared.use_fips().unwrap_or(false),
+            dual_stack: shared.use_dual_stack().unwrap_or(false),
+        };
+        let bucket_url = resolve_bucket_url(bucket, &region, endpoint, addressing).await.map_err(unusable)?;
+        let setup = DataPathSetup {
+            bucket,
+            bucket_url,
+            region,
+            credentials: Arc::new(credentials::CachedCredentials::new(shared.credentials_provider())),
+            options,
+        };
+        match path {
+            S3DataPath::Sdk => Ok(DataClient::Sdk),
+            S3DataPath::Hyper => {
+                Ok(DataClient::Hyper(Arc::new(hyper_path::HyperDataPath::new(&setup).map_err(unusable)?)))
+            }
+            S3DataPath::ObjectStore => Ok(DataClient::ObjectStore(Arc::new(
+                object_store_path::ObjectStoreDataPath::new(&setup).map_err(unusable)?,
+            ))),
+        }
+    }
+
+    /// Which client carries this store's data requests (the one asked for,
+    /// or the SDK when that one could not be set up).
+    pub fn data_path(&self) -> S3DataPath {
+        match self.data {
+            DataClient::Sdk => S3DataPath::Sdk,
+            DataClient::Hyper(_) => S3DataPath::Hyper,
+            DataClient::ObjectStore(_) => S3DataPath::ObjectStore,
+        }
     }
 
     fn map_error<E>(&self, err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
@@ -163,6 +427,87 @@ fn classify_status(status: u16, code: &str, message: &str, bucket: &str) -> Stor
     }
 }
 
+/// The `<Code>` and `<Message>` of an S3 error document, empty when absent
+/// (a HEAD, or a proxy's HTML page). The non-SDK data paths read error
+/// responses with it; the SDK parses them itself.
+fn error_document(body: &str) -> (String, String) {
+    fn element<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+        let start = body.find(&format!("<{name}>"))? + name.len() + 2;
+        let end = start + body[start..].find(&format!("</{name}>"))?;
+        Some(&body[start..end])
+    }
+    let code = element(body, "Code").map(unescape_xml).unwrap_or_default();
+    let message = element(body, "Message").map(unescape_xml).unwrap_or_default();
+    (code, message)
+}
+
+/// Text with XML's character references replaced (MinIO quotes with `&#34;`).
+fn unescape_xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find('&') {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let Some(end) = rest.find(';') else { break };
+        let entity = &rest[1..end];
+        let decoded = match entity {
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "amp" => Some('&'),
+            _ => entity
+                .strip_prefix("#x")
+                .map_or_else(
+                    || entity.strip_prefix('#').and_then(|n| n.parse().ok()),
+                    |hex| u32::from_str_radix(hex, 16).ok(),
+                )
+                .and_then(char::from_u32),
+        };
+        match decoded {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Classifies an error response from its status and body.
+fn classify_response(status: u16, body: &str, bucket: &str) -> StoreError {
+    let (code, message) = error_document(body);
+    classify_status(status, &code, &message, bucket)
+}
+
+/// An S3 key as a URL path: every byte but the unreserved ones and `/`
+/// percent-encoded, as S3's SigV4 canonical URI wants it (and as the SDK
+/// encodes a greedy label). Also encodes query values, where `/` is escaped.
+fn encode_uri(value: &str, keep_slash: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(value.len() + 16);
+    for byte in value.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(byte as char),
+            b'/' if keep_slash => out.push('/'),
+            _ => {
+                let _ = write!(out, "%{byte:02X}");
+            }
+        }
+    }
+    out
+}
+
+/// The `Range` header for a half-open byte range.
+fn range_header(range: &Range<u64>) -> String {
+    format!("bytes={}-{}", range.start, range.end.saturating_sub(1))
+}
+
 fn strip_quotes(etag: &str) -> String {
     etag.trim_matches('"').to_owned()
 }
@@ -172,7 +517,9 @@ fn encode_crc(crc: u32) -> String {
 }
 
 /// The checksum headers of a HEAD or GET response, as S3 sends them
-/// (base64 values, composite ones ending in `-N`).
+/// (base64 values, composite ones ending in `-N`), from the SDK's output
+/// structs ([`checksum_headers!`]) or from a raw header map
+/// ([`ChecksumHeaders::from_headers`]) alike.
 #[derive(Clone, Debug, Default)]
 struct ChecksumHeaders<'a> {
     crc64nvme: Option<&'a str>,
@@ -180,13 +527,49 @@ struct ChecksumHeaders<'a> {
     crc32: Option<&'a str>,
     sha1: Option<&'a str>,
     sha256: Option<&'a str>,
-    checksum_type: Option<&'a ChecksumType>,
+    /// `x-amz-checksum-type`: `COMPOSITE` or `FULL_OBJECT`.
+    checksum_type: Option<&'a str>,
     etag: Option<&'a str>,
-    /// `x-amz-server-side-encryption`.
-    encryption: Option<&'a ServerSideEncryption>,
+    /// `x-amz-server-side-encryption`: `AES256`, `aws:kms`, `aws:kms:dsse`.
+    encryption: Option<&'a str>,
     /// Whether the object is encrypted with a customer key (SSE-C).
     customer_key: bool,
 }
+
+impl<'a> ChecksumHeaders<'a> {
+    /// The checksum headers of a raw response (the non-SDK data paths).
+    fn from_headers(headers: &'a http::HeaderMap) -> Self {
+        fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+            headers.get(name).and_then(|value| value.to_str().ok())
+        }
+        ChecksumHeaders {
+            crc64nvme: header(headers, "x-amz-checksum-crc64nvme"),
+            crc32c: header(headers, "x-amz-checksum-crc32c"),
+            crc32: header(headers, "x-amz-checksum-crc32"),
+            sha1: header(headers, "x-amz-checksum-sha1"),
+            sha256: header(headers, "x-amz-checksum-sha256"),
+            checksum_type: header(headers, "x-amz-checksum-type"),
+            etag: header(headers, "etag"),
+            encryption: header(headers, "x-amz-server-side-encryption"),
+            customer_key: headers.contains_key(CUSTOMER_KEY_HEADER),
+        }
+    }
+}
+
+/// The response headers [`ChecksumHeaders::from_headers`] reads.
+const CHECKSUM_HEADERS: [&str; 9] = [
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+    "x-amz-checksum-type",
+    "etag",
+    "x-amz-server-side-encryption",
+    CUSTOMER_KEY_HEADER,
+];
+
+const CUSTOMER_KEY_HEADER: &str = "x-amz-server-side-encryption-customer-algorithm";
 
 /// Picks what to verify the object against, cheapest first: a full-object
 /// CRC (computed as ranges stream past), the MD5 a single-part ETag is
@@ -195,7 +578,7 @@ struct ChecksumHeaders<'a> {
 /// layout. SSE-KMS and SSE-C ETags are not MD5s of the content, so they are
 /// never taken for one.
 fn integrity(headers: &ChecksumHeaders<'_>) -> Option<Integrity> {
-    let composite = matches!(headers.checksum_type, Some(ChecksumType::Composite));
+    let composite = headers.checksum_type.is_some_and(|t| t.eq_ignore_ascii_case(ChecksumType::Composite.as_str()));
     let whole = |value: Option<&str>| value.filter(|v| !composite && !v.contains('-')).and_then(decode_base64);
     if let Some(crc) = whole(headers.crc64nvme).and_then(|b| b.try_into().ok()) {
         return Some(Integrity::Whole(StoredChecksum::Crc64Nvme(u64::from_be_bytes(crc))));
@@ -206,8 +589,8 @@ fn integrity(headers: &ChecksumHeaders<'_>) -> Option<Integrity> {
     if let Some(crc) = whole(headers.crc32).and_then(|b| b.try_into().ok()) {
         return Some(Integrity::Whole(StoredChecksum::Crc32(u32::from_be_bytes(crc))));
     }
-    let etag_is_content_hash = !headers.customer_key
-        && !matches!(headers.encryption, Some(ServerSideEncryption::AwsKms | ServerSideEncryption::AwsKmsDsse));
+    let kms = [ServerSideEncryption::AwsKms.as_str(), ServerSideEncryption::AwsKmsDsse.as_str()];
+    let etag_is_content_hash = !headers.customer_key && !headers.encryption.is_some_and(|e| kms.contains(&e));
     if etag_is_content_hash && let Some(md5) = headers.etag.and_then(md5_from_etag) {
         return Some(Integrity::Whole(md5));
     }
@@ -290,9 +673,9 @@ macro_rules! checksum_headers {
             crc32: $output.checksum_crc32(),
             sha1: $output.checksum_sha1(),
             sha256: $output.checksum_sha256(),
-            checksum_type: $output.checksum_type(),
+            checksum_type: $output.checksum_type().map(ChecksumType::as_str),
             etag: $output.e_tag(),
-            encryption: $output.server_side_encryption(),
+            encryption: $output.server_side_encryption().map(ServerSideEncryption::as_str),
             customer_key: $output.sse_customer_algorithm().is_some(),
         }
     };
@@ -377,71 +760,19 @@ impl ObjectStore for S3Store {
         range: Option<Range<u64>>,
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
-        let ranged = range.is_some();
-        let output = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .set_range(range.map(|r| format!("bytes={}-{}", r.start, r.end.saturating_sub(1))))
-            .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        // A checksum header on a ranged response describes the whole object,
-        // not the range: only trust it for full reads.
-        let checksum = if ranged { None } else { integrity(&checksum_headers!(output)) };
-        let content_length = u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0);
-        let etag = output.e_tag().map(strip_quotes);
-        let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
-            let next = body.next().await?;
-            let mapped = next.map_err(|e| {
-                // The SDK checks a full read against the object's checksum
-                // itself, and fails the body's last chunk when it differs.
-                let reason =
-                    if checksum_mismatch_in(&e) { RetryReason::ChecksumMismatch } else { RetryReason::TruncatedBody };
-                StoreError::transient(reason, crate::error_chain(&e))
-            });
-            Some((mapped, body))
-        })
-        .boxed();
-        Ok(GetResponse { content_length, etag, checksum, body })
+        match &self.data {
+            DataClient::Sdk => self.sdk_get(key, range, if_match).await,
+            DataClient::Hyper(hyper) => hyper.get(key, range, if_match).await,
+            DataClient::ObjectStore(store) => store.get(key, range, if_match).await,
+        }
     }
 
     async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
-        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
-        let output = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_length(length)
-            .checksum_crc32_c(encode_crc(crc32c))
-            .body(ByteStream::from(body))
-            .customize()
-            .disable_payload_signing()
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        Ok(output.e_tag().map(strip_quotes))
-    }
-
-    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
-        let output = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .checksum_algorithm(ChecksumAlgorithm::Crc32C)
-            .checksum_type(ChecksumType::FullObject)
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        output.upload_id().map(str::to_owned).ok_or_else(|| StoreError::Rejected {
-            code: "MissingUploadId".into(),
-            message: "the store started a multipart upload without returning its id".into(),
-        })
+        match &self.data {
+            DataClient::Sdk => self.sdk_put(key, body, crc32c).await,
+            DataClient::Hyper(hyper) => hyper.put(key, body, crc32c).await,
+            DataClient::ObjectStore(store) => store.put(key, body).await,
+        }
     }
 
     async fn upload_part(
@@ -452,27 +783,34 @@ impl ObjectStore for S3Store {
         body: Bytes,
         crc32c: u32,
     ) -> Result<UploadedPart, StoreError> {
-        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
-        let output = self
-            .client
-            .upload_part()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .part_number(i32::try_from(number).unwrap_or(i32::MAX))
-            .content_length(length)
-            .checksum_crc32_c(encode_crc(crc32c))
-            .body(ByteStream::from(body))
-            .customize()
-            .disable_payload_signing()
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        let etag = output.e_tag().map(strip_quotes).ok_or_else(|| StoreError::Rejected {
+        let etag = match &self.data {
+            DataClient::Sdk => self.sdk_upload_part(key, upload_id, number, body, crc32c).await?,
+            DataClient::Hyper(hyper) => hyper.upload_part(key, upload_id, number, body, crc32c).await?,
+            DataClient::ObjectStore(store) => store.upload_part(key, upload_id, number, body).await?,
+        };
+        let etag = etag.ok_or_else(|| StoreError::Rejected {
             code: "MissingETag".into(),
             message: format!("the store accepted part {number} without returning its ETag"),
         })?;
         Ok(UploadedPart { number, etag, crc32c })
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        let checksums = self.data.sends_crc32c();
+        let output = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .set_checksum_algorithm(checksums.then_some(ChecksumAlgorithm::Crc32C))
+            .set_checksum_type(checksums.then_some(ChecksumType::FullObject))
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        output.upload_id().map(str::to_owned).ok_or_else(|| StoreError::Rejected {
+            code: "MissingUploadId".into(),
+            message: "the store started a multipart upload without returning its id".into(),
+        })
     }
 
     async fn complete_multipart(
@@ -482,13 +820,14 @@ impl ObjectStore for S3Store {
         parts: Vec<UploadedPart>,
         crc32c: u32,
     ) -> Result<Option<String>, StoreError> {
+        let checksums = self.data.sends_crc32c();
         let parts = parts
             .into_iter()
             .map(|part| {
                 CompletedPart::builder()
                     .part_number(i32::try_from(part.number).unwrap_or(i32::MAX))
                     .e_tag(format!("\"{}\"", part.etag))
-                    .checksum_crc32_c(encode_crc(part.crc32c))
+                    .set_checksum_crc32_c(checksums.then(|| encode_crc(part.crc32c)))
                     .build()
             })
             .collect();
@@ -498,8 +837,8 @@ impl ObjectStore for S3Store {
             .bucket(&self.bucket)
             .key(key)
             .upload_id(upload_id)
-            .checksum_type(ChecksumType::FullObject)
-            .checksum_crc32_c(encode_crc(crc32c))
+            .set_checksum_type(checksums.then_some(ChecksumType::FullObject))
+            .set_checksum_crc32_c(checksums.then(|| encode_crc(crc32c)))
             .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
             .send()
             .await
@@ -566,6 +905,89 @@ impl ObjectStore for S3Store {
 }
 
 impl S3Store {
+    async fn sdk_get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError> {
+        let ranged = range.is_some();
+        let output = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .set_range(range.as_ref().map(range_header))
+            .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        // A checksum header on a ranged response describes the whole object,
+        // not the range: only trust it for full reads.
+        let checksum = if ranged { None } else { integrity(&checksum_headers!(output)) };
+        let content_length = u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0);
+        let etag = output.e_tag().map(strip_quotes);
+        let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
+            let next = body.next().await?;
+            let mapped = next.map_err(|e| {
+                // The SDK checks a full read against the object's checksum
+                // itself, and fails the body's last chunk when it differs.
+                let reason =
+                    if checksum_mismatch_in(&e) { RetryReason::ChecksumMismatch } else { RetryReason::TruncatedBody };
+                StoreError::transient(reason, crate::error_chain(&e))
+            });
+            Some((mapped, body))
+        })
+        .boxed();
+        Ok(GetResponse { content_length, etag, checksum, body })
+    }
+
+    async fn sdk_put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
+        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
+        let output = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_length(length)
+            .checksum_crc32_c(encode_crc(crc32c))
+            .body(ByteStream::from(body))
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        Ok(output.e_tag().map(strip_quotes))
+    }
+
+    async fn sdk_upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        body: Bytes,
+        crc32c: u32,
+    ) -> Result<Option<String>, StoreError> {
+        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
+        let output = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(i32::try_from(number).unwrap_or(i32::MAX))
+            .content_length(length)
+            .checksum_crc32_c(encode_crc(crc32c))
+            .body(ByteStream::from(body))
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| self.map_error(e))?;
+        Ok(output.e_tag().map(strip_quotes))
+    }
+
     async fn list_uploads_page_by_page(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
         let mut uploads = Vec::new();
         let (mut key_marker, mut upload_id_marker) = (None, None);
@@ -664,7 +1086,7 @@ mod tests {
 
         let composite = ChecksumHeaders {
             crc32c: Some("3q2+7w==-4"),
-            checksum_type: Some(&ChecksumType::Composite),
+            checksum_type: Some(ChecksumType::Composite.as_str()),
             etag: Some("\"9e107d9d372bb6826bd81d3542a419d6-4\""),
             ..headers()
         };
@@ -706,19 +1128,23 @@ mod tests {
     #[test]
     fn sse_kms_and_sse_c_etags_are_not_taken_for_md5s() {
         let etag = Some("\"3f0e5b1c2c0a4d6e8b9a7c5d4e3f2a1b\"");
-        let kms = ChecksumHeaders { etag, encryption: Some(&ServerSideEncryption::AwsKms), ..headers() };
+        let kms = ChecksumHeaders { etag, encryption: Some(ServerSideEncryption::AwsKms.as_str()), ..headers() };
         assert_eq!(integrity(&kms), None);
-        let customer =
-            ChecksumHeaders { etag, customer_key: true, encryption: Some(&ServerSideEncryption::Aes256), ..headers() };
+        let customer = ChecksumHeaders {
+            etag,
+            customer_key: true,
+            encryption: Some(ServerSideEncryption::Aes256.as_str()),
+            ..headers()
+        };
         assert_eq!(integrity(&customer), None);
         let multipart_kms = ChecksumHeaders {
             etag: Some("\"3f0e5b1c2c0a4d6e8b9a7c5d4e3f2a1b-2\""),
-            encryption: Some(&ServerSideEncryption::AwsKms),
+            encryption: Some(ServerSideEncryption::AwsKms.as_str()),
             ..headers()
         };
         assert_eq!(integrity(&multipart_kms), None);
         // SSE-S3 (AES256) ETags are MD5s of the content.
-        let s3 = ChecksumHeaders { etag, encryption: Some(&ServerSideEncryption::Aes256), ..headers() };
+        let s3 = ChecksumHeaders { etag, encryption: Some(ServerSideEncryption::Aes256.as_str()), ..headers() };
         assert!(matches!(integrity(&s3), Some(Integrity::Whole(StoredChecksum::Md5(_)))));
         // A KMS object's checksum header still verifies it.
         let crc = encode_crc(7);
@@ -734,8 +1160,99 @@ mod tests {
         let with_md5 =
             ChecksumHeaders { sha256: Some(&sha), etag: Some("\"9e107d9d372bb6826bd81d3542a419d6\""), ..headers() };
         assert!(matches!(integrity(&with_md5), Some(Integrity::Whole(StoredChecksum::Md5(_)))));
-        let kms = ChecksumHeaders { encryption: Some(&ServerSideEncryption::AwsKms), ..with_md5 };
+        let kms = ChecksumHeaders { encryption: Some(ServerSideEncryption::AwsKms.as_str()), ..with_md5 };
         assert_eq!(integrity(&kms), Some(Integrity::Whole(StoredChecksum::Sha256([7; 32]))));
+    }
+
+    #[test]
+    fn the_data_path_is_named_by_one_word_and_defaults_to_the_sdk() {
+        assert_eq!(S3DataPath::default(), S3DataPath::Sdk);
+        for path in S3DataPath::ALL {
+            assert_eq!(path.as_str().parse::<S3DataPath>().unwrap(), path);
+        }
+        assert_eq!(" HYPER ".parse::<S3DataPath>().unwrap(), S3DataPath::Hyper);
+        let error = "reqwest".parse::<S3DataPath>().unwrap_err().to_string();
+        assert!(
+            error.contains(DATA_PATH_ENV) && error.contains("'reqwest'") && error.contains("object_store"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_raw_header_map_is_read_as_the_sdks_output_is() {
+        let mut map = http::HeaderMap::new();
+        map.insert("x-amz-checksum-crc32c", encode_crc(0xdead_beef).parse().unwrap());
+        map.insert("etag", "\"9e107d9d372bb6826bd81d3542a419d6\"".parse().unwrap());
+        assert_eq!(
+            integrity(&ChecksumHeaders::from_headers(&map)),
+            Some(Integrity::Whole(StoredChecksum::Crc32c(0xdead_beef)))
+        );
+        map.insert("x-amz-checksum-crc32c", "3q2+7w==-4".parse().unwrap());
+        map.insert("x-amz-checksum-type", "COMPOSITE".parse().unwrap());
+        map.insert("etag", "\"9e107d9d372bb6826bd81d3542a419d6-4\"".parse().unwrap());
+        assert!(matches!(
+            integrity(&ChecksumHeaders::from_headers(&map)),
+            Some(Integrity::Parts(PartsChecksum { algorithm: PartAlgorithm::Crc32c, parts: 4, .. }))
+        ));
+        let mut kms = http::HeaderMap::new();
+        kms.insert("etag", "\"3f0e5b1c2c0a4d6e8b9a7c5d4e3f2a1b\"".parse().unwrap());
+        kms.insert("x-amz-server-side-encryption", "aws:kms".parse().unwrap());
+        assert_eq!(integrity(&ChecksumHeaders::from_headers(&kms)), None);
+        kms.insert("x-amz-server-side-encryption", "AES256".parse().unwrap());
+        kms.insert(CUSTOMER_KEY_HEADER, "AES256".parse().unwrap());
+        assert_eq!(integrity(&ChecksumHeaders::from_headers(&kms)), None);
+    }
+
+    #[test]
+    fn error_documents_are_classified_as_the_sdks_errors_are() {
+        let missing = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Error><Code>NoSuchKey</Code><Message>The specified key does not exist &amp; never did.</Message><Key>k</Key></Error>"#;
+        assert_eq!(
+            error_document(missing),
+            ("NoSuchKey".to_owned(), "The specified key does not exist & never did.".to_owned())
+        );
+        assert!(matches!(classify_response(404, missing, "b"), StoreError::NotFound));
+        assert_eq!(unescape_xml("want &#34;CRC32C&#34; &#x26; &bogus; & more"), "want \"CRC32C\" & &bogus; & more");
+        assert!(matches!(classify_response(412, "", "b"), StoreError::Changed));
+        let slow = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+        assert_eq!(classify_response(503, slow, "b").retry_reason(), Some(RetryReason::Throttled));
+        assert_eq!(classify_response(429, "", "b").retry_reason(), Some(RetryReason::Throttled));
+        assert_eq!(
+            classify_response(502, "<html>bad gateway</html>", "b").retry_reason(),
+            Some(RetryReason::ServerError)
+        );
+        let signature = "<Error><Code>SignatureDoesNotMatch</Code><Message>no</Message></Error>";
+        assert!(
+            matches!(classify_response(403, signature, "b"), StoreError::AccessDenied { code, .. } if code == "SignatureDoesNotMatch")
+        );
+        let bucket = "<Error><Code>NoSuchBucket</Code></Error>";
+        assert!(
+            matches!(classify_response(404, bucket, "data"), StoreError::NoSuchBucket { bucket } if bucket == "data")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_data_paths_address_a_bucket_as_the_sdk_does() {
+        let path_style = Addressing { path_style: true, ..Addressing::default() };
+        let minio = resolve_bucket_url("data", "us-east-1", Some("http://127.0.0.1:9000"), path_style).await;
+        assert_eq!(minio.unwrap(), "http://127.0.0.1:9000/data");
+        let aws = resolve_bucket_url("data", "eu-west-1", None, Addressing::default()).await;
+        assert_eq!(aws.unwrap(), "https://data.s3.eu-west-1.amazonaws.com");
+        // A name that is no DNS label is addressed in path style even on AWS.
+        let dotted = resolve_bucket_url("my.data", "eu-west-1", None, Addressing::default()).await;
+        assert_eq!(dotted.unwrap(), "https://s3.eu-west-1.amazonaws.com/my.data");
+        let fips = Addressing { fips: true, ..Addressing::default() };
+        assert_eq!(
+            resolve_bucket_url("data", "us-east-1", None, fips).await.unwrap(),
+            "https://data.s3-fips.us-east-1.amazonaws.com"
+        );
+    }
+
+    #[test]
+    fn keys_are_encoded_once_with_their_slashes_kept() {
+        assert_eq!(encode_uri("dir/a b+ü~.txt", true), "dir/a%20b%2B%C3%BC~.txt");
+        assert_eq!(encode_uri("id/with=", false), "id%2Fwith%3D");
+        assert_eq!(range_header(&(5..10)), "bytes=5-9");
     }
 
     #[test]
