@@ -11,7 +11,7 @@
 //! curve:
 //!
 //! * **Slow start.** While doubling the limit raises the throughput of a
-//!   measuring window by at least [`GAIN`], double again; when it stops
+//!   measuring window by at least 10%, double again; when it stops
 //!   paying, settle on the better of the last two limits.
 //! * **Steady probing.** After [`HOLD_WINDOWS`] windows at a limit, try a
 //!   quarter more; keep it if it pays, else try a fifth less; keep that if
@@ -26,7 +26,9 @@
 //!   changes nothing.
 //!
 //! The curve is judged by bytes that reached their destination per second:
-//! for objects of one size that is objects per second too.
+//! for objects of one size that is objects per second too. The first window
+//! of a run and the first after every change are not judged: they measure
+//! the transition (connections opening, slots coming back), not the limit.
 //!
 //! [`Climber`] is the decision alone, a pure state machine tested on
 //! synthetic curves; [`RequestLimit`] is the resizable semaphore the
@@ -56,7 +58,7 @@ pub const GAIN: f64 = 0.05;
 /// Slow start keeps doubling while each doubling gains this much.
 const START_GAIN: f64 = 0.10;
 /// Windows at a settled limit before the next probe.
-pub const HOLD_WINDOWS: u32 = 6;
+pub const HOLD_WINDOWS: u32 = 8;
 /// A window counts when all request slots were taken in at least this
 /// share of its samples.
 const SATURATED: f64 = 0.5;
@@ -94,6 +96,11 @@ pub struct Climber {
     min: usize,
     max: usize,
     phase: Phase,
+    /// The next counting window is discarded: the first of a run (the
+    /// listing, connections still being opened) and the first after each
+    /// change (new connections, slots still being taken back) measure the
+    /// transition, not the limit.
+    settling: bool,
 }
 
 impl Climber {
@@ -102,7 +109,7 @@ impl Climber {
         // The ceiling wins: a run told "at most 2" never reaches the floor of 4.
         let max = max.max(1);
         let min = min.clamp(1, max);
-        Self { limit: start.clamp(min, max), min, max, phase: Phase::SlowStart { previous: None } }
+        Self { limit: start.clamp(min, max), min, max, phase: Phase::SlowStart { previous: None }, settling: true }
     }
 
     /// The default bounds of `--concurrency auto`.
@@ -125,14 +132,25 @@ impl Climber {
             // Measured under another limit (a change was still settling).
             return self.limit;
         }
+        let before = self.limit;
         if window.throttled {
             self.settle(self.limit / 2, None);
+            self.settling |= self.limit != before;
             return self.limit;
         }
         if window.saturated < SATURATED {
             return self.limit;
         }
-        let rate = window.rate;
+        if std::mem::take(&mut self.settling) {
+            return self.limit;
+        }
+        self.step(window.rate);
+        self.settling = self.limit != before;
+        self.limit
+    }
+
+    /// The climb itself, on a window that counts.
+    fn step(&mut self, rate: f64) {
         match self.phase {
             Phase::SlowStart { previous } => match previous {
                 Some((lower, before)) if rate < before * (1.0 + START_GAIN) => {
@@ -171,7 +189,6 @@ impl Climber {
                 }
             }
         }
-        self.limit
     }
 
     /// Tries the next limit up or down from `from`, or settles there when
@@ -334,6 +351,17 @@ mod tests {
             .collect()
     }
 
+    /// The limits in the order they were chosen, repeats left out.
+    fn changes(limits: &[usize]) -> Vec<usize> {
+        let mut seen: Vec<usize> = Vec::new();
+        for &limit in limits {
+            if seen.last() != Some(&limit) {
+                seen.push(limit);
+            }
+        }
+        seen
+    }
+
     /// Throughput that rises with the limit up to `knee` and falls after it.
     fn peaked(knee: usize) -> impl Fn(usize) -> f64 {
         move |limit| {
@@ -345,8 +373,8 @@ mod tests {
     #[test]
     fn slow_start_doubles_while_it_pays_and_settles_on_the_better_limit() {
         let mut climber = Climber::new(16, 4, 256);
-        let limits = climb(&mut climber, peaked(64), 4);
-        assert_eq!(limits, [32, 64, 128, 64], "doubled while it paid, then went back from 128");
+        let limits = climb(&mut climber, peaked(64), 8);
+        assert_eq!(limits, [16, 32, 32, 64, 64, 128, 128, 64], "doubled while it paid, then went back from 128");
         assert_eq!(climber.limit(), 64);
     }
 
@@ -354,8 +382,8 @@ mod tests {
     fn a_curve_that_keeps_rising_reaches_the_ceiling() {
         let mut climber = Climber::new(16, 4, 256);
         let limits = climb(&mut climber, |limit| limit as f64 * 10.0, 8);
-        assert_eq!(&limits[..4], [32, 64, 128, 256]);
-        assert!(limits[4..].iter().all(|&l| l == 256), "{limits:?}");
+        assert_eq!(changes(&limits)[..], [16, 32, 64, 128, 256]);
+        assert!(limits[7..].iter().all(|&l| l == 256), "{limits:?}");
     }
 
     #[test]
@@ -364,10 +392,10 @@ mod tests {
         let limits = climb(&mut climber, |_| 500.0, 40);
         // One doubling to see that it does not pay, then back to 16, and a
         // probe a quarter up and a fifth down every few windows.
-        assert_eq!(limits[..2], [32, 16], "{limits:?}");
-        assert!(limits[1..].iter().all(|&l| (13..=20).contains(&l)), "{limits:?}");
+        assert_eq!(changes(&limits)[..3], [16, 32, 16], "{limits:?}");
+        assert!(limits[4..].iter().all(|&l| (13..=20).contains(&l)), "{limits:?}");
         let at_start = limits.iter().filter(|&&l| l == 16).count();
-        assert!(at_start * 4 >= limits.len() * 3, "mostly at 16: {limits:?}");
+        assert!(at_start * 5 >= limits.len() * 3, "mostly at 16: {limits:?}");
     }
 
     #[test]
