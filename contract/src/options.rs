@@ -18,7 +18,7 @@ use crate::size::ByteSize;
 pub const ADAPTIVE_MIN_CONCURRENCY: u32 = 4;
 /// Requests in flight when an adaptive run starts, before it has measured
 /// anything.
-pub const ADAPTIVE_START_CONCURRENCY: u32 = 16;
+pub const ADAPTIVE_START_CONCURRENCY: u32 = 8;
 /// The most requests an adaptive run puts in flight.
 pub const ADAPTIVE_MAX_CONCURRENCY: u32 = 256;
 /// The most requests in flight that can be asked for.
@@ -64,7 +64,7 @@ pub struct TransferOptions {
     /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
     #[cfg_attr(feature = "cli", arg(long, env = "AWS_REGION"))]
     pub region: Option<String>,
-    /// Requests in flight, shared by all objects: a number, or `auto` to start at 16 and
+    /// Requests in flight, shared by all objects: a number, or `auto` to start at 8 and
     /// follow the throughput the run measures (between 4 and 256; halved when the store
     /// throttles).
     #[cfg_attr(feature = "cli", arg(long, default_value = "auto"))]

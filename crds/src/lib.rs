@@ -242,7 +242,7 @@ pub struct ClaimLocation {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSettings {
-    /// Requests in flight per worker, shared by all objects. Unset: adaptive, 16 at first, 4 to 256.
+    /// Requests in flight per worker, shared by all objects. Unset: adaptive, 8 at first, 4 to 256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub concurrency: Option<i32>,

@@ -11,7 +11,7 @@
 //! curve:
 //!
 //! * **Slow start.** While doubling the limit raises the throughput of a
-//!   measuring window by at least 10%, double again; when it stops
+//!   measuring window by at least 20%, double again; when it stops
 //!   paying, settle on the better of the last two limits.
 //! * **Steady probing.** After [`HOLD_WINDOWS`] windows at a limit, try a
 //!   quarter more; keep it if it pays, else try a fifth less; keep that if
@@ -54,9 +54,9 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 const IDLE_EVERY: Duration = Duration::from_millis(250);
 /// A change of the limit must raise the throughput by this fraction to be
 /// kept: smaller differences are inside one window's noise.
-pub const GAIN: f64 = 0.05;
+pub const GAIN: f64 = 0.10;
 /// Slow start keeps doubling while each doubling gains this much.
-const START_GAIN: f64 = 0.10;
+const START_GAIN: f64 = 0.20;
 /// Windows at a settled limit before the next probe.
 pub const HOLD_WINDOWS: u32 = 8;
 /// A window counts when all request slots were taken in at least this
@@ -494,6 +494,7 @@ mod run_tests {
     use crate::metrics::Metrics;
     use crate::store::memory::{Fault, MemoryStore};
     use crate::transfer::{Engine, RetryPolicy, TransferConfig, pull::pull};
+    use ferry_contract::options::ADAPTIVE_START_CONCURRENCY;
 
     fn engine(store: &Arc<MemoryStore>, adaptive: bool, concurrency: usize) -> Arc<Engine> {
         let config = TransferConfig {
@@ -518,8 +519,8 @@ mod run_tests {
         assert_eq!(summary.objects.transferred, 4000);
         let used = summary.concurrency.expect("a pull reports its concurrency");
         assert!(used.adaptive);
-        // At 20 ms a request, 16 in flight move 800 objects a second; every
-        // doubling doubles that, so the climber must have left 16 behind.
+        // At 20 ms a request, 8 in flight move 400 objects a second; every
+        // doubling doubles that, so the climber must have left 8 far behind.
         assert!(used.peak >= 64, "{used:?}");
     }
 
@@ -536,8 +537,8 @@ mod run_tests {
         let summary = pull(engine(&store, true, 256), "p/", dir.path(), false).await.unwrap();
         assert!(summary.complete, "{summary:?}");
         let used = summary.concurrency.unwrap();
-        assert!(used.last < 16, "halved on throttling: {used:?}");
-        assert_eq!(used.peak, 16, "never grew while throttled: {used:?}");
+        assert!(used.last < ADAPTIVE_START_CONCURRENCY, "halved on throttling: {used:?}");
+        assert_eq!(used.peak, ADAPTIVE_START_CONCURRENCY, "never grew while throttled: {used:?}");
     }
 
     #[tokio::test]
