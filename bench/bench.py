@@ -230,10 +230,12 @@ def commands(name, direction, prefix, local, concurrency, endpoint):
     uri = f"s3://{BUCKET}/{prefix}"
     c = str(concurrency)
     if name == "ferry":
+        # No concurrency: Ferry's default (`auto`), what its users run.
+        budget = [] if concurrency is None else ["--concurrency", c]
         base = [tool("ferry-stager")]
         if direction == "download":
-            return base + ["pull", uri, local, "--concurrency", c, "--progress", "never"] + FERRY_ARGS
-        return base + ["push", local, uri, "--concurrency", c, "--progress", "never"] + FERRY_ARGS
+            return base + ["pull", uri, local] + budget + ["--progress", "never"] + FERRY_ARGS
+        return base + ["push", local, uri] + budget + ["--progress", "never"] + FERRY_ARGS
     if name == "s5cmd":
         base = [tool("s5cmd"), "--endpoint-url", endpoint, "--numworkers", c]
         if direction == "download":
@@ -470,14 +472,18 @@ def run_placement(args, placement, tools, name, source, scratch_root, count, tot
             status = "ok" if r["ok"] else f"TOO SLOW (stopped at {timeout:.0f} s)" if r["too_slow"] else "FAILED"
             server = r["server_cpu_seconds"]
             server = f"{server:6.2f}" if server is not None else "     ?"
-            print(f"   {placement['name']:6} {direction:8} {t:8} {setting:6} c={concurrency:<4} "
+            print(f"   {placement['name']:6} {direction:8} {t:8} {setting:7} c={shown_concurrency(concurrency):<4} "
                   f"{r['seconds']:7.2f} s {r['cpu_seconds']:6.2f} CPU-s (MinIO {server}) "
                   f"{r['peak_rss_bytes'] / MIB:6.0f} MiB {status}", flush=True)
             return r
 
-        # Repetition 0: every tool at the shared budget.
+        # Repetition 0: every tool at the shared budget, and Ferry also at its
+        # default (adaptive concurrency), which is what its users run.
         settings = {t: {"budget": args.concurrency} for t in tools}
         first = {t: run(t, "budget", args.concurrency, 0) for t in tools}
+        if "ferry" in tools:
+            settings["ferry"]["default"] = None
+            run("ferry", "default", None, 0)
         # The sweep, once per point, only where it can change the ranking:
         # Ferry, and the peers whose first run is within --sweep-within of the
         # fastest peer's (in the first full run no sweep point moved a tool by
@@ -606,16 +612,30 @@ def summarise(results):
             server_cpu_seconds_per_gib=statistics.median(server) / (size / GIB) if server else None,
             peak_rss_mib=max(r["peak_rss_bytes"] for r in ok) / MIB,
         ))
-    # Ferry's ratio to each peer in each placement: best setting of each
-    # against best of Ferry.
+    # Ferry's ratio to each peer in each placement: the peer's best setting
+    # against Ferry's default (what a user runs; its best where it has no
+    # default row).
     for row in rows:
         if not row["ok"] or row["tool"] == "ferry":
             continue
-        ferry = best_row(rows, row["placement"], row["workload"], row["direction"], "ferry")
+        ferry = ferry_row(rows, row["placement"], row["workload"], row["direction"])
         peer = best_row(rows, row["placement"], row["workload"], row["direction"], row["tool"])
         if ferry and peer is row:
             row["ferry_speedup"] = peer["median_seconds"] / ferry["median_seconds"]
     return rows
+
+
+def shown_concurrency(concurrency):
+    """A run's concurrency as the report shows it: Ferry's default adapts."""
+    return "auto" if concurrency is None else str(concurrency)
+
+
+def ferry_row(rows, placement, workload, direction):
+    """The Ferry row its speed-ups are computed from: its default setting,
+    else its best."""
+    default = [r for r in rows if r["ok"] and r["placement"] == placement and r["workload"] == workload
+               and r["direction"] == direction and r["tool"] == "ferry" and r["setting"] == "default"]
+    return default[0] if default else best_row(rows, placement, workload, direction, "ferry")
 
 
 def best_row(rows, placement, workload, direction, t):
@@ -681,7 +701,7 @@ def figure(x):
 def speedup_text(summary, placement, workload, direction, t):
     """Ferry's speed-up over tool t as the report shows it: "1.23×", "> 4.0×"
     when t was stopped as too slow, "failed", or "" when there is nothing to compare."""
-    ferry = best_row(summary, placement, workload, direction, "ferry")
+    ferry = ferry_row(summary, placement, workload, direction)
     rows = [r for r in summary if r["placement"] == placement and r["workload"] == workload
             and r["direction"] == direction and r["tool"] == t]
     if not ferry or not rows:
@@ -695,6 +715,16 @@ def speedup_text(summary, placement, workload, direction, t):
     return "failed"
 
 
+def default_vs_best_text(summary, placement, workload, direction):
+    """Ferry's default median over its best setting's ("1.04": the default
+    took 4% longer than the best swept setting)."""
+    default = ferry_row(summary, placement, workload, direction)
+    best = best_row(summary, placement, workload, direction, "ferry")
+    if not default or not best or default.get("setting") != "default":
+        return ""
+    return f"{default['median_seconds'] / best['median_seconds']:.2f}"
+
+
 def markdown(meta, summary, results, workloads, reps, argv, args):
     minutes = meta["elapsed_seconds"] / 60
     names = [p["name"] for p in meta["placements"]]
@@ -706,8 +736,9 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
              "is MinIO's user + sys during the run per GiB; RSS is the peak of the tool's largest process. "
              f"\"budget\" runs every tool at the same concurrency ({args.concurrency}). " + sweep_text(args) +
              f"A run longer than {args.too_slow:g}× the fastest run of its placement, workload and direction (and "
-             f"{args.min_timeout:g} s) is stopped and its tool recorded as too slow there. Speed-up is Ferry's best "
-             "median against the peer's best in the same placement (> 1: Ferry is faster).", "",
+             f"{args.min_timeout:g} s) is stopped and its tool recorded as too slow there. \"default\" is Ferry with "
+             "no concurrency flag (adaptive, `--concurrency auto`), in every repetition. Speed-up is Ferry's "
+             "default median against the peer's best in the same placement (> 1: Ferry is faster).", "",
              f"Machine: {meta['cpus']} CPUs ({meta['cpu_model']}), {meta['memory_gib']} GiB, {meta['platform']}, "
              f"data on {'tmpfs' if meta['tmpfs'] else 'disk'}, MinIO's store "
              f"{'in RAM (tmpfs)' if meta.get('minio_store') == 'ram' else 'on disk'}.", "",
@@ -716,10 +747,11 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
     peers = [t for t in TOOLS if t in ran and t != "ferry"]
     if "ferry" in ran and peers:
         lines += ["## Ferry's speed-up", "",
-                  "Ferry's best median against each peer's best, per placement (\"> N×\": the peer was stopped "
-                  "as too slow).", "",
-                  "| workload | direction | placement | " + " | ".join(peers) + " |",
-                  "|---|---|---|" + "---|" * len(peers)]
+                  "Ferry's default median against each peer's best, per placement (\"> N×\": the peer was stopped "
+                  "as too slow); the last column is Ferry's default against its own best setting (1.00: the "
+                  "default was the fastest Ferry run).", "",
+                  "| workload | direction | placement | " + " | ".join(peers) + " | Ferry default ÷ best |",
+                  "|---|---|---|" + "---|" * len(peers) + "---|"]
         for name in workloads:
             for direction in ("download", "upload"):
                 for placement in names:
@@ -727,6 +759,7 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
                                for r in summary):
                         continue
                     cells = [speedup_text(summary, placement, name, direction, t) for t in peers]
+                    cells.append(default_vs_best_text(summary, placement, name, direction))
                     lines.append(f"| {name} | {direction} | {placement} | " + " | ".join(cells) + " |")
         lines.append("")
     for name, (count, size) in workloads.items():
@@ -748,7 +781,7 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
                         # A tool with a row that finished carries its speed-up there.
                         speedup = ("" if best_row(summary, r["placement"], name, direction, r["tool"])
                                    else speedup_text(summary, r["placement"], name, direction, r["tool"]))
-                        lines.append(f"| {r['tool']} | {r['setting']} | {r['concurrency']} | too slow: stopped at "
+                        lines.append(f"| {r['tool']} | {r['setting']} | {shown_concurrency(r['concurrency'])} | too slow: stopped at "
                                      f"{r['timeout']:.0f} s | | | | | | {r['peak_rss_mib']:.0f} | {speedup} |")
                         continue
                     if not r["ok"]:
@@ -757,7 +790,7 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
                     speedup = f"{r['ferry_speedup']:.2f}×" if "ferry_speedup" in r else ""
                     server = r["server_cpu_seconds_per_gib"]
                     lines.append(
-                        f"| {r['tool']} | {r['setting']} | {r['concurrency']} | {r['median_seconds']:.2f} "
+                        f"| {r['tool']} | {r['setting']} | {shown_concurrency(r['concurrency'])} | {r['median_seconds']:.2f} "
                         f"({r['min_seconds']:.2f}–{r['max_seconds']:.2f}) | {r['mib_per_second']:.0f} | "
                         f"{r['objects_per_second']:.0f} | {r['client_cpu_seconds_per_gib']:.2f} | "
                         f"{figure(r['objects_per_cpu_second'])} | {'' if server is None else f'{server:.2f}'} | "
@@ -777,7 +810,9 @@ def markdown(meta, summary, results, workloads, reps, argv, args):
     seen = {}
     first = names[0]
     for r in results:
-        if r["setting"] == "budget" and r["rep"] == 0 and r["placement"] == first:
+        # Ferry's line is its default run (no concurrency flag), the peers' their budget run.
+        wanted = "default" if r["tool"] == "ferry" else "budget"
+        if r["setting"] == wanted and r["rep"] == 0 and r["placement"] == first:
             seen[(r["tool"], r["direction"])] = r["command"]
     lines += [command for _, command in sorted(seen.items())]
     lines += ["```", ""]
