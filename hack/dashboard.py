@@ -43,6 +43,11 @@ ROWS = [
          [("p50 {{operation}}", f'histogram_quantile(0.5, sum by (le, operation) (rate(ferry_stager_request_duration_seconds_bucket{{{SEL}}}[{RATE}])))'),
           ("p99 {{operation}}", f'histogram_quantile(0.99, sum by (le, operation) (rate(ferry_stager_request_duration_seconds_bucket{{{SEL}}}[{RATE}])))')],
          "Duration of store requests including the body, by operation."),
+        ("Requests in flight and the concurrency limit", "short", "timeseries", 24,
+         [("in flight {{worker}}", f'sum by (worker) (ferry_stager_requests_in_flight{{{SEL}}})'),
+          ("limit {{worker}}", f'max by (worker) (ferry_stager_concurrency_limit{{{SEL}}})')],
+         "Store requests holding a slot, and how many each worker allows (with --concurrency auto, what it chose"
+         " from the throughput it measured), per worker."),
     ]),
     ("Fleet staging", [
         ("Object-store egress saved", "Bps", "timeseries", 12,
