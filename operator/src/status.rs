@@ -81,8 +81,9 @@ pub enum Report {
     /// Nothing yet.
     #[default]
     Nothing,
-    /// The summary of its last finished pods (one per shard, combined).
-    Summary(Summary),
+    /// The summary of its last finished pods (one per shard, combined);
+    /// boxed, as it is many times the size of the other variants.
+    Summary(Box<Summary>),
     /// Text instead of a summary: the end of a log, or why a pod was refused.
     Message(String),
 }
@@ -154,7 +155,7 @@ pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
             }
         }
     }
-    Summary::combine(summaries).map_or(Report::Nothing, Report::Summary)
+    Summary::combine(summaries).map_or(Report::Nothing, |summary| Report::Summary(Box::new(summary)))
 }
 
 /// Formats bytes per second for `kubectl get`.
@@ -386,7 +387,9 @@ fn snapshots_agree(workers: &[WorkerStatus]) -> Option<bool> {
 fn sync_changes(observed: &[Observed]) -> Option<SyncChanges> {
     let mut total: Option<Changes> = None;
     for o in observed {
-        if let Report::Summary(Summary { changes: Some(changes), .. }) = &o.report {
+        if let Report::Summary(summary) = &o.report
+            && let Some(changes) = &summary.changes
+        {
             let sum = total.get_or_insert_with(Changes::default);
             for (into, from) in [
                 (&mut sum.added, changes.added),
@@ -601,7 +604,7 @@ mod tests {
     }
 
     fn summary(bytes: u64, digest: &str) -> Report {
-        Report::Summary(Summary {
+        Report::Summary(Box::new(Summary {
             complete: true,
             objects: Counts { selected: 2, transferred: 2, ..Counts::default() },
             bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
@@ -609,7 +612,7 @@ mod tests {
             changes: Some(Changes { added: Amount { objects: 2, bytes }, ..Changes::default() }),
             snapshot: Some(Snapshot { objects: 2, bytes, digest: digest.into() }),
             ..Summary::default()
-        })
+        }))
     }
 
     fn observed(name: &str, job: Option<Job>, report: Report) -> Observed {
@@ -699,23 +702,23 @@ mod tests {
 
     #[test]
     fn a_failed_worker_fails_the_datastage_with_the_stagers_reason_and_bytes_failed() {
-        let refused = Report::Summary(Summary {
+        let refused = Report::Summary(Box::new(Summary {
             reason: Some(Reason::BucketNotFound),
             failures: vec![Failure { key: String::new(), error: "bucket 'x' does not exist".into() }],
             ..Summary::default()
-        });
+        }));
         let status = aggregate_at(&ds(json!({})), &run(1), &[observed("a", failed(), refused)], "2026-01-01T00:00:00Z");
         assert_eq!(status.phase, Some(Phase::Failed));
         let condition = condition_of(&status, types::FAILED);
         assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "BucketNotFound"));
         assert!(condition.message.contains("bucket 'x' does not exist"), "{}", condition.message);
 
-        let partial = Report::Summary(Summary {
+        let partial = Report::Summary(Box::new(Summary {
             objects: Counts { selected: 3, transferred: 2, failed: 1, ..Counts::default() },
             bytes: Counts { selected: 30, transferred: 20, failed: 10, ..Counts::default() },
             failures: vec![Failure { key: "k".into(), error: "checksum mismatch".into() }],
             ..Summary::default()
-        });
+        }));
         let status = aggregate_at(&ds(json!({})), &run(1), &[observed("a", failed(), partial)], "2026-01-01T00:00:00Z");
         let totals = status.totals.clone().unwrap();
         assert_eq!((totals.objects_failed, totals.bytes_failed), (1, 10));
@@ -724,11 +727,11 @@ mod tests {
 
     #[test]
     fn a_worker_retried_after_a_run_that_could_not_proceed_says_so() {
-        let unreachable = Report::Summary(Summary {
+        let unreachable = Report::Summary(Box::new(Summary {
             reason: Some(Reason::EndpointUnreachable),
             failures: vec![Failure { key: String::new(), error: "connection refused".into() }],
             ..Summary::default()
-        });
+        }));
         let retrying = job(json!({"active": 1, "failed": 1, "startTime": "2026-01-01T00:00:00Z"}));
         let status =
             aggregate_at(&ds(json!({})), &run(1), &[observed("a", retrying, unreachable)], "2026-01-01T00:00:00Z");

@@ -61,7 +61,7 @@ enum Failure {
     /// One object could not be read or written.
     Object(String, ObjectError),
     /// A pull or push finished with failed objects.
-    Incomplete(Summary),
+    Incomplete(Box<Summary>),
 }
 
 impl Failure {
@@ -214,7 +214,7 @@ async fn run_transfer(
     }
     let summary = summary.map_err(Failure::Run)?;
     if !summary.complete {
-        return Err(Failure::Incomplete(summary));
+        return Err(Failure::Incomplete(Box::new(summary)));
     }
     Ok(serde_json::to_string(&summary).expect("a summary serializes"))
 }
