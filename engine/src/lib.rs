@@ -31,14 +31,25 @@ pub use ferry_contract::ObjectLocation;
 /// where `Debug` dumps would bury the cause.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
+    for cause in sources(error) {
         let text = cause.to_string();
         if !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
         }
-        source = cause.source();
     }
     line
+}
+
+/// An error's source, then that one's source, and so on.
+fn sources<'a>(error: &'a dyn std::error::Error) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(error.source(), |cause| cause.source())
+}
+
+/// An error and every error under it: where a client library's error wraps
+/// the one that says what happened (a timeout, a checksum failure).
+pub(crate) fn causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::once(error).chain(sources(error))
 }

@@ -543,14 +543,14 @@ impl<'a> ChecksumHeaders<'a> {
             headers.get(name).and_then(|value| value.to_str().ok())
         }
         ChecksumHeaders {
-            crc64nvme: header(headers, "x-amz-checksum-crc64nvme"),
-            crc32c: header(headers, "x-amz-checksum-crc32c"),
-            crc32: header(headers, "x-amz-checksum-crc32"),
-            sha1: header(headers, "x-amz-checksum-sha1"),
-            sha256: header(headers, "x-amz-checksum-sha256"),
-            checksum_type: header(headers, "x-amz-checksum-type"),
-            etag: header(headers, "etag"),
-            encryption: header(headers, "x-amz-server-side-encryption"),
+            crc64nvme: header(headers, CRC64NVME_HEADER),
+            crc32c: header(headers, CRC32C_HEADER),
+            crc32: header(headers, CRC32_HEADER),
+            sha1: header(headers, SHA1_HEADER),
+            sha256: header(headers, SHA256_HEADER),
+            checksum_type: header(headers, CHECKSUM_TYPE_HEADER),
+            etag: header(headers, ETAG_HEADER),
+            encryption: header(headers, ENCRYPTION_HEADER),
             customer_key: headers.contains_key(CUSTOMER_KEY_HEADER),
         }
     }
@@ -558,18 +558,30 @@ impl<'a> ChecksumHeaders<'a> {
 
 /// The response headers [`ChecksumHeaders::from_headers`] reads.
 const CHECKSUM_HEADERS: [&str; 9] = [
-    "x-amz-checksum-crc64nvme",
-    "x-amz-checksum-crc32c",
-    "x-amz-checksum-crc32",
-    "x-amz-checksum-sha1",
-    "x-amz-checksum-sha256",
-    "x-amz-checksum-type",
-    "etag",
-    "x-amz-server-side-encryption",
+    CRC64NVME_HEADER,
+    CRC32C_HEADER,
+    CRC32_HEADER,
+    SHA1_HEADER,
+    SHA256_HEADER,
+    CHECKSUM_TYPE_HEADER,
+    ETAG_HEADER,
+    ENCRYPTION_HEADER,
     CUSTOMER_KEY_HEADER,
 ];
 
+const CRC64NVME_HEADER: &str = "x-amz-checksum-crc64nvme";
+/// Read from responses, and sent with every PUT and part on the hyper path.
+const CRC32C_HEADER: &str = "x-amz-checksum-crc32c";
+const CRC32_HEADER: &str = "x-amz-checksum-crc32";
+const SHA1_HEADER: &str = "x-amz-checksum-sha1";
+const SHA256_HEADER: &str = "x-amz-checksum-sha256";
+const CHECKSUM_TYPE_HEADER: &str = "x-amz-checksum-type";
+const ETAG_HEADER: &str = "etag";
+const ENCRYPTION_HEADER: &str = "x-amz-server-side-encryption";
 const CUSTOMER_KEY_HEADER: &str = "x-amz-server-side-encryption-customer-algorithm";
+/// Sent with a whole-object GET by the non-SDK data paths: S3 returns an
+/// object's checksum headers only when asked (the SDK's `checksum_mode`).
+const CHECKSUM_MODE_HEADER: &str = "x-amz-checksum-mode";
 
 /// Picks what to verify the object against, cheapest first: a full-object
 /// CRC (computed as ranges stream past), the MD5 a single-part ETag is
@@ -1020,14 +1032,7 @@ impl S3Store {
 
 /// Whether the SDK's own body-checksum validation is among the causes.
 fn checksum_mismatch_in(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        if error.downcast_ref::<aws_smithy_checksums::body::validate::Error>().is_some() {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+    crate::causes(error).any(|cause| cause.is::<aws_smithy_checksums::body::validate::Error>())
 }
 
 #[cfg(test)]

@@ -112,15 +112,6 @@ impl Climber {
         Self { limit: start.clamp(min, max), min, max, phase: Phase::SlowStart { previous: None }, settling: true }
     }
 
-    /// The default bounds of `--concurrency auto`.
-    pub fn default_bounds() -> Self {
-        Self::new(
-            ADAPTIVE_START_CONCURRENCY as usize,
-            ADAPTIVE_MIN_CONCURRENCY as usize,
-            ADAPTIVE_MAX_CONCURRENCY as usize,
-        )
-    }
-
     /// The limit in force.
     pub fn limit(&self) -> usize {
         self.limit
@@ -212,6 +203,13 @@ impl Climber {
         let (sum, count) = rate.map_or((0.0, 0), |rate| (rate, 1));
         self.phase = Phase::Hold { windows: HOLD_WINDOWS, sum, count };
     }
+}
+
+/// The requests a run allows in flight before it has measured anything: a
+/// fixed `concurrency`, or with `adaptive` the starting point, never above
+/// `concurrency` (then the most the run may reach).
+pub fn first_limit(concurrency: usize, adaptive: bool) -> usize {
+    if adaptive { concurrency.min(ADAPTIVE_START_CONCURRENCY as usize) } else { concurrency }
 }
 
 /// A request semaphore whose size can change while requests hold it.

@@ -339,7 +339,7 @@ impl Budget {
             )));
         }
         let units = ((memory_limit - MEMORY_RESERVE) / MEMORY_UNIT).min(u64::from(u32::MAX >> 4)) as usize;
-        let start = if adaptive { adaptive::Climber::default_bounds().limit().min(concurrency) } else { concurrency };
+        let start = adaptive::first_limit(concurrency, adaptive);
         metrics.set_concurrency_limit(start);
         Ok(Self {
             requests: Arc::new(adaptive::RequestLimit::new(start)),
@@ -478,11 +478,7 @@ impl Engine {
     /// into as few ranges as a run that starts there needs, not into one
     /// per slot of the ceiling.
     pub fn range_spread(&self) -> usize {
-        if self.config.adaptive {
-            self.config.concurrency.min(adaptive::ADAPTIVE_START_CONCURRENCY as usize)
-        } else {
-            self.config.concurrency
-        }
+        adaptive::first_limit(self.config.concurrency, self.config.adaptive)
     }
 
     /// Waits until `bytes` may move under `--max-bandwidth` (at once without it).

@@ -32,8 +32,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::credentials::CachedCredentials;
 use super::{
-    ChecksumHeaders, DataPathSetup, GetResponse, RetryReason, StoreError, classify_response, encode_crc, encode_uri,
-    integrity, range_header, strip_quotes,
+    CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, DataPathSetup, GetResponse, RetryReason, StoreError,
+    classify_response, encode_crc, encode_uri, integrity, range_header, strip_quotes,
 };
 
 /// The most of an error response's body that is read for its code.
@@ -235,8 +235,8 @@ impl HyperDataPath {
     }
 }
 
-static CHECKSUM_MODE: http::HeaderName = http::HeaderName::from_static("x-amz-checksum-mode");
-static CHECKSUM_CRC32C: http::HeaderName = http::HeaderName::from_static("x-amz-checksum-crc32c");
+static CHECKSUM_MODE: http::HeaderName = http::HeaderName::from_static(CHECKSUM_MODE_HEADER);
+static CHECKSUM_CRC32C: http::HeaderName = http::HeaderName::from_static(CRC32C_HEADER);
 
 fn header_value(value: &str) -> Result<HeaderValue, StoreError> {
     HeaderValue::from_str(value).map_err(|_| StoreError::Rejected {
@@ -264,12 +264,6 @@ fn body_error(error: hyper::Error) -> StoreError {
 
 /// Whether an I/O timeout is among the causes (a connect timeout is one).
 fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        if error.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+    crate::causes(error)
+        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut))
 }
