@@ -10,6 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{command, run, write_tree};
+use ferry_engine::store::s3::DATA_PATH_ENV;
 use ferry_testkit::{Backend, Store, pattern, read_tree};
 
 #[test]
@@ -21,6 +22,10 @@ fn the_data_path_is_chosen_by_the_environment_and_an_unknown_one_is_refused_loud
     let src = tempfile::tempdir().unwrap();
     write_tree(src.path(), &files);
 
+    // The store module logs which path carries the data, and refuses a bad value.
+    let with_data_path = |command: &mut std::process::Command, value: &str| {
+        command.env(DATA_PATH_ENV, value).env("RUST_LOG", "warn,ferry_engine::store::s3=info").env("NO_COLOR", "1");
+    };
     for (value, logged) in [
         ("hyper", "data_path=hyper"),
         ("object_store", "data_path=object_store"),
@@ -28,14 +33,14 @@ fn the_data_path_is_chosen_by_the_environment_and_an_unknown_one_is_refused_loud
     ] {
         let uri = server.uri(&format!("knob/{value}"));
         let mut push = command(&server, &["push", src.path().to_str().unwrap(), uri.as_str(), "--part-size", "5MiB"]);
-        push.env("FERRY_S3_DATA_PATH", value).env("RUST_LOG", "warn,ferry_engine::store::s3=info").env("NO_COLOR", "1");
+        with_data_path(&mut push, value);
         let push = run(push);
         push.assert_ok();
         assert!(push.stderr.contains(logged), "{value}: '{logged}' not in the log:\n{}", push.stderr);
 
         let dst = tempfile::tempdir().unwrap();
         let mut pull = command(&server, &["pull", uri.as_str(), dst.path().to_str().unwrap()]);
-        pull.env("FERRY_S3_DATA_PATH", value).env("RUST_LOG", "warn,ferry_engine::store::s3=info").env("NO_COLOR", "1");
+        with_data_path(&mut pull, value);
         let pull = run(pull);
         pull.assert_ok();
         assert!(pull.stderr.contains(logged), "{value}: '{logged}' not in the log:\n{}", pull.stderr);
