@@ -21,9 +21,10 @@
 //! * `sdk` (the default): every request through `aws-sdk-s3`. Each request
 //!   runs the SDK's orchestrator: interceptors, the S3 endpoint rules engine,
 //!   identity-cache lookup and signing, and deserialisation of every modelled
-//!   header into an output struct. With `checksum_mode(Enabled)` the SDK also
-//!   CRCs the body of a whole-object GET itself, a pass over every byte that
-//!   the engine's own verification repeats.
+//!   header into an output struct. A whole-object GET asks for the object's
+//!   checksum headers with the `x-amz-checksum-mode` header rather than the
+//!   input's `checksum_mode`, which would also make the SDK CRC the body
+//!   itself, a pass over every byte that the engine's verification repeats.
 //! * `hyper` (`s3/hyper_path.rs`): a lean path straight on hyper 1 and
 //!   hyper-util's pooled client, the same stack and rustls (aws-lc-rs)
 //!   provider the SDK runs on, signed with `aws-sigv4` (UNSIGNED-PAYLOAD, the
@@ -71,6 +72,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart, ServerSideEncryption,
 };
+use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -924,17 +926,24 @@ impl S3Store {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
         let ranged = range.is_some();
-        let output = self
+        let mut request = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .set_range(range.as_ref().map(range_header))
             .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
+            .customize();
+        if !ranged {
+            // The object's checksum headers are asked for with the header
+            // itself, not the input's `checksum_mode`: that field also
+            // switches on the SDK's own CRC of the body, a second pass over
+            // every byte that the engine's verification already makes.
+            request = request.mutate_request(|request: &mut HttpRequest| {
+                request.headers_mut().insert(CHECKSUM_MODE_HEADER, "ENABLED");
+            });
+        }
+        let output = request.send().await.map_err(|e| self.map_error(e))?;
         // A checksum header on a ranged response describes the whole object,
         // not the range: only trust it for full reads.
         let checksum = if ranged { None } else { integrity(&checksum_headers!(output)) };
@@ -942,13 +951,7 @@ impl S3Store {
         let etag = output.e_tag().map(strip_quotes);
         let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
             let next = body.next().await?;
-            let mapped = next.map_err(|e| {
-                // The SDK checks a full read against the object's checksum
-                // itself, and fails the body's last chunk when it differs.
-                let reason =
-                    if checksum_mismatch_in(&e) { RetryReason::ChecksumMismatch } else { RetryReason::TruncatedBody };
-                StoreError::transient(reason, crate::error_chain(&e))
-            });
+            let mapped = next.map_err(|e| StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e)));
             Some((mapped, body))
         })
         .boxed();
@@ -1030,30 +1033,9 @@ impl S3Store {
     }
 }
 
-/// Whether the SDK's own body-checksum validation is among the causes.
-fn checksum_mismatch_in(error: &(dyn std::error::Error + 'static)) -> bool {
-    crate::causes(error).any(|cause| cause.is::<aws_smithy_checksums::body::validate::Error>())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_sdks_body_checksum_failure_is_a_checksum_mismatch_however_deep() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("streaming error")]
-        struct Wrapped(#[source] aws_smithy_checksums::body::validate::Error);
-        let mismatch = || aws_smithy_checksums::body::validate::Error::ChecksumMismatch {
-            expected: Bytes::from_static(b"\x01"),
-            actual: Bytes::from_static(b"\x02"),
-        };
-        assert!(checksum_mismatch_in(&mismatch()));
-        assert!(checksum_mismatch_in(&Wrapped(mismatch())));
-        assert!(!checksum_mismatch_in(&std::io::Error::other("connection reset")));
-        let error = StoreError::transient(RetryReason::ChecksumMismatch, "body checksum mismatch");
-        assert_eq!(error.reason(), ferry_contract::Reason::ChecksumMismatch);
-    }
 
     #[test]
     fn throttling_and_server_errors_are_retryable() {
