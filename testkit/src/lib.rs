@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_s3::config::{Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
+use aws_smithy_http_client::tls;
 
 /// How long a server may take to become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -79,23 +80,45 @@ pub struct S3Server {
     pub secret_key: String,
     /// Which server this is.
     pub flavor: Flavor,
+    /// The PEM of the CA that signed the server's certificate, when it
+    /// serves HTTPS ([`S3Server::minio_tls`]).
+    pub ca_file: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
 impl S3Server {
     /// Starts MinIO with a fresh data directory.
     pub fn minio() -> Self {
+        Self::start_minio(false)
+    }
+
+    /// Starts MinIO serving HTTPS only, with a certificate for 127.0.0.1
+    /// signed by a CA made for this server alone, whose PEM is
+    /// [`S3Server::ca_file`]. [`S3Server::client`] trusts that CA;
+    /// [`S3Server::env`] does not hand it to other processes, so a test says
+    /// how each of them learns of it.
+    pub fn minio_tls() -> Self {
+        Self::start_minio(true)
+    }
+
+    fn start_minio(tls: bool) -> Self {
         let binary = tool_path("minio");
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let console = free_port();
         let (access_key, secret_key) = ("ferry-test".to_owned(), "ferry-test-secret".to_owned());
+        let certs = dir.path().join("certs");
+        let ca_file = tls.then(|| write_test_certificates(&certs));
+        std::fs::create_dir_all(&certs).expect("certs dir");
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = Command::new(binary)
             .arg("server")
             .arg(dir.path().join("data"))
             .args(["--address", &format!("127.0.0.1:{port}")])
             .args(["--console-address", &format!("127.0.0.1:{console}")])
+            // Without its own certificates MinIO would pick up ~/.minio/certs.
+            .arg("--certs-dir")
+            .arg(&certs)
             .arg("--quiet")
             .env("MINIO_ROOT_USER", &access_key)
             .env("MINIO_ROOT_PASSWORD", &secret_key)
@@ -107,19 +130,25 @@ impl S3Server {
             .stderr(log)
             .spawn()
             .expect("start minio");
+        let scheme = if tls { "https" } else { "http" };
         let mut server = Self {
             child: Some(child),
-            endpoint: format!("http://127.0.0.1:{port}"),
+            endpoint: format!("{scheme}://127.0.0.1:{port}"),
             access_key,
             secret_key,
             flavor: Flavor::Minio,
+            ca_file,
             dir,
         };
-        // `live` answers as soon as the process listens; requests fail with
-        // XMinioServerNotInitialized until `cluster` (write quorum) is healthy,
-        // which takes seconds longer on a loaded machine.
-        server.wait_healthy(port, "/minio/health/live");
-        server.wait_healthy(port, "/minio/health/cluster");
+        if tls {
+            server.wait_serving_s3();
+        } else {
+            // `live` answers as soon as the process listens; requests fail
+            // with XMinioServerNotInitialized until `cluster` (write quorum)
+            // is healthy, which takes seconds longer on a loaded machine.
+            server.wait_healthy(port, "/minio/health/live");
+            server.wait_healthy(port, "/minio/health/cluster");
+        }
         server
     }
 
@@ -141,6 +170,7 @@ impl S3Server {
             access_key: "testing".into(),
             secret_key: "testing".into(),
             flavor: Flavor::Moto,
+            ca_file: None,
             dir,
         };
         server.wait_healthy(port, "/moto-api/");
@@ -156,6 +186,7 @@ impl S3Server {
             access_key: access_key.to_owned(),
             secret_key: secret_key.to_owned(),
             flavor: Flavor::External,
+            ca_file: None,
             dir: tempfile::tempdir().expect("temp dir"),
         }
     }
@@ -172,6 +203,31 @@ impl S3Server {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("{:?} not healthy within {START_DEADLINE:?}:\n{}", self.flavor, self.log_tail());
+    }
+
+    /// Waits until S3 requests succeed over TLS (the health endpoints
+    /// speak HTTPS too, which [`http_get`] does not). The client runs on a
+    /// runtime of its own thread, so this works inside a test's runtime too.
+    fn wait_serving_s3(&mut self) {
+        let deadline = Instant::now() + START_DEADLINE;
+        let client = self.client();
+        let ready = move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                while Instant::now() < deadline {
+                    if client.list_buckets().send().await.is_ok() {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                false
+            })
+        };
+        let ready = std::thread::spawn(ready).join().expect("the readiness thread panicked");
+        if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+            panic!("{:?} exited with {status} during start-up:\n{}", self.flavor, self.log_tail());
+        }
+        assert!(ready, "{:?} not serving S3 over TLS within {START_DEADLINE:?}:\n{}", self.flavor, self.log_tail());
     }
 
     /// Bytes MinIO says it sent in answers to S3 requests since it started
@@ -198,14 +254,22 @@ impl S3Server {
 
     /// An SDK client for setting up and checking test data (not the code under test).
     pub fn client(&self) -> aws_sdk_s3::Client {
-        let config = aws_sdk_s3::Config::builder()
+        let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
             .region(Region::new("us-east-1"))
             .endpoint_url(&self.endpoint)
             .force_path_style(true)
-            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testkit"))
-            .build();
-        aws_sdk_s3::Client::from_conf(config)
+            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testkit"));
+        if let Some(ca_file) = &self.ca_file {
+            let ca = std::fs::read(ca_file).expect("read the test CA");
+            let trust = tls::TrustStore::empty().with_pem_certificate(ca);
+            let http = aws_smithy_http_client::Builder::new()
+                .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+                .tls_context(tls::TlsContext::builder().with_trust_store(trust).build().expect("TLS context"))
+                .build_https();
+            config = config.http_client(http);
+        }
+        aws_sdk_s3::Client::from_conf(config.build())
     }
 
     /// Creates a bucket.
@@ -272,6 +336,28 @@ impl Drop for S3Server {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// Writes a CA and a serving certificate for 127.0.0.1 and localhost into
+/// `certs` as MinIO reads them (`public.crt`, `private.key`), and the CA's
+/// PEM beside them; returns the CA's path.
+fn write_test_certificates(certs: &Path) -> PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign the CA");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().expect("server key");
+    let mut server_params = CertificateParams::new(vec!["localhost".to_owned()]).expect("server parameters");
+    server_params.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let server_cert = server_params.signed_by(&server_key, &issuer).expect("sign the server certificate");
+    std::fs::create_dir_all(certs).expect("certs dir");
+    std::fs::write(certs.join("public.crt"), server_cert.pem()).expect("write public.crt");
+    std::fs::write(certs.join("private.key"), server_key.serialize_pem()).expect("write private.key");
+    let ca_file = certs.join("test-ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem()).expect("write the CA");
+    ca_file
 }
 
 /// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.

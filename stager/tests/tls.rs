@@ -1,0 +1,131 @@
+//! What production S3 stores ask of a client beyond the test suite's plain
+//! HTTP and static keys, on every S3 data path (`sdk`, `hyper`):
+//!
+//! * HTTPS with a private CA, as on-premises MinIO and Ceph usually are:
+//!   the stager trusts the CA named by `SSL_CERT_FILE`, moves a tree both
+//!   ways byte for byte with verification on, and without that CA refuses
+//!   the server's certificate: the run fails, says why, and leaves no file.
+//! * Temporary credentials with a session token (assumed roles, IRSA).
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{command, run, write_tree};
+use ferry_engine::store::s3::{DATA_PATH_ENV, S3DataPath};
+use ferry_testkit::{S3Server, Store, pattern, read_tree};
+
+#[test]
+fn every_s3_data_path_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
+    let server = S3Server::minio_tls();
+    let ca_file = server.ca_file.clone().expect("a TLS server has a CA");
+    let server = Store::S3(server);
+    tokio::runtime::Runtime::new().unwrap().block_on(server.create_bucket("tls"));
+    // A multipart object of an odd size, a small one and an empty one.
+    let files: BTreeMap<String, Vec<u8>> = [
+        ("shards/large.bin".to_owned(), pattern(3, (11 << 20) + 5)),
+        ("small.txt".to_owned(), b"over tls".to_vec()),
+        ("empty".to_owned(), Vec::new()),
+    ]
+    .into();
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &files);
+
+    for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
+        let uri = server.uri(&format!("tls/{path}"));
+        let trusting = |args: &[&str]| {
+            let mut command = command(&server, args);
+            command.env(DATA_PATH_ENV, path.as_str()).env("SSL_CERT_FILE", &ca_file);
+            command
+        };
+        let push = run(trusting(&["push", src.path().to_str().unwrap(), &uri, "--part-size", "5MiB"]));
+        push.assert_ok();
+        let dst = tempfile::tempdir().unwrap();
+        let pull = run(trusting(&["pull", &uri, dst.path().to_str().unwrap()]));
+        pull.assert_ok();
+        assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{path}: {:#}", pull.summary);
+        assert!(read_tree(dst.path()) == files, "{path}: the tree differs after the round trip over TLS");
+
+        // The platform's roots do not include the test CA: the handshake is
+        // refused, the run fails with the reason, and nothing is written.
+        let untrusting = tempfile::tempdir().unwrap();
+        let mut pull = command(&server, &["pull", &uri, untrusting.path().to_str().unwrap()]);
+        pull.env(DATA_PATH_ENV, path.as_str()).env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
+        let refused = run(pull);
+        assert_ne!(refused.code(), 0, "{path}: a server with an unknown CA was trusted:\n{}", refused.stderr);
+        assert!(
+            refused.stderr.to_ascii_lowercase().contains("certificate"),
+            "{path}: the failure does not say the certificate was refused:\n{}",
+            refused.stderr
+        );
+        assert!(read_tree(untrusting.path()).is_empty(), "{path}: a refused run left files behind");
+    }
+}
+
+/// Temporary credentials carry a session token that every request must
+/// sign (IRSA on EKS, assumed roles): with credentials MinIO's STS issued
+/// for an assumed role, each data path signs the token and moves the tree
+/// both ways.
+#[test]
+fn every_s3_data_path_signs_the_session_token_of_temporary_credentials() {
+    let server = S3Server::minio();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (access_key, secret_key, session_token) = runtime.block_on(assume_role(&server));
+    let server = Store::S3(server);
+    runtime.block_on(server.create_bucket("sts"));
+    let files: BTreeMap<String, Vec<u8>> =
+        [("part.bin".to_owned(), pattern(9, (6 << 20) + 1)), ("one.txt".to_owned(), b"1".to_vec())].into();
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &files);
+
+    for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
+        let uri = server.uri(&format!("sts/{path}"));
+        let temporary = |args: &[&str]| {
+            let mut command = command(&server, args);
+            command
+                .env("AWS_ACCESS_KEY_ID", &access_key)
+                .env("AWS_SECRET_ACCESS_KEY", &secret_key)
+                .env("AWS_SESSION_TOKEN", &session_token)
+                .env(DATA_PATH_ENV, path.as_str());
+            command
+        };
+        run(temporary(&["push", src.path().to_str().unwrap(), &uri, "--part-size", "5MiB"])).assert_ok();
+        let dst = tempfile::tempdir().unwrap();
+        run(temporary(&["pull", &uri, dst.path().to_str().unwrap()])).assert_ok();
+        assert!(read_tree(dst.path()) == files, "{path}: the tree differs after a round trip with a session token");
+
+        // The token is checked: without it the same keys are refused.
+        let mut tokenless = temporary(&["pull", &uri, tempfile::tempdir().unwrap().path().to_str().unwrap()]);
+        tokenless.env_remove("AWS_SESSION_TOKEN");
+        assert_ne!(run(tokenless).code(), 0, "{path}: temporary keys worked without their session token");
+    }
+}
+
+/// Temporary credentials from MinIO's STS (AssumeRole, signed with the root keys).
+async fn assume_role(server: &S3Server) -> (String, String, String) {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(&server.endpoint)
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            &server.access_key,
+            &server.secret_key,
+            None,
+            None,
+            "test",
+        ))
+        .load()
+        .await;
+    let assumed = aws_sdk_sts::Client::new(&config)
+        .assume_role()
+        .role_arn("arn:aws:iam::123456789012:role/ferry-staging")
+        .role_session_name("ferry-test")
+        .send()
+        .await
+        .expect("MinIO's STS issues temporary credentials");
+    let credentials = assumed.credentials().expect("AssumeRole returns credentials");
+    (
+        credentials.access_key_id().to_owned(),
+        credentials.secret_access_key().to_owned(),
+        credentials.session_token().to_owned(),
+    )
+}
