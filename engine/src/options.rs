@@ -109,8 +109,9 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Ar
     // (store::s3's module documentation); a value it does not know is
     // refused loudly and the run goes on with the default.
     let data_path = crate::store::s3::S3DataPath::from_env().unwrap_or_else(|error| {
-        tracing::error!(error = %error, "S3 data requests stay on the SDK");
-        crate::store::s3::S3DataPath::Sdk
+        let default = crate::store::s3::S3DataPath::default();
+        tracing::error!(error = %error, data_path = %default, "S3 data requests take the default path");
+        default
     });
     let s3 = S3Options {
         endpoint_url: options.endpoint_url.clone(),

@@ -8,7 +8,7 @@
 //! the CRC32C header instead of a SHA-256 of the payload, which would cost a
 //! second pass over every byte.
 //!
-//! # The data-path ablation
+//! # The data paths
 //!
 //! Which client carries the *data* requests (GET, whole or ranged, PUT and
 //! UploadPart) is chosen by `FERRY_S3_DATA_PATH` ([`S3DataPath`]). It is a
@@ -16,16 +16,19 @@
 //! budgets and verification, not a user option: it is read from the
 //! environment only and never appears among the flags. Listing, HEAD,
 //! `part_size` and the multipart control requests (create, complete, abort,
-//! list) always go through `aws-sdk-s3`.
+//! list) always go through `aws-sdk-s3`. The default is `hyper`: it spends
+//! the least CPU per request and is level per byte (docs/benchmarks.md);
+//! when it cannot be set up (no TLS roots for an https endpoint) the run
+//! says so and stays on the SDK.
 //!
-//! * `sdk` (the default): every request through `aws-sdk-s3`. Each request
+//! * `sdk`: every request through `aws-sdk-s3`. Each request
 //!   runs the SDK's orchestrator: interceptors, the S3 endpoint rules engine,
 //!   identity-cache lookup and signing, and deserialisation of every modelled
 //!   header into an output struct. A whole-object GET asks for the object's
 //!   checksum headers with the `x-amz-checksum-mode` header rather than the
 //!   input's `checksum_mode`, which would also make the SDK CRC the body
 //!   itself, a pass over every byte that the engine's verification repeats.
-//! * `hyper` (`s3/hyper_path.rs`): a lean path straight on hyper 1 and
+//! * `hyper` (`s3/hyper_path.rs`, the default): a lean path straight on hyper 1 and
 //!   hyper-util's pooled client, the same stack and rustls (aws-lc-rs)
 //!   provider the SDK runs on, signed with `aws-sigv4` (UNSIGNED-PAYLOAD, the
 //!   engine's CRC32C in `x-amz-checksum-crc32c` as the SDK path sends it).
@@ -108,9 +111,10 @@ pub const DATA_PATH_ENV: &str = "FERRY_S3_DATA_PATH";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum S3DataPath {
     /// `aws-sdk-s3`, like every other request.
-    #[default]
     Sdk,
-    /// hyper with SigV4 signing from `aws-sigv4`.
+    /// hyper with SigV4 signing from `aws-sigv4` (the default: measured the
+    /// cheapest per request, level per byte; docs/benchmarks.md).
+    #[default]
     Hyper,
     /// The `object_store` crate's S3 client.
     ObjectStore,
@@ -129,14 +133,14 @@ impl S3DataPath {
         }
     }
 
-    /// The choice `FERRY_S3_DATA_PATH` makes; unset or empty is [`S3DataPath::Sdk`].
+    /// The choice `FERRY_S3_DATA_PATH` makes; unset or empty is the default.
     ///
     /// # Errors
     /// A value that names no data path.
     pub fn from_env() -> Result<Self, DataPathError> {
         match std::env::var(DATA_PATH_ENV) {
             Ok(value) if !value.trim().is_empty() => value.parse(),
-            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(S3DataPath::Sdk),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(S3DataPath::default()),
             Err(std::env::VarError::NotUnicode(value)) => {
                 Err(DataPathError::Unknown(value.to_string_lossy().into_owned()))
             }
@@ -290,18 +294,16 @@ impl S3Store {
         let config = config.build();
         let data = match options.data_path {
             S3DataPath::Sdk => DataClient::Sdk,
-            path => match Self::data_client(path, bucket, options, shared, &config, path_style).await {
-                Ok(data) => {
-                    tracing::info!(data_path = %path, "S3 data requests bypass the SDK (a benchmark ablation)");
-                    data
-                }
-                Err(error) => {
+            path => {
+                Self::data_client(path, bucket, options, shared, &config, path_style).await.unwrap_or_else(|error| {
                     tracing::error!(error = %error, "S3 data requests stay on the SDK");
                     DataClient::Sdk
-                }
-            },
+                })
+            }
         };
-        Self { client: aws_sdk_s3::Client::from_conf(config), bucket: bucket.to_owned(), data }
+        let store = Self { client: aws_sdk_s3::Client::from_conf(config), bucket: bucket.to_owned(), data };
+        tracing::info!(data_path = %store.data_path(), "S3 data requests' client");
+        store
     }
 
     /// The client of a non-SDK data path, configured as the SDK client is:
@@ -1152,8 +1154,8 @@ mod tests {
     }
 
     #[test]
-    fn the_data_path_is_named_by_one_word_and_defaults_to_the_sdk() {
-        assert_eq!(S3DataPath::default(), S3DataPath::Sdk);
+    fn the_data_path_is_named_by_one_word_and_defaults_to_hyper() {
+        assert_eq!(S3DataPath::default(), S3DataPath::Hyper);
         for path in S3DataPath::ALL {
             assert_eq!(path.as_str().parse::<S3DataPath>().unwrap(), path);
         }
