@@ -259,6 +259,13 @@ impl Fleet {
         }
     }
 
+    /// `key` failed for good in this run: forget which peer said it held
+    /// it, as [`Fleet::staged`] does for one that made it, so a run with
+    /// many failures does not keep an entry for each.
+    pub fn abandoned(&self, key: &str) {
+        self.ready.lock().expect("ready lock poisoned").remove(key);
+    }
+
     /// The bytes of `key` did not match the store's checksum: drop the
     /// peer that served them, so the next attempt reads the store.
     pub fn distrust(&self, key: &str) {

@@ -285,3 +285,41 @@ async fn the_peer_port_refuses_requests_without_the_secret() {
     }
     assert_eq!(client.get(&url).bearer_auth(TOKEN).send().await.unwrap().status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_a_peer_served_that_then_fails_to_land_is_forgotten_with_the_failure() {
+    let (store, objects) = dataset();
+    let group = ["node-a", "node-b"];
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (engine_a, fleet_a) = worker(&store, "node-a", &group, &directory).await;
+    let (engine_b, fleet_b) = worker(&store, "node-b", &group, &directory).await;
+    // An object node-a owns, so node-b reads it from node-a; a non-empty
+    // directory where its file belongs makes node-b's rename fail.
+    let blocked = objects
+        .iter()
+        .find(|(rel, data)| !data.is_empty() && fleet_b.owner_elsewhere(rel) == Some("node-a"))
+        .map(|(rel, _)| rel.clone())
+        .expect("node-a owns a non-empty object");
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::create_dir_all(dir_b.path().join(&blocked).join("in-the-way")).unwrap();
+
+    let (path_a, path_b) = (dir_a.path().to_path_buf(), dir_b.path().to_path_buf());
+    let (fleet_a2, fleet_b2) = (Arc::clone(&fleet_a), Arc::clone(&fleet_b));
+    let run_a = tokio::spawn(async move {
+        let summary = pull(engine_a, "p/", &path_a, false).await.unwrap();
+        fleet_a2.linger().await;
+        summary
+    });
+    let run_b = tokio::spawn(async move {
+        let summary = pull(engine_b, "p/", &path_b, false).await.unwrap();
+        fleet_b2.linger().await;
+        summary
+    });
+    let (summary_a, summary_b) = (run_a.await.unwrap(), run_b.await.unwrap());
+    assert!(summary_a.complete, "{summary_a:?}");
+    assert_eq!(summary_b.objects.failed, 1, "{summary_b:?}");
+    assert_eq!(summary_b.failures[0].key, format!("p/{blocked}"), "{summary_b:?}");
+    assert!(summary_b.peers.objects_from_peers > 0, "{:?}", summary_b.peers);
+    let left = fleet_b.ready.lock().unwrap().clone();
+    assert!(left.is_empty(), "node-b still remembers peers for {left:?}");
+}

@@ -428,6 +428,9 @@ async fn pull_object(
         }
         Err(error) => {
             tracing::warn!(%key, %error, "object failed");
+            if let Some(fleet) = &engine.fleet {
+                fleet.abandoned(&key);
+            }
             engine.tally.failed(key, planned.object.size, &error);
             engine.metrics.object(ObjectResult::Failed);
         }
