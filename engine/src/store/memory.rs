@@ -3,7 +3,7 @@
 //! against real servers; this exists to make failures happen on demand.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -149,11 +149,17 @@ impl ObjectStore for MemoryStore {
 
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
         let state = self.state.lock().unwrap();
+        // Each page starts where the last one ended rather than scanning
+        // from the first key, so listing many objects stays linear.
+        let start = match token {
+            Some(token) if token.as_str() >= prefix => Bound::Excluded(token),
+            _ => Bound::Included(prefix.to_owned()),
+        };
         // Two objects per page, so pagination is exercised.
         let objects: Vec<ObjectMeta> = state
             .objects
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix) && token.as_deref().is_none_or(|t| k.as_str() > t))
+            .range::<String, _>((start, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
             .take(2)
             .map(|(k, (data, _))| ObjectMeta {
                 key: k.clone(),
@@ -319,5 +325,32 @@ impl ObjectStore for MemoryStore {
                 initiated: Some(upload.initiated),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pages_hold_two_keys_of_the_prefix_and_continue_after_the_last() {
+        let store = MemoryStore::default();
+        for key in ["a/1", "a/2", "a/3", "a0", "b/1", "0"] {
+            store.insert(key, key.as_bytes().to_vec());
+        }
+        let mut keys = Vec::new();
+        let mut token = None;
+        loop {
+            let page = store.list_page("a/", token).await.unwrap();
+            assert!(page.objects.len() <= 2);
+            keys.extend(page.objects.into_iter().map(|o| o.key));
+            token = page.next;
+            if token.is_none() {
+                break;
+            }
+        }
+        assert_eq!(keys, ["a/1", "a/2", "a/3"]);
+        let everything = store.list_page("", Some("a0".into())).await.unwrap();
+        assert_eq!(everything.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b/1"]);
     }
 }
