@@ -583,9 +583,11 @@ const CHECKSUM_TYPE_HEADER: &str = "x-amz-checksum-type";
 const ETAG_HEADER: &str = "etag";
 const ENCRYPTION_HEADER: &str = "x-amz-server-side-encryption";
 const CUSTOMER_KEY_HEADER: &str = "x-amz-server-side-encryption-customer-algorithm";
-/// Sent with a whole-object GET by the non-SDK data paths: S3 returns an
-/// object's checksum headers only when asked (the SDK's `checksum_mode`).
+/// Sent with a whole-object GET by every data path: S3 returns an object's
+/// checksum headers only when asked (the SDK's `checksum_mode`).
 const CHECKSUM_MODE_HEADER: &str = "x-amz-checksum-mode";
+/// The value of [`CHECKSUM_MODE_HEADER`] that asks.
+const CHECKSUM_MODE_ENABLED: &str = "ENABLED";
 
 /// Picks what to verify the object against, cheapest first: a full-object
 /// CRC (computed as ranges stream past), the MD5 a single-part ETag is
@@ -942,7 +944,7 @@ impl S3Store {
             // switches on the SDK's own CRC of the body, a second pass over
             // every byte that the engine's verification already makes.
             request = request.mutate_request(|request: &mut HttpRequest| {
-                request.headers_mut().insert(CHECKSUM_MODE_HEADER, "ENABLED");
+                request.headers_mut().insert(CHECKSUM_MODE_HEADER, CHECKSUM_MODE_ENABLED);
             });
         }
         let output = request.send().await.map_err(|e| self.map_error(e))?;
@@ -1045,6 +1047,12 @@ mod tests {
         assert_eq!(slow.retry_reason(), Some(RetryReason::Throttled));
         let internal = classify_status(500, "InternalError", "", "b");
         assert_eq!(internal.retry_reason(), Some(RetryReason::ServerError));
+    }
+
+    #[test]
+    fn a_transient_checksum_mismatch_is_reported_as_one() {
+        let error = StoreError::transient(RetryReason::ChecksumMismatch, "body checksum mismatch");
+        assert_eq!(error.reason(), ferry_contract::Reason::ChecksumMismatch);
     }
 
     #[test]

@@ -32,8 +32,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::credentials::CachedCredentials;
 use super::{
-    CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, DataPathSetup, GetResponse, RetryReason, StoreError,
-    classify_response, encode_crc, encode_uri, integrity, range_header, strip_quotes,
+    CHECKSUM_MODE_ENABLED, CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, DataPathSetup, GetResponse,
+    RetryReason, StoreError, classify_response, encode_crc, encode_uri, integrity, range_header, strip_quotes,
 };
 
 /// The most of an error response's body that is read for its code.
@@ -123,7 +123,7 @@ impl HyperDataPath {
             // Ask for the object's checksum headers (as the SDK path's
             // checksum mode does); a ranged response's would describe the
             // whole object, so they are not asked for there.
-            None => headers.push((CHECKSUM_MODE.clone(), HeaderValue::from_static("ENABLED"))),
+            None => headers.push((CHECKSUM_MODE.clone(), HeaderValue::from_static(CHECKSUM_MODE_ENABLED))),
         }
         if let Some(etag) = if_match {
             headers.push((http::header::IF_MATCH, header_value(&format!("\"{etag}\""))?));

@@ -52,8 +52,8 @@ use object_store::{
 
 use super::credentials::CachedCredentials;
 use super::{
-    CHECKSUM_HEADERS, CHECKSUM_MODE_HEADER, ChecksumHeaders, DataPathSetup, GetResponse, RetryReason, StoreError,
-    classify_response, integrity, strip_quotes,
+    CHECKSUM_HEADERS, CHECKSUM_MODE_ENABLED, CHECKSUM_MODE_HEADER, ChecksumHeaders, DataPathSetup, GetResponse,
+    RetryReason, StoreError, classify_response, integrity, strip_quotes,
 };
 
 /// One bucket's data requests through `object_store`.
@@ -75,7 +75,7 @@ impl ObjectStoreDataPath {
         let mut default_headers = HeaderMap::new();
         // Signed with every request (object_store signs its default
         // headers): S3 sends a GET's checksum headers only when asked.
-        default_headers.insert(CHECKSUM_MODE_HEADER, HeaderValue::from_static("ENABLED"));
+        default_headers.insert(CHECKSUM_MODE_HEADER, HeaderValue::from_static(CHECKSUM_MODE_ENABLED));
         let client_options = ClientOptions::new()
             .with_allow_http(setup.bucket_url.starts_with("http://"))
             .with_connect_timeout(setup.options.connect_timeout)
