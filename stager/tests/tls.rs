@@ -10,10 +10,31 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
 
-use common::{command, run, write_tree};
+use common::{Run, command, run, write_tree};
 use ferry_engine::store::s3::{DATA_PATH_ENV, S3DataPath};
 use ferry_testkit::{S3Server, Store, pattern, read_tree};
+use tempfile::TempDir;
+
+/// A stager command whose S3 data requests take `path`, with `env` added.
+fn on_path(server: &Store, path: S3DataPath, env: &[(&str, &OsStr)], args: &[&str]) -> Command {
+    let mut command = command(server, args);
+    command.env(DATA_PATH_ENV, path.as_str()).envs(env.iter().copied());
+    command
+}
+
+/// Pushes `src` to `uri` (5 MiB parts) and pulls it back into a new
+/// directory, both on `path` with `env`; returns the pull and its directory.
+fn round_trip(server: &Store, path: S3DataPath, env: &[(&str, &OsStr)], src: &Path, uri: &str) -> (Run, TempDir) {
+    run(on_path(server, path, env, &["push", src.to_str().unwrap(), uri, "--part-size", "5MiB"])).assert_ok();
+    let dst = tempfile::tempdir().unwrap();
+    let pull = run(on_path(server, path, env, &["pull", uri, dst.path().to_str().unwrap()]));
+    pull.assert_ok();
+    (pull, dst)
+}
 
 #[test]
 fn every_s3_data_path_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
@@ -33,24 +54,15 @@ fn every_s3_data_path_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
 
     for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
         let uri = server.uri(&format!("tls/{path}"));
-        let trusting = |args: &[&str]| {
-            let mut command = command(&server, args);
-            command.env(DATA_PATH_ENV, path.as_str()).env("SSL_CERT_FILE", &ca_file);
-            command
-        };
-        let push = run(trusting(&["push", src.path().to_str().unwrap(), &uri, "--part-size", "5MiB"]));
-        push.assert_ok();
-        let dst = tempfile::tempdir().unwrap();
-        let pull = run(trusting(&["pull", &uri, dst.path().to_str().unwrap()]));
-        pull.assert_ok();
+        let (pull, dst) = round_trip(&server, path, &[("SSL_CERT_FILE", ca_file.as_os_str())], src.path(), &uri);
         assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{path}: {:#}", pull.summary);
         assert!(read_tree(dst.path()) == files, "{path}: the tree differs after the round trip over TLS");
 
         // The platform's roots do not include the test CA: the handshake is
         // refused, the run fails with the reason, and nothing is written.
         let untrusting = tempfile::tempdir().unwrap();
-        let mut pull = command(&server, &["pull", &uri, untrusting.path().to_str().unwrap()]);
-        pull.env(DATA_PATH_ENV, path.as_str()).env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
+        let mut pull = on_path(&server, path, &[], &["pull", &uri, untrusting.path().to_str().unwrap()]);
+        pull.env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
         let refused = run(pull);
         assert_ne!(refused.code(), 0, "{path}: a server with an unknown CA was trusted:\n{}", refused.stderr);
         assert!(
@@ -80,24 +92,20 @@ fn every_s3_data_path_signs_the_session_token_of_temporary_credentials() {
 
     for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
         let uri = server.uri(&format!("sts/{path}"));
-        let temporary = |args: &[&str]| {
-            let mut command = command(&server, args);
-            command
-                .env("AWS_ACCESS_KEY_ID", &access_key)
-                .env("AWS_SECRET_ACCESS_KEY", &secret_key)
-                .env("AWS_SESSION_TOKEN", &session_token)
-                .env(DATA_PATH_ENV, path.as_str());
-            command
-        };
-        run(temporary(&["push", src.path().to_str().unwrap(), &uri, "--part-size", "5MiB"])).assert_ok();
-        let dst = tempfile::tempdir().unwrap();
-        run(temporary(&["pull", &uri, dst.path().to_str().unwrap()])).assert_ok();
+        let temporary = [
+            ("AWS_ACCESS_KEY_ID", OsStr::new(&access_key)),
+            ("AWS_SECRET_ACCESS_KEY", OsStr::new(&secret_key)),
+            ("AWS_SESSION_TOKEN", OsStr::new(&session_token)),
+        ];
+        let (_, dst) = round_trip(&server, path, &temporary, src.path(), &uri);
         assert!(read_tree(dst.path()) == files, "{path}: the tree differs after a round trip with a session token");
 
         // The token is checked: without it the same keys are refused.
-        let mut tokenless = temporary(&["pull", &uri, tempfile::tempdir().unwrap().path().to_str().unwrap()]);
-        tokenless.env_remove("AWS_SESSION_TOKEN");
-        assert_ne!(run(tokenless).code(), 0, "{path}: temporary keys worked without their session token");
+        let tokenless_dst = tempfile::tempdir().unwrap();
+        let refused =
+            run(on_path(&server, path, &temporary[..2], &["pull", &uri, tokenless_dst.path().to_str().unwrap()]));
+        assert_ne!(refused.code(), 0, "{path}: temporary keys worked without their session token");
+        assert!(refused.stderr.contains("InvalidTokenId"), "{path}: refused for another reason:\n{}", refused.stderr);
     }
 }
 

@@ -108,8 +108,8 @@ impl S3Server {
         let console = free_port();
         let (access_key, secret_key) = ("ferry-test".to_owned(), "ferry-test-secret".to_owned());
         let certs = dir.path().join("certs");
-        let ca_file = tls.then(|| write_test_certificates(&certs));
         std::fs::create_dir_all(&certs).expect("certs dir");
+        let ca_file = tls.then(|| write_test_certificates(&certs));
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = Command::new(binary)
             .arg("server")
@@ -339,8 +339,8 @@ impl Drop for S3Server {
 }
 
 /// Writes a CA and a serving certificate for 127.0.0.1 and localhost into
-/// `certs` as MinIO reads them (`public.crt`, `private.key`), and the CA's
-/// PEM beside them; returns the CA's path.
+/// the existing directory `certs` as MinIO reads them (`public.crt`,
+/// `private.key`), and the CA's PEM beside them; returns the CA's path.
 fn write_test_certificates(certs: &Path) -> PathBuf {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
     let ca_key = KeyPair::generate().expect("CA key");
@@ -352,7 +352,6 @@ fn write_test_certificates(certs: &Path) -> PathBuf {
     let mut server_params = CertificateParams::new(vec!["localhost".to_owned()]).expect("server parameters");
     server_params.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
     let server_cert = server_params.signed_by(&server_key, &issuer).expect("sign the server certificate");
-    std::fs::create_dir_all(certs).expect("certs dir");
     std::fs::write(certs.join("public.crt"), server_cert.pem()).expect("write public.crt");
     std::fs::write(certs.join("private.key"), server_key.serialize_pem()).expect("write private.key");
     let ca_file = certs.join("test-ca.pem");
