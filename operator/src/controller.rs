@@ -25,13 +25,14 @@ use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Resource as _, ResourceExt as _};
 
+use crate::cache::{CacheWriters, Caches};
 use crate::config::OperatorConfig;
 use crate::jobs::{
     CLEANUP_LABEL, DATASTAGE_LABEL, RUN_LABEL, WORKER_LABEL, Worker, build_cleanup_job, build_job, plan_workers,
@@ -87,6 +88,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Event recorder.
     pub recorder: Recorder,
+    /// Nodes, and the Jobs and Pods of DataStages, as the watches last saw them.
+    pub caches: Caches,
 }
 
 impl std::fmt::Debug for Context {
@@ -177,6 +180,7 @@ impl From<Invalid> for Blocked {
 }
 
 async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
+    ctx.caches.ready().await;
     let namespace = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
     if ds.metadata.deletion_timestamp.is_some() {
@@ -189,16 +193,20 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     }
     match prepare(ds, ctx).await? {
         Ok((plan, schedule, workers)) => carry_out(ds, ctx, &plan, schedule.as_ref(), &workers).await,
-        Err(blocked) => {
-            let status = status::blocked(ds, blocked.phase, blocked.failed, blocked.reason, &blocked.message, &now());
-            update_status(ds, ctx, status).await?;
-            Ok(blocked.retry.map_or_else(Action::await_change, Action::requeue))
-        }
+        Err(blocked) => write_blocked(ds, ctx, blocked).await,
     }
 }
 
-/// Everything a run needs that can stop it: the plan, the schedule, the
-/// credentials Secret, and the workers the cluster's nodes allow.
+/// Records why the DataStage cannot proceed, and when to look again.
+async fn write_blocked(ds: &DataStage, ctx: &Context, blocked: Blocked) -> Result<Action, Error> {
+    let status = status::blocked(ds, blocked.phase, blocked.failed, blocked.reason, &blocked.message, &now());
+    update_status(ds, ctx, status).await?;
+    Ok(blocked.retry.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Everything a run needs that can stop it, but the credentials Secret
+/// (checked only when workers start): the plan, the schedule, and the
+/// workers the cluster's nodes allow.
 async fn prepare<'a>(
     ds: &'a DataStage,
     ctx: &Context,
@@ -213,10 +221,7 @@ async fn prepare<'a>(
         Ok(schedule) => schedule,
         Err(invalid) => return Ok(Err(invalid.into())),
     };
-    if let Some(blocked) = missing_secret(ds, &plan, ctx).await? {
-        return Ok(Err(blocked));
-    }
-    let workers = match place(ds, &plan, ctx).await? {
+    let workers = match place(ds, &plan, ctx) {
         Ok(workers) => workers,
         Err(blocked) => return Ok(Err(blocked)),
     };
@@ -261,19 +266,19 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
 
 /// The workers of the DataStage: one per matching node for a hostPath
 /// (exactly one for a push), one for a claim.
-async fn place(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Result<Vec<Worker>, Blocked>, Error> {
+fn place(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Vec<Worker>, Blocked> {
     if !plan.per_node() {
-        return Ok(Ok(plan_workers(plan, &[])));
+        return Ok(plan_workers(plan, &[]));
     }
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
-    let matching = crate::placement::matching_nodes(ds.spec.placement.as_ref(), &nodes);
-    Ok(per_node_workers(plan, &matching).map_err(|invalid| Blocked {
+    let nodes = ctx.caches.nodes.state();
+    let matching = crate::placement::matching_nodes(ds.spec.placement.as_ref(), nodes.iter().map(|n| &**n));
+    per_node_workers(plan, &matching).map_err(|invalid| Blocked {
         phase: Phase::Pending,
         failed: false,
         reason: invalid.reason,
         message: invalid.message,
         retry: None,
-    }))
+    })
 }
 
 /// The per-node workers for the nodes a placement matches: one per node
@@ -321,25 +326,24 @@ async fn carry_out(
         publish(ctx, ds, EventType::Normal, trigger.reason(), message, "Sync").await;
     }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-    let selector = format!("{DATASTAGE_LABEL}={name},{WORKER_LABEL}");
-    let mut existing = jobs.list(&ListParams::default().labels(&selector)).await?.items;
+    let mut existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
     let starting: Vec<Worker> =
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
     if !starting.is_empty() {
+        // Checked only here: a Secret deleted under running workers shows
+        // in their pods, and a running DataStage costs no request for it.
+        if let Some(blocked) = missing_secret(ds, plan, ctx).await? {
+            return write_blocked(ds, ctx, blocked).await;
+        }
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
         for worker in &starting {
             let job = build_job(ds, &jobs_plan, worker, workers, run.number, &ctx.config.worker_defaults());
-            let job_name = job.name_any();
-            let apply = PatchParams::apply(FIELD_MANAGER).force();
-            existing.push(jobs.patch(&job_name, &apply, &Patch::Apply(&job)).await?);
-            let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
-            let note = format!("created Job {job_name}{node} for run {}", run.number);
-            publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
+            existing.push(create_job(ds, ctx, &jobs, &job, worker, run.number).await?);
         }
     }
-    let observed = observe(ctx, ds, workers, existing, &run).await?;
+    let observed = observe(ctx, ds, workers, existing, &run);
     let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
     let mut status = status::aggregate(ds, &inputs);
     status.workers.extend(departed(ds, workers, plan));
@@ -359,7 +363,9 @@ async fn carry_out(
     update_status(ds, ctx, status).await?;
     Ok(match (phase, next_sync) {
         _ if resync => Action::requeue(Duration::from_millis(500)),
-        (Phase::Pending | Phase::Running, _) => Action::requeue(Duration::from_secs(3)),
+        // Jobs, their pods and the workers' reports are watched and wake
+        // the DataStage; the requeue only guards against a missed event.
+        (Phase::Pending | Phase::Running, _) => Action::requeue(Duration::from_secs(60)),
         // Wake up for the next scheduled sync (changes wake it earlier).
         (_, Some(next)) => {
             let wait = next.0.duration_since(now.0).as_secs_f64().clamp(0.2, 3600.0);
@@ -367,6 +373,31 @@ async fn carry_out(
         }
         _ => Action::await_change(),
     })
+}
+
+/// Creates a worker's Job. The cache may not show a Job created a moment
+/// ago (its watch event can trail the DataStage's), so one that already
+/// exists is taken as it is: one Job per worker and run, one Event.
+async fn create_job(
+    ds: &DataStage,
+    ctx: &Context,
+    jobs: &Api<Job>,
+    job: &Job,
+    worker: &Worker,
+    run: i64,
+) -> Result<Job, Error> {
+    let job_name = job.name_any();
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+    match jobs.create(&params, job).await {
+        Ok(created) => {
+            let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
+            let note = format!("created Job {job_name}{node} for run {run}");
+            publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
+            Ok(created)
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(jobs.get(&job_name).await?),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Whether `worker`'s entry says it finished `run` (its Job may be gone:
@@ -443,26 +474,19 @@ async fn retire_other_runs(api: &Api<Job>, jobs: &mut Vec<Job>, run: i64) -> Res
 }
 
 /// The current run's Jobs and pods, per worker.
-async fn observe(
-    ctx: &Context,
-    ds: &DataStage,
-    workers: &[Worker],
-    jobs: Vec<Job>,
-    run: &Run,
-) -> Result<Vec<Observed>, Error> {
-    let selector = format!("{DATASTAGE_LABEL}={},{RUN_LABEL}={}", ds.name_any(), run.number);
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default())
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items;
-    Ok(workers
+fn observe(ctx: &Context, ds: &DataStage, workers: &[Worker], jobs: Vec<Job>, run: &Run) -> Vec<Observed> {
+    let current = run.number.to_string();
+    let mut pods =
+        Caches::of_datastage(&ctx.caches.pods, &ds.namespace().unwrap_or_default(), &ds.name_any(), WORKER_LABEL);
+    pods.retain(|pod| pod.labels().get(RUN_LABEL) == Some(&current));
+    workers
         .iter()
         .map(|worker| Observed {
             worker: worker.clone(),
             job: jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned(),
             report: status::pod_report(&pods, &worker.name),
         })
-        .collect())
+        .collect()
 }
 
 /// Entries of nodes that staged earlier but no longer match the placement:
@@ -526,6 +550,9 @@ async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -
     let before = (ds.status.as_ref().and_then(|s| s.phase), ready_reason(ds.status.as_ref()));
     let after = (status.phase, ready_reason(Some(&status)));
     let ready = status.conditions.first().map(|c| (c.reason.clone(), c.message.clone()));
+    if applies_nothing(&status, ds.status.as_ref()) {
+        return Ok(());
+    }
     let patch = StatusPatch::new(&status);
     api.patch_status(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     if before != after
@@ -540,6 +567,22 @@ async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -
         publish(ctx, ds, kind, &reason, message, &format!("{phase:?}")).await;
     }
     Ok(())
+}
+
+/// Whether applying `status` would change nothing the DataStage already
+/// shows, so the request can be spared: a running DataStage is reconciled
+/// on every progress report of every worker. The operator never writes a
+/// worker's peer address (the worker's own field), so that is left out of
+/// the comparison; every other field of the operator's apply is compared,
+/// and a field it omits must be absent too, else the apply would remove it.
+pub fn applies_nothing(status: &DataStageStatus, current: Option<&DataStageStatus>) -> bool {
+    let Some(current) = current else { return false };
+    let without_peer_addresses = |s: &DataStageStatus| {
+        let mut s = s.clone();
+        s.workers.iter_mut().for_each(|w| w.peer_address = None);
+        s
+    };
+    without_peer_addresses(status) == without_peer_addresses(current)
 }
 
 /// Records an Event on the DataStage; failing to is logged, not fatal.
@@ -598,15 +641,17 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let namespace = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
 
     // 1. Nothing may still write into the directories being cleaned.
-    let workers = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name},{WORKER_LABEL}"));
-    let running = jobs.list_metadata(&workers).await?.items;
+    let running = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
     for job in running.iter().filter(|j| j.metadata.deletion_timestamp.is_none()) {
-        jobs.delete(&job.name_any(), &DeleteParams::foreground()).await?;
+        match jobs.delete(&job.name_any(), &DeleteParams::foreground()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
     }
-    if !running.is_empty() || !pods.list_metadata(&workers).await?.items.is_empty() {
+    if !running.is_empty() || !Caches::of_datastage(&ctx.caches.pods, &namespace, &name, WORKER_LABEL).is_empty() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
 
@@ -616,24 +661,22 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
         set_finalizer(ds, ctx, false).await?;
         return Ok(Action::await_change());
     };
-    let nodes: Vec<String> = if plan.per_node() {
-        Api::<Node>::all(ctx.client.clone())
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|n| n.name_any())
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let nodes: Vec<String> =
+        if plan.per_node() { ctx.caches.nodes.state().iter().map(|n| n.name_any()).collect() } else { Vec::new() };
     let targets = cleanup_targets(ds, &nodes);
+    let cleanups = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, CLEANUP_LABEL);
     let mut done = 0;
     for target in &targets {
         let job = build_cleanup_job(ds, &plan, target, &ctx.config.worker_defaults());
         let job_name = job.name_any();
-        let Some(existing) = jobs.get_opt(&job_name).await? else {
-            jobs.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &job).await?;
+        let Some(existing) = cleanups.iter().find(|j| j.name_any() == job_name) else {
+            let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            match jobs.create(&params, &job).await {
+                Ok(_) => {}
+                // Created a moment ago; the cache has not seen it yet.
+                Err(kube::Error::Api(status)) if status.is_already_exists() => continue,
+                Err(error) => return Err(error.into()),
+            }
             let node = target.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
             publish(
                 ctx,
@@ -646,7 +689,7 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
             .await;
             continue;
         };
-        match status::job_phase(Some(&existing)) {
+        match status::job_phase(Some(existing)) {
             Phase::Succeeded => done += 1,
             Phase::Failed => {
                 let message = format!(
@@ -663,9 +706,12 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     }
 
     // 3. Done: the clean-up Jobs go, then the DataStage.
-    let cleanups = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name},{CLEANUP_LABEL}"));
-    for job in jobs.list_metadata(&cleanups).await?.items {
-        jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
+    for job in &cleanups {
+        match jobs.delete(&job.name_any(), &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
     }
     publish(
         ctx,
@@ -687,23 +733,45 @@ fn error_policy(ds: Arc<DataStage>, error: &Error, _ctx: Arc<Context>) -> Action
     Action::requeue(Duration::from_millis(2000 + rand::random::<u64>() % 3000))
 }
 
-/// Runs the controller until the process is stopped.
-pub async fn run(ctx: Arc<Context>) {
+/// Runs the controller until the process is stopped. `writers` fill the
+/// context's caches from the same watches that wake the DataStages.
+pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     let client = ctx.client.clone();
-    let (datastages, jobs) = match &ctx.config.watch_namespace {
-        Some(ns) => (Api::<DataStage>::namespaced(client.clone(), ns), Api::<Job>::namespaced(client.clone(), ns)),
-        None => (Api::<DataStage>::all(client.clone()), Api::<Job>::all(client.clone())),
+    let (datastages, jobs, pods) = match &ctx.config.watch_namespace {
+        Some(ns) => (
+            Api::<DataStage>::namespaced(client.clone(), ns),
+            Api::<Job>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
+        ),
+        None => {
+            (Api::<DataStage>::all(client.clone()), Api::<Job>::all(client.clone()), Api::<Pod>::all(client.clone()))
+        }
     };
     let controller = Controller::new(datastages, watcher::Config::default());
     let datastages = controller.store();
+    let owned = watcher::Config::default().labels(DATASTAGE_LABEL);
+    let job_changes = watcher(jobs, owned.clone())
+        .modify(crate::cache::slim_job)
+        .default_backoff()
+        .reflect(writers.jobs)
+        .touched_objects();
+    // A pod's termination message carries its worker's summary.
+    let pod_changes =
+        watcher(pods, owned).modify(crate::cache::slim_pod).default_backoff().reflect(writers.pods).touched_objects();
     // A node's labels, taints and cordon decide whether it matches; its
     // status heartbeats do not, so only those wake the DataStages.
     let node_changes = watcher(Api::<Node>::all(client), watcher::Config::default())
+        .modify(crate::cache::slim_node)
         .default_backoff()
+        .reflect(writers.nodes)
         .touched_objects()
         .predicate_filter(node_placement_fingerprint, Default::default());
     controller
-        .owns(jobs, watcher::Config::default().labels(DATASTAGE_LABEL))
+        .owns_stream(job_changes)
+        .watches_stream(pod_changes, |pod| {
+            let name = pod.labels().get(DATASTAGE_LABEL)?;
+            Some(ObjectRef::<DataStage>::new(name).within(&pod.namespace()?))
+        })
         .watches_stream(node_changes, move |_node| {
             datastages
                 .state()
@@ -735,11 +803,13 @@ fn node_placement_fingerprint(node: &Node) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Builds the context once at start-up.
-pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metrics>) -> Arc<Context> {
+/// Builds the context once at start-up, and the writers [`run`] fills its
+/// caches with.
+pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metrics>) -> (Arc<Context>, CacheWriters) {
     let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
     let recorder = Recorder::new(client.clone(), reporter);
-    Arc::new(Context { client, config, metrics, recorder })
+    let (caches, writers) = crate::cache::new();
+    (Arc::new(Context { client, config, metrics, recorder, caches }), writers)
 }
 
 #[cfg(test)]
@@ -869,6 +939,23 @@ mod tests {
         let departed = departed(&pull, &[Worker::on_node("a")], &plan);
         assert_eq!((departed[0].name.as_str(), departed[0].bytes_done), ("gone", 5));
         assert_eq!(departed[0].peer_address, None);
+    }
+
+    #[test]
+    fn a_status_is_applied_unless_the_datastage_shows_exactly_it_but_the_workers_own_addresses() {
+        let computed: DataStageStatus = serde_json::from_value(json!({
+            "phase": "Running", "run": 2,
+            "workers": [{"name": "a", "node": "a", "bytesDone": 10, "run": 2}]}))
+        .unwrap();
+        assert!(!applies_nothing(&computed, None), "a DataStage without status gets one");
+        let mut shown = computed.clone();
+        shown.workers[0].peer_address = Some("10.0.0.1:9466".into());
+        assert!(applies_nothing(&computed, Some(&shown)), "the worker's address is not the operator's to write");
+        shown.workers[0].bytes_done = 11;
+        assert!(!applies_nothing(&computed, Some(&shown)));
+        let mut scheduled = computed.clone();
+        scheduled.next_sync_time = Some(now());
+        assert!(!applies_nothing(&computed, Some(&scheduled)), "a field the operator drops must be removed");
     }
 
     #[test]

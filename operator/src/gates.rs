@@ -23,7 +23,7 @@ use ferry_crds::readiness::DataReadiness;
 use futures::StreamExt as _;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
@@ -239,9 +239,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
         GateDecision::Lift(nodes) => {
             let mut hostnames = BTreeSet::new();
             if let Some(nodes) = nodes.as_ref().filter(|n| needs_hostnames(&pod, n)) {
-                // `list`, which the operator has for placement anyway.
-                let listed = Api::<Node>::all(ctx.client.clone()).list(&kube::api::ListParams::default()).await?;
-                for node in listed.items.iter().filter(|n| nodes.contains(&n.name_any())) {
+                let listed = ctx.caches.nodes.state();
+                for node in listed.iter().filter(|n| nodes.contains(&n.name_any())) {
                     hostnames.insert(node.labels().get(HOSTNAME_LABEL).cloned().unwrap_or_else(|| node.name_any()));
                 }
             }

@@ -2,6 +2,7 @@
 //! with `ferry-stager` Jobs.
 //!
 //! * [`config`]: flags, parsed once.
+//! * [`cache`]: Nodes, and DataStages' Jobs and Pods, as watches last saw them.
 //! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
 //! * [`placement`]: which nodes a per-node DataStage stages onto.
 //! * [`runs`]: which run is current (new spec, schedule) and its inputs.
@@ -14,6 +15,7 @@
 //! * [`gates`]: lifts those pods' scheduling gates once the data is ready.
 //! * [`metrics`] and [`http`]: what the operator shows of itself.
 
+pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod gates;
@@ -57,7 +59,7 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     elector.acquire().await;
     tracing::info!(identity = elector.identity(), "leading");
     let gate_pods = config.webhook_addr.is_some();
-    let ctx = controller::context(client, config, metrics);
+    let (ctx, cache_writers) = controller::context(client, config, metrics);
     let gates = async {
         if gate_pods {
             gates::run(Arc::clone(&ctx)).await;
@@ -66,7 +68,7 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
         }
     };
     tokio::select! {
-        () = controller::run(Arc::clone(&ctx)) => Ok(()),
+        () = controller::run(Arc::clone(&ctx), cache_writers) => Ok(()),
         () = gates => Ok(()),
         () = elector.keep_leading() => Err("lost the leader lease; exiting so a fresh replica can take over".into()),
     }

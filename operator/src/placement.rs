@@ -15,11 +15,11 @@ use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm
 use kube::ResourceExt as _;
 
 /// The names of the nodes in `nodes` that `placement` accepts, sorted.
-pub fn matching_nodes(placement: Option<&Placement>, nodes: &[Node]) -> Vec<String> {
+pub fn matching_nodes<'a>(placement: Option<&Placement>, nodes: impl IntoIterator<Item = &'a Node>) -> Vec<String> {
     let default = Placement::default();
     let placement = placement.unwrap_or(&default);
     let mut names: Vec<String> =
-        nodes.iter().filter(|node| accepts(placement, node)).map(|node| node.name_any()).collect();
+        nodes.into_iter().filter(|node| accepts(placement, node)).map(|node| node.name_any()).collect();
     names.sort();
     names
 }

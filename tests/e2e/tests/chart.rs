@@ -870,6 +870,9 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, true, vec!["watch", "datastages.ferry.dev", "--all-namespaces"]),
         (&operator, true, vec!["patch", "datastages.ferry.dev", "--subresource=status", "-n", DATA_NS]),
         (&operator, true, vec!["create", "jobs.batch", "-n", DATA_NS]),
+        // Its caches: Jobs and pods watched, not listed per reconciliation.
+        (&operator, true, vec!["watch", "jobs.batch", "--all-namespaces"]),
+        (&operator, false, vec!["patch", "jobs.batch", "-n", DATA_NS]),
         (&operator, true, vec!["list", "pods", "-n", OTHER_NS]),
         (&operator, true, vec!["list", "nodes"]),
         (&operator, true, vec!["watch", "nodes"]),
