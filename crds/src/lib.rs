@@ -18,6 +18,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// The longest DataStage name: its Jobs and pods carry it as a label
+/// value, which holds at most 63 characters (the schema's rule on
+/// `metadata.name` says the same).
+pub const MAX_NAME_LENGTH: usize = 63;
+
 /// Stages a dataset between object storage and node-local volumes: a pull
 /// (object storage → volume) or a push (volume → object storage).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -31,6 +36,7 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "DataStageStatus",
     derive = "PartialEq",
+    validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name must be at most 63 characters: Ferry labels the DataStage's Jobs and pods with it, and a label value holds at most 63"),
     doc = "A DataStage copies a dataset between object storage and node-local volumes, on every matching node or sharded over workers.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,

@@ -117,6 +117,17 @@ pub struct Invalid {
 /// # Errors
 /// [`Invalid`] with a reason and a message a user can act on.
 pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Result<Option<Schedule>, Invalid> {
+    let name = ds.name_any();
+    if name.len() > ferry_crds::MAX_NAME_LENGTH {
+        return Err(Invalid {
+            reason: reasons::NAME_TOO_LONG,
+            message: format!(
+                "metadata.name is {} characters; Ferry labels the DataStage's Jobs and pods with it, and a label value holds at most {}: recreate it with a shorter name",
+                name.len(),
+                ferry_crds::MAX_NAME_LENGTH
+            ),
+        });
+    }
     if let ferry_crds::plan::Volume::HostPath(path) = plan.volume
         && !config.host_path_allowed(path)
     {
@@ -956,6 +967,18 @@ mod tests {
         let mut scheduled = computed.clone();
         scheduled.next_sync_time = Some(now());
         assert!(!applies_nothing(&computed, Some(&scheduled)), "a field the operator drops must be removed");
+    }
+
+    #[test]
+    fn a_name_too_long_for_a_label_fails_with_advice_instead_of_retrying() {
+        let config = OperatorConfig::test();
+        let mut long = ds("/mnt/x", "s3://b/p");
+        long.metadata.name = Some("x".repeat(ferry_crds::MAX_NAME_LENGTH));
+        assert_eq!(validate(&long, &long.spec.plan().unwrap(), &config), Ok(None));
+        long.metadata.name = Some("x".repeat(ferry_crds::MAX_NAME_LENGTH + 1));
+        let invalid = validate(&long, &long.spec.plan().unwrap(), &config).unwrap_err();
+        assert_eq!(invalid.reason, reasons::NAME_TOO_LONG);
+        assert!(invalid.message.contains("metadata.name is 64 characters"), "{}", invalid.message);
     }
 
     #[test]

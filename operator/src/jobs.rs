@@ -370,7 +370,7 @@ pub fn build_job(
     let spec = &ds.spec;
     let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
     let peer_to_peer = plan.fanout == Fanout::PeerToPeer;
-    let mut args = stager_cli(ds, plan, worker, group, defaults).to_args();
+    let mut args = literal(stager_cli(ds, plan, worker, group, defaults).to_args());
     if peer_to_peer {
         args = crate::peers::listen_on_pod_ip(args);
     }
@@ -459,12 +459,22 @@ fn failure_policy() -> PodFailurePolicy {
     }
 }
 
+/// Arguments as the stager must receive them, whatever they contain.
+/// Kubernetes expands `$(VAR)` in a container's args from its environment,
+/// which holds the store's credentials and the peer token: a spec string
+/// such as `s3://bucket/$(AWS_SECRET_ACCESS_KEY)` would otherwise send a
+/// Secret to whoever runs the endpoint, and `$$` would lose a `$`. `$$` is
+/// the escape of a literal `$`.
+pub fn literal(args: Vec<String>) -> Vec<String> {
+    args.into_iter().map(|arg| arg.replace('$', "$$")).collect()
+}
+
 /// The Job that removes what `worker` staged, for `reclaimPolicy: Delete`.
 /// Not owned by the DataStage: the garbage collector must not race it
 /// while the DataStage is going away; the operator deletes it when done.
 pub fn build_cleanup_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> Job {
     let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
-    let mut pod = stager_pod(ds, plan, worker, &image, cleanup_cli().to_args());
+    let mut pod = stager_pod(ds, plan, worker, &image, literal(cleanup_cli().to_args()));
     pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
     let labels = labels(ds, (CLEANUP_LABEL, &worker.name), None);
     Job {
@@ -530,11 +540,51 @@ mod tests {
                 && e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str())
                     == Some("status.podIP")
         });
-        let args =
-            container.args.clone().unwrap().into_iter().map(|arg| {
-                if has_pod_ip { arg.replace(&format!("$({})", crate::peers::POD_IP_ENV), POD_IP) } else { arg }
-            });
+        let env: BTreeMap<&str, &str> =
+            if has_pod_ip { BTreeMap::from([(crate::peers::POD_IP_ENV, POD_IP)]) } else { BTreeMap::new() };
+        let args = container.args.clone().unwrap().into_iter().map(|arg| kubelet_expand(&arg, &env));
         StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args)).unwrap()
+    }
+
+    /// What the kubelet makes of an argument: `$$` is a `$`, `$(NAME)` the
+    /// value of a variable the container defines, anything else as written.
+    fn kubelet_expand(arg: &str, env: &BTreeMap<&str, &str>) -> String {
+        let mut out = String::new();
+        let mut rest = arg;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            rest = &rest[at..];
+            if let Some(after) = rest.strip_prefix("$$") {
+                out.push('$');
+                rest = after;
+            } else if let Some((name, after)) = rest.strip_prefix("$(").and_then(|r| r.split_once(')'))
+                && let Some(value) = env.get(name)
+            {
+                out.push_str(value);
+                rest = after;
+            } else {
+                out.push('$');
+                rest = &rest[1..];
+            }
+        }
+        out + rest
+    }
+
+    #[test]
+    fn spec_strings_reach_the_stager_as_written_and_never_expand_a_variable() {
+        let mut ds = pull_to_host_path();
+        ds.spec.source.uri = Some("s3://datasets/$(AWS_SECRET_ACCESS_KEY)/a$$b$".into());
+        let plan = ds.spec.plan().unwrap();
+        let workers = plan_workers(&plan, &["a".to_owned()]);
+        let job = build_job(&ds, &plan, &workers[0], &workers, 1, &WorkerDefaults::image("stager:1"));
+        let container = &pod(&job).containers[0];
+        assert!(container.env.iter().flatten().any(|e| e.name == "AWS_SECRET_ACCESS_KEY"), "the secret is in the env");
+        let mut env: BTreeMap<&str, &str> = BTreeMap::from([("AWS_SECRET_ACCESS_KEY", "hunter2")]);
+        env.insert(crate::peers::POD_IP_ENV, POD_IP);
+        let expanded: Vec<String> = container.args.clone().unwrap().iter().map(|a| kubelet_expand(a, &env)).collect();
+        assert!(expanded.iter().all(|a| !a.contains("hunter2")), "{expanded:?}");
+        assert!(expanded.iter().any(|a| a == "s3://datasets/$(AWS_SECRET_ACCESS_KEY)/a$$b$/"), "{expanded:?}");
+        assert!(expanded.iter().any(|a| a == &format!("--peer-listen={POD_IP}:9466")), "the pod's IP still expands");
     }
 
     #[test]

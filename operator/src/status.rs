@@ -63,6 +63,10 @@ pub mod reasons {
     pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
     /// The spec lacks a store or a volume (written before the schema's rules).
     pub const INCOMPLETE_SPEC: &str = "IncompleteSpec";
+    /// The DataStage's name is longer than a label value may be (63),
+    /// and its Jobs and pods are labelled with it. The schema refuses such
+    /// names; this catches those created before it did.
+    pub const NAME_TOO_LONG: &str = "NameTooLong";
     /// Workers finished with different snapshots; they run again.
     pub const RESYNCING: &str = "Resyncing";
     /// Workers kept finishing with different snapshots.
