@@ -84,6 +84,8 @@ pub struct S3Server {
     /// serves HTTPS ([`S3Server::minio_tls`]).
     pub ca_file: Option<PathBuf>,
     dir: tempfile::TempDir,
+    // MinIO's command line, to start it again on the same port and data.
+    command: Option<Command>,
 }
 
 impl S3Server {
@@ -111,7 +113,8 @@ impl S3Server {
         std::fs::create_dir_all(&certs).expect("certs dir");
         let ca_file = tls.then(|| write_test_certificates(&certs));
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("server")
             .arg(dir.path().join("data"))
             .args(["--address", &format!("127.0.0.1:{port}")])
@@ -125,11 +128,8 @@ impl S3Server {
             .env("MINIO_BROWSER", "off")
             .env("MINIO_UPDATE", "off")
             // Its own Prometheus metrics without a token: tests read what it sent.
-            .env("MINIO_PROMETHEUS_AUTH_TYPE", "public")
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log)
-            .spawn()
-            .expect("start minio");
+            .env("MINIO_PROMETHEUS_AUTH_TYPE", "public");
+        let child = command.stdout(log.try_clone().expect("dup log")).stderr(log).spawn().expect("start minio");
         let scheme = if tls { "https" } else { "http" };
         let mut server = Self {
             child: Some(child),
@@ -139,17 +139,42 @@ impl S3Server {
             flavor: Flavor::Minio,
             ca_file,
             dir,
+            command: Some(command),
         };
-        if tls {
-            server.wait_serving_s3();
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        if self.ca_file.is_some() {
+            self.wait_serving_s3();
         } else {
+            let port = self.endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the endpoint's port");
             // `live` answers as soon as the process listens; requests fail
             // with XMinioServerNotInitialized until `cluster` (write quorum)
             // is healthy, which takes seconds longer on a loaded machine.
-            server.wait_healthy(port, "/minio/health/live");
-            server.wait_healthy(port, "/minio/health/cluster");
+            self.wait_healthy(port, "/minio/health/live");
+            self.wait_healthy(port, "/minio/health/cluster");
         }
-        server
+    }
+
+    /// Kills MinIO (SIGKILL: connections drop mid-request), keeps it down
+    /// for `down`, and starts it again on the same port and data, waiting
+    /// until it serves: a store that crashes and comes back.
+    ///
+    /// # Panics
+    /// For servers other than MinIO, or when it does not come back.
+    pub fn restart(&mut self, down: Duration) {
+        let command = self.command.as_mut().expect("only MinIO started here can be restarted");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::thread::sleep(down);
+        let log = std::fs::OpenOptions::new().append(true).open(self.dir.path().join("server.log")).expect("log");
+        let child = command.stdout(log.try_clone().expect("dup log")).stderr(log).spawn().expect("restart minio");
+        self.child = Some(child);
+        self.wait_ready();
     }
 
     /// Starts moto's S3 server.
@@ -172,6 +197,7 @@ impl S3Server {
             flavor: Flavor::Moto,
             ca_file: None,
             dir,
+            command: None,
         };
         server.wait_healthy(port, "/moto-api/");
         server
@@ -188,6 +214,7 @@ impl S3Server {
             flavor: Flavor::External,
             ca_file: None,
             dir: tempfile::tempdir().expect("temp dir"),
+            command: None,
         }
     }
 

@@ -213,6 +213,34 @@ impl ControlPlane {
         self.processes.iter().map(ManagedProcess::id).collect()
     }
 
+    /// Kills `component` (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager` or `kube-scheduler`) with SIGKILL, waits
+    /// `down`, starts it again with the same flags and data, and waits
+    /// until the API server answers ready again: what a crash and a
+    /// supervisor's restart look like to everything else.
+    ///
+    /// # Errors
+    /// Fails when there is no such component or it does not come back.
+    pub async fn restart(&mut self, component: &str, down: Duration) -> Result<(), ControlPlaneError> {
+        let Some(index) = self.processes.iter().position(|p| p.name() == component) else {
+            return Err(ControlPlaneError::NotReady {
+                component: component.to_owned(),
+                detail: "no such component".into(),
+                log: String::new(),
+            });
+        };
+        self.processes[index].stop(Duration::ZERO);
+        tokio::time::sleep(down).await;
+        self.processes[index].restart(Duration::ZERO).map_err(io(format!("restarting {component}")))?;
+        let client = self.client().await?;
+        let api_server = self.processes.iter().position(|p| p.name() == "kube-apiserver").unwrap_or(index);
+        wait_for_async(&mut self.processes[api_server], || {
+            let client = client.clone();
+            async move { ready(&client).await }
+        })
+        .await
+    }
+
     /// The working directory (certificates, logs, etcd data).
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -104,6 +104,12 @@ impl Cluster {
         self.local.as_ref().map(|l| &l.control_plane)
     }
 
+    /// The local control plane, to restart its components; `None` on an
+    /// external cluster.
+    pub fn control_plane_mut(&mut self) -> Option<&mut ControlPlane> {
+        self.local.as_mut().map(|l| &mut l.control_plane)
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

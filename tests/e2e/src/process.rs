@@ -18,6 +18,8 @@ pub struct ManagedProcess {
     child: Child,
     log: PathBuf,
     exited: Option<ExitStatus>,
+    // Kept to start the same program again (`restart`).
+    command: Command,
 }
 
 impl ManagedProcess {
@@ -26,16 +28,23 @@ impl ManagedProcess {
     /// # Errors
     /// Fails when the log cannot be created or the program cannot start.
     pub fn spawn(name: &str, mut command: Command, log: &Path) -> std::io::Result<Self> {
-        use std::os::unix::process::CommandExt as _;
         let file = std::fs::File::create(log)?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| std::io::Error::new(e.kind(), format!("starting {name}: {e}")))?;
-        Ok(Self { name: name.to_owned(), child, log: log.to_path_buf(), exited: None })
+        let child = start(name, &mut command, file)?;
+        Ok(Self { name: name.to_owned(), child, log: log.to_path_buf(), exited: None, command })
+    }
+
+    /// Stops the process as [`ManagedProcess::stop`] does, then starts the
+    /// same command again, its output appended to the same log: a
+    /// component's restart, for fault tests.
+    ///
+    /// # Errors
+    /// Fails when the program cannot start again.
+    pub fn restart(&mut self, grace: Duration) -> std::io::Result<()> {
+        self.stop(grace);
+        let file = std::fs::OpenOptions::new().append(true).open(&self.log)?;
+        self.child = start(&self.name, &mut self.command, file)?;
+        self.exited = None;
+        Ok(())
     }
 
     /// The process id (also its process group id).
@@ -89,6 +98,18 @@ impl ManagedProcess {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// Starts `command` in a new process group with its output to `log`.
+fn start(name: &str, command: &mut Command, log: std::fs::File) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt as _;
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("starting {name}: {e}")))
 }
 
 impl Drop for ManagedProcess {

@@ -737,6 +737,25 @@ impl PodRunner {
             kill_group(Some(group), Signal::KILL);
         }
         tracing::info!(pod = %self.name, "stopped for deletion");
+        // A kubelet moves a deleted pod that had not finished to phase
+        // Failed before it confirms the deletion. A Job with a
+        // podFailurePolicy (podReplacementPolicy Failed) replaces a pod only
+        // once it is terminal, so without this its deleted pod would hang
+        // on the Job's tracking finalizer and never be replaced.
+        for report in self.init.iter_mut().chain(self.main.iter_mut()) {
+            if let State::Running { started } = &report.state {
+                let started = started.clone();
+                report.state = State::Terminated {
+                    code: 137,
+                    reason: "Error".into(),
+                    message: String::new(),
+                    started,
+                    finished: now(),
+                };
+            }
+        }
+        self.phase = "Failed";
+        self.report().await;
         delete_now(&self.api, self.name.split('/').nth(1).unwrap_or_default(), &self.uid).await;
     }
 }

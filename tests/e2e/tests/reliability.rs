@@ -1,0 +1,506 @@
+//! Reliability and scale on the real control plane (docs/reliability.md):
+//! many DataStages at once, and stagings that go on through crashes of the
+//! operator, the API server, etcd, the object store and worker pods.
+//!
+//! Each scenario runs small by default (it is part of `hack/test.sh`) and
+//! at full size with `FERRY_LONG=1`. The figures a run measures are printed
+//! as one `reliability:` JSON line per scenario, which the report quotes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_crds::{DataStage, Phase};
+use ferry_e2e::process::ManagedProcess;
+use ferry_e2e::{Cluster, NODES, create_namespace, object_store, start_operator, wait_for};
+use ferry_testkit::{S3Server, pattern, read_tree};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, CustomResourceExt as _, ResourceExt as _};
+use serde_json::json;
+
+/// The label the operator puts on every Job and pod of a DataStage.
+const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
+
+/// Whether the long versions run (`FERRY_LONG=1`).
+fn long() -> bool {
+    std::env::var("FERRY_LONG").is_ok_and(|v| v == "1")
+}
+
+/// A cluster with the CRD, an operator, and a store holding `files` under
+/// `s3://datasets/data/`.
+struct Bench {
+    cluster: Cluster,
+    s3: S3Server,
+    client: kube::Client,
+    files: BTreeMap<String, Vec<u8>>,
+    logs: tempfile::TempDir,
+    operator: ManagedProcess,
+    operator_metrics: String,
+}
+
+impl Bench {
+    async fn start(files: BTreeMap<String, Vec<u8>>) -> Self {
+        let s3 = object_store();
+        s3.create_bucket("datasets").await;
+        for (key, data) in &files {
+            s3.put("datasets", &format!("data/{key}"), data.clone()).await;
+        }
+        let cluster = Cluster::start().await.expect("cluster");
+        let client = cluster.client().await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
+            .await
+            .unwrap();
+        wait_for(&cluster, "the CRD", Duration::from_secs(30), || {
+            let crds = crds.clone();
+            async move {
+                let crd = crds.get("datastages.ferry.dev").await.ok()?;
+                crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+            }
+        })
+        .await;
+        let logs = tempfile::tempdir().unwrap();
+        let (operator, operator_metrics) = start_operator(&cluster, logs.path(), "operator-1");
+        Self { cluster, s3, client, files, logs, operator, operator_metrics }
+    }
+
+    /// Namespace `name` with the store's credentials in Secret `s3`.
+    async fn namespace(&self, name: &str) {
+        create_namespace(&self.cluster, name, &[]).await;
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+            "stringData": {"AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}});
+        Api::<Secret>::namespaced(self.client.clone(), name)
+            .create(&PostParams::default(), &serde_json::from_value(secret).unwrap())
+            .await
+            .unwrap();
+    }
+
+    /// A pull of the dataset onto `node` at `/mnt/ferry/<namespace>/<name>`.
+    fn pull(&self, namespace: &str, name: &str, node: &str) -> DataStage {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "source": {"uri": "s3://datasets/data", "endpoint": self.s3.endpoint, "credentials": {"name": "s3"}},
+                "destination": {"volume": {"hostPath": format!("/mnt/ferry/{namespace}/{name}")}},
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": node}},
+            },
+        }))
+        .unwrap()
+    }
+
+    /// Every DataStage of `stages`, once all have finished: panics with the
+    /// unfinished ones' status after `deadline`.
+    async fn wait_finished(&self, stages: &[(String, String)], deadline: Duration) -> Vec<DataStage> {
+        let started = Instant::now();
+        loop {
+            let all = Api::<DataStage>::all(self.client.clone()).list(&ListParams::default()).await;
+            if let Ok(all) = all {
+                let wanted: Vec<DataStage> = all
+                    .items
+                    .into_iter()
+                    .filter(|d| stages.contains(&(d.namespace().unwrap_or_default(), d.name_any())))
+                    .collect();
+                let unfinished: Vec<&DataStage> =
+                    wanted.iter().filter(|d| !phase(d).is_some_and(Phase::is_finished)).collect();
+                if wanted.len() == stages.len() && unfinished.is_empty() {
+                    return wanted;
+                }
+                if started.elapsed() > deadline {
+                    let mut shown = Vec::new();
+                    for d in unfinished.iter().take(5) {
+                        let (namespace, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                        shown.push(format!(
+                            "{namespace}/{name}: {}\n{}",
+                            json!(d.status),
+                            self.children(&namespace, &name).await
+                        ));
+                    }
+                    panic!(
+                        "{} of {} DataStages unfinished after {deadline:?}, e.g.\n{}\n--- operator ---\n{}\n{}",
+                        unfinished.len() + stages.len() - wanted.len(),
+                        stages.len(),
+                        shown.join("\n"),
+                        self.operator.log_tail(40),
+                        self.cluster.diagnostics()
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The Jobs and pods of a DataStage in a line each, for failure reports.
+    async fn children(&self, namespace: &str, name: &str) -> String {
+        let selector = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name}"));
+        let jobs = Api::<Job>::namespaced(self.client.clone(), namespace).list(&selector).await;
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace).list(&selector).await;
+        let mut lines = Vec::new();
+        for job in jobs.map(|l| l.items).unwrap_or_default() {
+            lines.push(format!("  job {}: {}", job.name_any(), json!(job.status)));
+        }
+        for pod in pods.map(|l| l.items).unwrap_or_default() {
+            let status = pod.status.as_ref();
+            lines.push(format!(
+                "  pod {}: phase {:?}, deleting {}, finalizers {:?}, containers {}",
+                pod.name_any(),
+                status.and_then(|s| s.phase.clone()),
+                pod.metadata.deletion_timestamp.is_some(),
+                pod.metadata.finalizers,
+                json!(status.and_then(|s| s.container_statuses.clone()))
+            ));
+        }
+        lines.join("\n")
+    }
+
+    /// Asserts that every DataStage succeeded with a status that counts the
+    /// whole dataset, that its node holds the dataset byte for byte, and
+    /// that it has exactly one Job (one worker, one run).
+    async fn assert_staged_once(&self, finished: &[DataStage]) {
+        let bytes: u64 = self.files.values().map(|f| f.len() as u64).sum();
+        let jobs = Api::<Job>::all(self.client.clone()).list(&ListParams::default().labels(DATASTAGE_LABEL)).await;
+        let mut jobs_per_stage: HashMap<(String, String), usize> = HashMap::new();
+        for job in jobs.unwrap().items {
+            let stage = job.labels().get(DATASTAGE_LABEL).cloned().unwrap_or_default();
+            *jobs_per_stage.entry((job.namespace().unwrap_or_default(), stage)).or_default() += 1;
+        }
+        for ds in finished {
+            let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+            let status = ds.status.as_ref().unwrap();
+            assert_eq!(status.phase, Some(Phase::Succeeded), "{namespace}/{name}: {}", json!(status));
+            let worker = &status.workers[..];
+            assert_eq!(worker.len(), 1, "{namespace}/{name}: one worker: {}", json!(status));
+            assert_eq!(
+                (worker[0].objects_done, worker[0].bytes_done),
+                (self.files.len() as i64, bytes as i64),
+                "{namespace}/{name}: the status counts the whole dataset"
+            );
+            let node = worker[0].node.as_deref().unwrap();
+            let staged = read_tree(&self.cluster.node_dir(node).unwrap().join(format!("mnt/ferry/{namespace}/{name}")));
+            assert!(staged == self.files, "{namespace}/{name}: the data on {node} differs from the store");
+            assert_eq!(jobs_per_stage.get(&(namespace.clone(), name.clone())), Some(&1), "{namespace}/{name}: Jobs");
+        }
+    }
+
+    /// The operator's `/metrics`.
+    async fn operator_metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.operator_metrics)).await.unwrap().text().await.unwrap()
+    }
+
+    /// Requests the API server has served, by verb and resource
+    /// (`resource/subresource`), from its own metrics.
+    async fn api_requests(&self) -> BTreeMap<(String, String), f64> {
+        let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+        let text = self.client.request_text(request).await.expect("the API server's metrics");
+        let mut counts = BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+            let label = |name: &str| {
+                let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                Some(labels[start..].split('"').next()?.to_owned())
+            };
+            let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else { continue };
+            let resource = match label("subresource").filter(|s| !s.is_empty()) {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource,
+            };
+            *counts.entry((verb, resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+        counts
+    }
+}
+
+fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+fn phase(ds: &DataStage) -> Option<Phase> {
+    ds.status.as_ref()?.phase
+}
+
+/// The highest resident memory of process `pid` so far, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The `q` quantile of a Prometheus histogram as the upper bound of the
+/// bucket it falls in (what `histogram_quantile` would interpolate within).
+fn histogram_quantile(exposition: &str, name: &str, q: f64) -> Option<f64> {
+    let mut buckets: Vec<(f64, f64)> = exposition
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&format!("{name}_bucket{{le=\""))?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    buckets.iter().find(|(_, count)| *count >= q * total).map(|(le, _)| *le)
+}
+
+/// The `q` quantile of `values` (nearest rank).
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// Requests of `after` less those of `before`, by verb and resource,
+/// leaving out those that did not change.
+fn delta(
+    before: &BTreeMap<(String, String), f64>,
+    after: &BTreeMap<(String, String), f64>,
+) -> BTreeMap<(String, String), f64> {
+    after
+        .iter()
+        .map(|(key, n)| (key.clone(), n - before.get(key).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
+/// When each DataStage's first Job appeared, watched from outside.
+fn watch_job_creation(client: kube::Client) -> Arc<Mutex<HashMap<(String, String), Instant>>> {
+    let seen: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let jobs = watcher(Api::<Job>::all(client), watcher::Config::default().labels(DATASTAGE_LABEL))
+            .default_backoff()
+            .applied_objects();
+        jobs.try_for_each(|job| {
+            let key =
+                (job.namespace().unwrap_or_default(), job.labels().get(DATASTAGE_LABEL).cloned().unwrap_or_default());
+            record.lock().unwrap().entry(key).or_insert_with(Instant::now);
+            async { Ok(()) }
+        })
+        .await
+        .ok();
+    });
+    seen
+}
+
+/// A small dataset of odd sizes: empty, one byte, around a page, and a
+/// few tens of KiB.
+fn small_dataset() -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (i, size) in [0usize, 1, 4095, 4097, 65_537, 30_001].into_iter().enumerate() {
+        files.insert(format!("part-{i}/shard.bin"), pattern(i as u64, size));
+    }
+    files
+}
+
+/// DataStages created at once, spread over namespaces and both nodes: every
+/// one completes with its data, one Job each, while the operator's memory,
+/// its reconcile latency, the time from create to Job and the API requests
+/// per DataStage are measured. 100 by default, 1,000 with `FERRY_LONG=1`.
+#[tokio::test(flavor = "multi_thread")]
+async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_and_no_lists_per_reconcile() {
+    let count: usize = if long() { 1000 } else { 100 };
+    let per_namespace = 20;
+    let bench = Bench::start(small_dataset()).await;
+    let namespaces: Vec<String> = (0..count.div_ceil(per_namespace)).map(|i| format!("team-{i:02}")).collect();
+    for namespace in &namespaces {
+        bench.namespace(namespace).await;
+    }
+    let stages: Vec<(String, String)> =
+        (0..count).map(|i| (namespaces[i / per_namespace].clone(), format!("shard-{i:04}"))).collect();
+    let job_seen = watch_job_creation(bench.client.clone());
+    let requests_before = bench.api_requests().await;
+    let started = Instant::now();
+
+    let created: HashMap<(String, String), Instant> = futures::stream::iter(stages.iter().enumerate())
+        .map(|(i, (namespace, name))| {
+            let ds = bench.pull(namespace, name, NODES[i % NODES.len()]);
+            let api: Api<DataStage> = Api::namespaced(bench.client.clone(), namespace);
+            async move {
+                api.create(&PostParams::default(), &ds).await.expect("create");
+                ((namespace.clone(), name.clone()), Instant::now())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let creating = started.elapsed();
+
+    let deadline = Duration::from_secs(if long() { 1800 } else { 420 });
+    let finished = bench.wait_finished(&stages, deadline).await;
+    let elapsed = started.elapsed();
+    bench.assert_staged_once(&finished).await;
+
+    let requests = delta(&requests_before, &bench.api_requests().await);
+    let metrics = bench.operator_metrics().await;
+    let rss = peak_rss(bench.operator.id());
+    let mut to_job: Vec<f64> = {
+        let seen = job_seen.lock().unwrap();
+        created
+            .iter()
+            .map(|(key, at)| {
+                seen.get(key).map_or(f64::INFINITY, |job| job.saturating_duration_since(*at).as_secs_f64())
+            })
+            .collect()
+    };
+    let (p50, p99) = (quantile(&mut to_job, 0.5), quantile(&mut to_job, 0.99));
+    let reconcile = |q| histogram_quantile(&metrics, "ferry_operator_reconcile_duration_seconds", q);
+    let per_stage = |verb: &str, resource: &str| {
+        requests.get(&(verb.to_owned(), resource.to_owned())).copied().unwrap_or(0.0) / count as f64
+    };
+    let lists_of_children = ["jobs", "pods", "nodes"]
+        .iter()
+        .map(|r| requests.get(&("LIST".to_owned(), (*r).to_owned())).copied().unwrap_or(0.0))
+        .sum::<f64>();
+    let total: f64 = requests.values().sum();
+    let report = json!({
+        "scenario": "scale", "datastages": count, "namespaces": namespaces.len(),
+        "create_seconds": creating.as_secs_f64(), "all_succeeded_seconds": elapsed.as_secs_f64(),
+        "operator_peak_rss_mib": rss as f64 / f64::from(1 << 20),
+        "create_to_job_seconds": {"p50": p50, "p99": p99},
+        "reconcile_seconds_bucket": {"p50": reconcile(0.5), "p99": reconcile(0.99)},
+        "api_requests_per_datastage": {
+            "all_clients": total / count as f64,
+            "datastage_status_patches": per_stage("APPLY", "datastages/status"),
+            "job_creates": per_stage("POST", "jobs"),
+            "lists_of_jobs_pods_nodes_total": lists_of_children,
+        },
+        "api_requests_by_verb_and_resource": requests.iter().map(|((v, r), n)| (format!("{v} {r}"), *n)).collect::<BTreeMap<_, _>>(),
+    });
+    println!("reliability: {report}");
+
+    // The goals (docs/reliability.md). Memory is the operator's alone and
+    // holds on any machine; the latency goal is the issue's, measured from
+    // outside, through the watch of a loaded two-core machine.
+    assert!(rss <= 100 << 20, "operator peak RSS {} MiB at {count} DataStages", rss >> 20);
+    assert!(p99 <= 1.0 || !long(), "create→Job p99 {p99:.3} s at {count}");
+    assert!(p99.is_finite(), "every DataStage got a Job");
+    // Watches and caches only: the Jobs, Pods and Nodes are listed when a
+    // watch starts (by every component), not per reconciliation. Before the
+    // caches each reconcile listed all three, several times per DataStage.
+    assert!(lists_of_children < 30.0, "{lists_of_children} lists of Jobs, Pods and Nodes for {count} DataStages");
+}
+
+/// Stagings that go on while every component crashes: the operator killed
+/// five times at random moments, the API server and etcd killed and
+/// restarted, the object store killed mid-transfer, a worker pod deleted.
+/// Every DataStage ends Succeeded with its data byte for byte, one Job each,
+/// and a status that counts all of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn stagings_go_on_through_crashes_of_every_component() {
+    let per_wave: usize = if long() { 20 } else { 4 };
+    // Large enough that transfers are in flight when things crash: a
+    // multipart object and many small ones.
+    let mut files = small_dataset();
+    for i in 0..40u64 {
+        files.insert(format!("many/{i:03}.bin"), pattern(100 + i, 20_000 + i as usize * 37));
+    }
+    files.insert("big/weights.bin".into(), pattern(7, (12 << 20) + 3));
+    let mut bench = Bench::start(files).await;
+    for namespace in ["faults-a", "faults-b"] {
+        bench.namespace(namespace).await;
+    }
+    let mut stages = Vec::new();
+    let mut rng_state = 0x5eed_u64;
+    let mut next_random = move |below: u64| {
+        rng_state = rng_state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (rng_state >> 33) % below
+    };
+    let wave = |bench: &Bench, round: usize| {
+        let created: Vec<(String, String, DataStage)> = (0..per_wave)
+            .map(|i| {
+                let namespace = ["faults-a", "faults-b"][i % 2].to_owned();
+                let name = format!("wave{round}-{i}");
+                let ds = bench.pull(&namespace, &name, NODES[(i + round) % NODES.len()]);
+                (namespace, name, ds)
+            })
+            .collect();
+        created
+    };
+    let create = |bench: &Bench, batch: Vec<(String, String, DataStage)>| {
+        let client = bench.client.clone();
+        async move {
+            let mut names = Vec::new();
+            for (namespace, name, ds) in batch {
+                let api: Api<DataStage> = Api::namespaced(client.clone(), &namespace);
+                // The API server may be down at this moment: try until it takes it.
+                loop {
+                    match api.create(&PostParams::default(), &ds).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(status)) if status.is_already_exists() => break,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                }
+                names.push((namespace, name));
+            }
+            names
+        }
+    };
+    let mut log = Vec::new();
+
+    // 1. The operator killed five times at random moments while waves arrive.
+    for round in 0..5 {
+        stages.extend(create(&bench, wave(&bench, round)).await);
+        tokio::time::sleep(Duration::from_millis(next_random(3000))).await;
+        bench.operator.signal_group(rustix::process::Signal::KILL);
+        bench.operator.stop(Duration::ZERO);
+        log.push(format!("operator killed ({} DataStages so far)", stages.len()));
+        tokio::time::sleep(Duration::from_millis(next_random(1500))).await;
+        bench.operator.restart(Duration::ZERO).unwrap();
+    }
+
+    // 2. The API server, then etcd, killed and back after two seconds.
+    stages.extend(create(&bench, wave(&bench, 5)).await);
+    for component in ["kube-apiserver", "etcd"] {
+        tokio::time::sleep(Duration::from_millis(500 + next_random(1500))).await;
+        let restarted = bench.cluster.control_plane_mut().unwrap().restart(component, Duration::from_secs(2)).await;
+        restarted.unwrap_or_else(|e| panic!("{component} did not come back: {e}"));
+        log.push(format!("{component} killed and restarted"));
+    }
+
+    // 3. The store killed mid-transfer and back after three seconds.
+    stages.extend(create(&bench, wave(&bench, 6)).await);
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "faults-a");
+    wait_for(&bench.cluster, "a worker of wave 6 running", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let listed = pods.list(&ListParams::default().labels(&format!("{DATASTAGE_LABEL}=wave6-0"))).await.ok()?;
+            listed.items.iter().any(|p| is_running(p)).then_some(())
+        }
+    })
+    .await;
+    tokio::task::block_in_place(|| bench.s3.restart(Duration::from_secs(3)));
+    log.push("MinIO killed mid-transfer and restarted".into());
+
+    // 4. A running worker's pod deleted: its Job starts another.
+    stages.extend(create(&bench, wave(&bench, 7)).await);
+    let victim = wait_for(&bench.cluster, "a worker of wave 7 running", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let listed = pods.list(&ListParams::default().labels(&format!("{DATASTAGE_LABEL}=wave7-0"))).await.ok()?;
+            listed.items.iter().find(|p| is_running(p)).map(|p| p.name_any())
+        }
+    })
+    .await;
+    pods.delete(&victim, &DeleteParams::default()).await.unwrap();
+    log.push(format!("worker pod {victim} deleted"));
+
+    let deadline = Duration::from_secs(if long() { 1800 } else { 600 });
+    let finished = bench.wait_finished(&stages, deadline).await;
+    bench.assert_staged_once(&finished).await;
+    let metrics = bench.operator_metrics().await;
+    println!(
+        "reliability: {}",
+        json!({"scenario": "faults", "datastages": stages.len(), "faults": log,
+               "operator_reconcile_errors_since_last_restart": metrics.lines()
+                   .filter(|l| l.starts_with("ferry_operator_reconcile_errors_total"))
+                   .collect::<Vec<_>>()})
+    );
+    drop(bench.logs);
+}
