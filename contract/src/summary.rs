@@ -381,6 +381,13 @@ fn splitmix(mut z: u64) -> u64 {
 }
 
 impl Summary {
+    /// Bytes of the selection that are in place at the end: copied in this
+    /// run, already there, or kept from an earlier run that stopped in the
+    /// middle of an object (counted in `resumed`, not in `bytes`).
+    pub fn bytes_in_place(&self) -> u64 {
+        self.bytes.done() + self.resumed.bytes
+    }
+
     /// One summary for the shards of one worker (an Indexed Job's pods,
     /// one summary per completion index): counts add up because the shards
     /// ran side by side; complete only when every shard is; the first
@@ -517,6 +524,17 @@ mod tests {
                 prop_assert!(original.key.starts_with(kept.key.trim_end_matches('…')));
             }
         }
+    }
+
+    #[test]
+    fn bytes_kept_from_an_interrupted_run_count_as_in_place() {
+        let summary = Summary {
+            bytes: Counts { selected: 100, transferred: 30, skipped: 10, failed: 0 },
+            resumed: Resumed { objects: 1, bytes: 60 },
+            ..Summary::default()
+        };
+        assert_eq!(summary.bytes.done(), 40);
+        assert_eq!(summary.bytes_in_place(), 100);
     }
 
     #[test]

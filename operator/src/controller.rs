@@ -744,6 +744,14 @@ fn error_policy(ds: Arc<DataStage>, error: &Error, _ctx: Arc<Context>) -> Action
     Action::requeue(Duration::from_millis(2000 + rand::random::<u64>() % 3000))
 }
 
+/// How long one watch call lasts before it is made again from the last
+/// resource version it saw. A watch can stay open and silent: seen on the
+/// API server right after it and etcd restarted, when watches resumed from
+/// before the restart delivered nothing until their timeout. The caches
+/// are all the controller reads, so this bounds how stale they can get;
+/// a re-watch is one cheap request, not a list.
+const WATCH_SECONDS: u32 = 60;
+
 /// Runs the controller until the process is stopped. `writers` fill the
 /// context's caches from the same watches that wake the DataStages.
 pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
@@ -758,9 +766,10 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             (Api::<DataStage>::all(client.clone()), Api::<Job>::all(client.clone()), Api::<Pod>::all(client.clone()))
         }
     };
-    let controller = Controller::new(datastages, watcher::Config::default());
+    let watches = watcher::Config::default().timeout(WATCH_SECONDS);
+    let controller = Controller::new(datastages, watches.clone());
     let datastages = controller.store();
-    let owned = watcher::Config::default().labels(DATASTAGE_LABEL);
+    let owned = watches.clone().labels(DATASTAGE_LABEL);
     let job_changes = watcher(jobs, owned.clone())
         .modify(crate::cache::slim_job)
         .default_backoff()
@@ -771,7 +780,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         watcher(pods, owned).modify(crate::cache::slim_pod).default_backoff().reflect(writers.pods).touched_objects();
     // A node's labels, taints and cordon decide whether it matches; its
     // status heartbeats do not, so only those wake the DataStages.
-    let node_changes = watcher(Api::<Node>::all(client), watcher::Config::default())
+    let node_changes = watcher(Api::<Node>::all(client), watches)
         .modify(crate::cache::slim_node)
         .default_backoff()
         .reflect(writers.nodes)

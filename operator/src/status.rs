@@ -263,7 +263,7 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
     };
     match &observed.report {
         Report::Summary(summary) => {
-            entry.bytes_done = summary.bytes.done() as i64;
+            entry.bytes_done = summary.bytes_in_place() as i64;
             entry.bytes_total = summary.bytes.selected as i64;
             entry.bytes_failed = summary.bytes.failed as i64;
             entry.objects_done = summary.objects.done() as i64;

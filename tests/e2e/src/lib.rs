@@ -260,7 +260,12 @@ pub fn start_operator(cluster: &Cluster, log_dir: &Path, name: &str) -> (process
         .env("FERRY_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("FERRY_STAGER_IMAGE", image("ferry-stager"))
         .env("FERRY_ALLOWED_HOST_PATHS", "/mnt/ferry")
-        .env("RUST_LOG", "info,kube_runtime=warn,kube_client=warn");
+        // FERRY_E2E_OPERATOR_LOG overrides the filter when a test needs to see more.
+        .env(
+            "RUST_LOG",
+            std::env::var("FERRY_E2E_OPERATOR_LOG")
+                .unwrap_or_else(|_| "info,kube_runtime=warn,kube_client=warn".into()),
+        );
     let operator = process::ManagedProcess::spawn(name, command, &log_dir.join(format!("{name}.log")))
         .expect("start ferry-operator");
     (operator, format!("http://127.0.0.1:{port}"))

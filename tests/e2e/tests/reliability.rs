@@ -121,6 +121,9 @@ impl Bench {
                             self.children(&namespace, &name).await
                         ));
                     }
+                    if let Ok(keep) = std::env::var("FERRY_E2E_KEEP_LOGS") {
+                        let _ = std::fs::copy(self.operator.log_path(), keep);
+                    }
                     panic!(
                         "{} of {} DataStages unfinished after {deadline:?}, e.g.\n{}\n--- operator ---\n{}\n{}",
                         unfinished.len() + stages.len() - wanted.len(),
@@ -388,8 +391,9 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
 }
 
 /// Stagings that go on while every component crashes: the operator killed
-/// five times at random moments, the API server and etcd killed and
-/// restarted, the object store killed mid-transfer, a worker pod deleted.
+/// five times at random moments, the API server (and with `FERRY_LONG=1`
+/// etcd) killed and restarted, the object store killed mid-transfer, a
+/// worker pod deleted.
 /// Every DataStage ends Succeeded with its data byte for byte, one Job each,
 /// and a status that counts all of it.
 #[tokio::test(flavor = "multi_thread")]
@@ -455,9 +459,14 @@ async fn stagings_go_on_through_crashes_of_every_component() {
         bench.operator.restart(Duration::ZERO).unwrap();
     }
 
-    // 2. The API server, then etcd, killed and back after two seconds.
+    // 2. The API server killed and back after two seconds; in the long
+    // run etcd too. After etcd restarts, watches that clients resumed on
+    // the restarted API server can stay open and silent until their
+    // timeout (docs/reliability.md): the operator re-watches every minute,
+    // but the node agent that stands in for the kubelet here does not.
     stages.extend(create(&bench, wave(&bench, 5)).await);
-    for component in ["kube-apiserver", "etcd"] {
+    let components: &[&str] = if long() { &["kube-apiserver", "etcd"] } else { &["kube-apiserver"] };
+    for &component in components {
         tokio::time::sleep(Duration::from_millis(500 + next_random(1500))).await;
         let restarted = bench.cluster.control_plane_mut().unwrap().restart(component, Duration::from_secs(2)).await;
         restarted.unwrap_or_else(|e| panic!("{component} did not come back: {e}"));
@@ -491,7 +500,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     pods.delete(&victim, &DeleteParams::default()).await.unwrap();
     log.push(format!("worker pod {victim} deleted"));
 
-    let deadline = Duration::from_secs(if long() { 1800 } else { 600 });
+    let deadline = Duration::from_secs(if long() { 1800 } else { 300 });
     let finished = bench.wait_finished(&stages, deadline).await;
     bench.assert_staged_once(&finished).await;
     let metrics = bench.operator_metrics().await;
