@@ -26,10 +26,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ferry_crds::DataStage;
-use ferry_e2e::{Cluster, create_namespace, object_store, start_operator, wait_for};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt as _};
+use ferry_e2e::{Cluster, create_namespace, install_crd, object_store, start_operator, wait_for};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree as _;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -551,18 +550,7 @@ async fn generated_datastages_are_refused_naming_the_field_or_reach_a_clear_stat
     }
     let cluster = Cluster::start().await.expect("cluster");
     let client = cluster.client().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
-        .await
-        .unwrap();
-    wait_for(&cluster, "the CRD", Duration::from_secs(30), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("datastages.ferry.dev").await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await;
+    install_crd(&cluster).await;
     create_namespace(&cluster, NAMESPACE, &[]).await;
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
         "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}});

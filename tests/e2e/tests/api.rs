@@ -2,29 +2,11 @@
 //! valid DataStage is accepted, and invalid ones are refused at admission
 //! with messages that say what to fix.
 
-use std::time::Duration;
-
 use ferry_crds::DataStage;
-use ferry_e2e::{Cluster, create_namespace, wait_for};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use ferry_e2e::{Cluster, create_namespace, install_crd};
+use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt as _};
 use serde_json::{Value, json};
-
-async fn install_crd(cluster: &Cluster) {
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client().await.unwrap());
-    crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
-        .await
-        .expect("the generated CRD is accepted");
-    wait_for(cluster, "the CRD to be established", Duration::from_secs(30), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("datastages.ferry.dev").await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await;
-}
 
 fn stage(name: &str, spec: Value) -> DataStage {
     serde_json::from_value(

@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
-use ferry_e2e::{Cluster, create_namespace, object_store, start_operator, wait_for};
+use ferry_e2e::{Cluster, create_namespace, install_crd, object_store, start_operator, wait_for};
 use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt as _};
 use serde_json::json;
 
 struct Setup {
@@ -40,18 +39,7 @@ async fn setup(namespace: &str) -> Setup {
     }
     let cluster = Cluster::start().await.expect("cluster");
     let client = cluster.client().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
-        .await
-        .unwrap();
-    wait_for(&cluster, "the CRD", Duration::from_secs(30), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("datastages.ferry.dev").await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await;
+    install_crd(&cluster).await;
     create_namespace(&cluster, namespace, &[]).await;
     let logs = tempfile::tempdir().unwrap();
     let (operator, url) = start_operator(&cluster, logs.path(), "operator-1");

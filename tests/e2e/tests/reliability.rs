@@ -12,15 +12,14 @@ use std::time::{Duration, Instant};
 
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
-use ferry_e2e::{Cluster, NODES, create_namespace, object_store, start_operator, wait_for};
+use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, CustomResourceExt as _, ResourceExt as _};
+use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 /// The label the operator puts on every Job and pod of a DataStage.
@@ -52,18 +51,7 @@ impl Bench {
         }
         let cluster = Cluster::start().await.expect("cluster");
         let client = cluster.client().await.unwrap();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
-            .await
-            .unwrap();
-        wait_for(&cluster, "the CRD", Duration::from_secs(30), || {
-            let crds = crds.clone();
-            async move {
-                let crd = crds.get("datastages.ferry.dev").await.ok()?;
-                crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-            }
-        })
-        .await;
+        install_crd(&cluster).await;
         let logs = tempfile::tempdir().unwrap();
         let (operator, operator_metrics) = start_operator(&cluster, logs.path(), "operator-1");
         Self { cluster, s3, client, files, logs, operator, operator_metrics }
@@ -480,7 +468,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
         let pods = pods.clone();
         async move {
             let listed = pods.list(&ListParams::default().labels(&format!("{DATASTAGE_LABEL}=wave6-0"))).await.ok()?;
-            listed.items.iter().any(|p| is_running(p)).then_some(())
+            listed.items.iter().any(is_running).then_some(())
         }
     })
     .await;

@@ -26,33 +26,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_crds::{DataStage, DataStageStatus, Phase};
-use ferry_e2e::{Cluster, create_namespace, object_store, start_operator, wait_for};
+use ferry_e2e::{Cluster, create_namespace, install_crd, object_store, start_operator};
 use ferry_testkit::{S3Server, pattern, read_tree, repo_root, tool_path};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt as _};
 use serde_json::{Value, json};
 
 const SYSTEM_NS: &str = "ferry-system";
 const DATA_NS: &str = "ml";
 const OTHER_NS: &str = "research";
-
-async fn install_crd(cluster: &Cluster) {
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client().await.unwrap());
-    crds.patch("datastages.ferry.dev", &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(DataStage::crd()))
-        .await
-        .expect("the generated CRD is accepted");
-    wait_for(cluster, "the CRD to be established", Duration::from_secs(30), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("datastages.ferry.dev").await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await;
-}
 
 /// Server-side applies every RBAC object and ServiceAccount of a
 /// multi-document YAML stream, in the namespace it names.
