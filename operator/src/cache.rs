@@ -15,7 +15,10 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Resource as _;
+use std::sync::Arc;
+
 use kube::runtime::reflector::{self, Store, store::Writer};
+use tokio::sync::OnceCell;
 
 /// The read side of the caches, shared by every reconciliation.
 #[derive(Clone)]
@@ -28,6 +31,8 @@ pub struct Caches {
     /// Pods labelled with a DataStage: labels, annotations and status
     /// (termination messages carry the workers' summaries).
     pub pods: Store<Pod>,
+    /// Set once all three hold their first listing; see [`Caches::ready`].
+    listed: Arc<OnceCell<()>>,
 }
 
 /// The write side, consumed by the watches that fill the caches.
@@ -55,17 +60,33 @@ pub fn new() -> (Caches, CacheWriters) {
     let (nodes, node_writer) = reflector::store();
     let (jobs, job_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
-    (Caches { nodes, jobs, pods }, CacheWriters { nodes: node_writer, jobs: job_writer, pods: pod_writer })
+    let listed = Arc::default();
+    (Caches { nodes, jobs, pods, listed }, CacheWriters { nodes: node_writer, jobs: job_writer, pods: pod_writer })
 }
 
 impl Caches {
     /// Waits until every cache holds its first full listing, so that no
     /// reconciliation mistakes "not listed yet" for "none" (no matching
     /// node, no Job: a duplicate).
+    ///
+    /// Many reconciliations wait here at once when an operator takes over a
+    /// cluster that already has DataStages. A `Store`'s own readiness wakes
+    /// only the waiter that polled it last (it is a oneshot receiver, which
+    /// keeps one waker), so the others would wait forever: one DataStage of
+    /// several was never reconciled after a leader change. Hence exactly one
+    /// waiter per store, behind a `OnceCell` that wakes everyone.
     pub async fn ready(&self) {
-        // A writer is dropped only when the controller stops, and then no
-        // reconciliation runs either.
-        let _ = tokio::join!(self.nodes.wait_until_ready(), self.jobs.wait_until_ready(), self.pods.wait_until_ready());
+        self.listed
+            .get_or_init(|| async {
+                // A writer is dropped only when the controller stops, and then
+                // no reconciliation runs either.
+                let _ = tokio::join!(
+                    self.nodes.wait_until_ready(),
+                    self.jobs.wait_until_ready(),
+                    self.pods.wait_until_ready()
+                );
+            })
+            .await;
     }
 
     /// The Jobs and Pods of DataStage `name` in `namespace` that carry
@@ -137,6 +158,31 @@ mod tests {
         assert!(node.status.is_none());
         assert_eq!(node.spec.as_ref().unwrap().taints.as_ref().unwrap().len(), 1, "taints decide placement");
         assert_eq!(node.metadata.labels.unwrap()["a"], "b");
+    }
+
+    #[tokio::test]
+    async fn every_reconciliation_waiting_for_the_caches_is_woken_when_they_are_listed() {
+        let (caches, mut writers) = new();
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let caches = caches.clone();
+                tokio::spawn(async move { caches.ready().await })
+            })
+            .collect();
+        // Let every waiter register before the listings complete.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        for waiter in &waiters {
+            assert!(!waiter.is_finished(), "nothing is listed yet");
+        }
+        writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.pods.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        for waiter in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+                .await
+                .expect("a waiter was never woken")
+                .unwrap();
+        }
     }
 
     #[test]

@@ -169,7 +169,13 @@ fn now() -> Time {
 /// One reconciliation of one DataStage.
 async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+    tracing::debug!(%namespace, %name, generation = ds.metadata.generation, "reconciling");
     let result = reconcile_inner(&ds, &ctx).await;
+    match &result {
+        Ok(action) => tracing::debug!(%namespace, %name, ?action, elapsed = ?started.elapsed(), "reconciled"),
+        Err(error) => tracing::debug!(%namespace, %name, %error, elapsed = ?started.elapsed(), "reconcile failed"),
+    }
     ctx.metrics.reconciled(result.as_ref().map(|_| ()).map_err(Error::category), started.elapsed());
     result
 }
