@@ -9,11 +9,12 @@
 //! next poll.
 //!
 //! Cached objects are slimmed to what the controller reads (labels, owners,
-//! status; for Nodes labels, taints and cordon): a Job's pod template or a
-//! Node's image list would otherwise be most of the operator's memory.
+//! status, a pod's node; for Nodes labels, taints, cordon and the Ready
+//! condition): a Job's pod template or a Node's image list would otherwise
+//! be most of the operator's memory.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Pod, PodSpec};
 use kube::Resource as _;
 use std::sync::Arc;
 
@@ -23,12 +24,13 @@ use tokio::sync::OnceCell;
 /// The read side of the caches, shared by every reconciliation.
 #[derive(Clone)]
 pub struct Caches {
-    /// Every Node: labels, taints and whether it is cordoned.
+    /// Every Node: labels, taints, whether it is cordoned, and its Ready
+    /// condition.
     pub nodes: Store<Node>,
     /// Jobs labelled with a DataStage (workers and clean-ups): labels,
     /// owners and status.
     pub jobs: Store<Job>,
-    /// Pods labelled with a DataStage: labels, annotations and status
+    /// Pods labelled with a DataStage: labels, annotations, node and status
     /// (termination messages carry the workers' summaries).
     pub pods: Store<Pod>,
     /// Set once all three hold their first listing; see [`Caches::ready`].
@@ -106,6 +108,31 @@ impl Caches {
             .map(|object| (**object).clone())
             .collect()
     }
+
+    /// Why node `name` cannot run a worker's pod now, in words for a
+    /// condition message; `None` while it is Ready.
+    pub fn node_trouble(&self, name: &str) -> Option<String> {
+        let Some(node) = self.nodes.get(&kube::runtime::reflector::ObjectRef::new(name)) else {
+            return Some(format!("node {name} does not exist (deleted)"));
+        };
+        let ready = ready_condition(&node);
+        if ready.is_some_and(|c| c.status == "True") {
+            return None;
+        }
+        let mut trouble = format!("node {name} is not Ready");
+        if let Some(since) = ready.and_then(|c| c.last_transition_time.as_ref()) {
+            trouble += &format!(" since {}", since.0);
+        }
+        if let Some(why) = ready.and_then(|c| c.message.as_deref().or(c.reason.as_deref())).filter(|m| !m.is_empty()) {
+            trouble += &format!(" ({why})");
+        }
+        Some(trouble)
+    }
+}
+
+/// A node's Ready condition, if it reported one.
+pub fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
 }
 
 /// A Job as the controller reads it: no pod template, no managed fields.
@@ -114,16 +141,20 @@ pub fn slim_job(job: &mut Job) {
     job.meta_mut().managed_fields = None;
 }
 
-/// A Pod as the controller reads it: no spec, no managed fields.
+/// A Pod as the controller reads it: of its spec only the node it was
+/// bound to (to tell when that node is lost); no managed fields.
 pub fn slim_pod(pod: &mut Pod) {
-    pod.spec = None;
+    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    pod.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..PodSpec::default() });
     pod.meta_mut().managed_fields = None;
 }
 
-/// A Node as placement reads it: labels, taints, cordon; no status
-/// (images, conditions, addresses), no managed fields.
+/// A Node as placement and the worker status read it: labels, taints,
+/// cordon, and the Ready condition without its heartbeat time; no images,
+/// addresses or other conditions, no managed fields.
 pub fn slim_node(node: &mut Node) {
-    node.status = None;
+    let ready = ready_condition(node).cloned().map(|ready| NodeCondition { last_heartbeat_time: None, ..ready });
+    node.status = ready.map(|ready| NodeStatus { conditions: Some(vec![ready]), ..NodeStatus::default() });
     node.meta_mut().managed_fields = None;
     node.meta_mut().annotations = None;
 }
@@ -151,11 +182,18 @@ mod tests {
         let mut node: Node = serde_json::from_value(json!({
             "metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
             "spec": {"unschedulable": true, "taints": [{"key": "k", "effect": "NoSchedule"}]},
-            "status": {"images": [{"names": ["a-large-image"]}]},
+            "status": {"images": [{"names": ["a-large-image"]}], "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+            ]},
         }))
         .unwrap();
         slim_node(&mut node);
-        assert!(node.status.is_none());
+        let status = node.status.as_ref().unwrap();
+        assert!(status.images.is_none(), "images are most of a node's size");
+        let conditions = status.conditions.as_ref().unwrap();
+        assert_eq!((conditions.len(), conditions[0].type_.as_str()), (1, "Ready"), "only Ready is read");
+        assert!(conditions[0].last_heartbeat_time.is_none(), "heartbeats change nothing the controller reads");
         assert_eq!(node.spec.as_ref().unwrap().taints.as_ref().unwrap().len(), 1, "taints decide placement");
         assert_eq!(node.metadata.labels.unwrap()["a"], "b");
     }
@@ -183,6 +221,35 @@ mod tests {
                 .expect("a waiter was never woken")
                 .unwrap();
         }
+    }
+
+    #[test]
+    fn a_pod_keeps_its_node_and_a_node_that_is_not_ready_or_gone_is_trouble() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"nodeName": "a", "containers": [{"name": "c", "args": ["--x"]}]},
+        }))
+        .unwrap();
+        slim_pod(&mut pod);
+        let spec = pod.spec.unwrap();
+        assert_eq!((spec.node_name.as_deref(), spec.containers.len()), (Some("a"), 0));
+
+        let (caches, mut writers) = new();
+        let node = |name: &str, ready: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": name}, "status": {"conditions": [
+                {"type": "Ready", "status": ready, "reason": "NodeStatusUnknown",
+                 "message": "Kubelet stopped posting node status.", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}}))
+            .unwrap()
+        };
+        for object in [node("a", "True"), node("b", "Unknown")] {
+            writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
+        }
+        assert_eq!(caches.node_trouble("a"), None);
+        assert_eq!(
+            caches.node_trouble("b").as_deref(),
+            Some("node b is not Ready since 2026-11-24T10:00:00Z (Kubelet stopped posting node status.)")
+        );
+        assert_eq!(caches.node_trouble("c").as_deref(), Some("node c does not exist (deleted)"));
     }
 
     #[test]

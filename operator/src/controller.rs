@@ -498,12 +498,27 @@ fn observe(ctx: &Context, ds: &DataStage, workers: &[Worker], jobs: Vec<Job>, ru
     pods.retain(|pod| pod.labels().get(RUN_LABEL) == Some(&current));
     workers
         .iter()
-        .map(|worker| Observed {
-            worker: worker.clone(),
-            job: jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned(),
-            report: status::pod_report(&pods, &worker.name),
+        .map(|worker| {
+            let job = jobs.iter().find(|j| j.labels().get(WORKER_LABEL) == Some(&worker.name)).cloned();
+            // The node a worker is pinned to, or the one its running pod is
+            // bound to, while the worker has work left.
+            let node_trouble = (!status::job_phase(job.as_ref()).is_finished())
+                .then(|| {
+                    let bound = pods
+                        .iter()
+                        .filter(|pod| pod.labels().get(WORKER_LABEL) == Some(&worker.name) && !is_finished(pod))
+                        .filter_map(|pod| pod.spec.as_ref()?.node_name.as_deref());
+                    worker.node.as_deref().into_iter().chain(bound).find_map(|node| ctx.caches.node_trouble(node))
+                })
+                .flatten();
+            Observed { worker: worker.clone(), job, report: status::pod_report(&pods, &worker.name), node_trouble }
         })
         .collect()
+}
+
+/// Whether a pod has ended (Succeeded or Failed).
+fn is_finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
 /// Entries of nodes that staged earlier but no longer match the placement:
@@ -775,6 +790,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     let watches = watcher::Config::default().timeout(WATCH_SECONDS);
     let controller = Controller::new(datastages, watches.clone());
     let datastages = controller.store();
+    let pods_on_nodes = ctx.caches.pods.clone();
     let owned = watches.clone().labels(DATASTAGE_LABEL);
     let job_changes = watcher(jobs, owned.clone())
         .modify(crate::cache::slim_job)
@@ -784,8 +800,9 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     // A pod's termination message carries its worker's summary.
     let pod_changes =
         watcher(pods, owned).modify(crate::cache::slim_pod).default_backoff().reflect(writers.pods).touched_objects();
-    // A node's labels, taints and cordon decide whether it matches; its
-    // status heartbeats do not, so only those wake the DataStages.
+    // A node's labels, taints, cordon and readiness decide whether it
+    // matches or can run a worker; its status heartbeats do not, so only
+    // those wake the DataStages.
     let node_changes = watcher(Api::<Node>::all(client), watches)
         .modify(crate::cache::slim_node)
         .default_backoff()
@@ -798,13 +815,26 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             let name = pod.labels().get(DATASTAGE_LABEL)?;
             Some(ObjectRef::<DataStage>::new(name).within(&pod.namespace()?))
         })
-        .watches_stream(node_changes, move |_node| {
-            datastages
+        .watches_stream(node_changes, move |node| {
+            // DataStages placed per node, and those with a worker on it.
+            let name = node.name_any();
+            let mut woken: Vec<ObjectRef<DataStage>> = datastages
                 .state()
                 .into_iter()
                 .filter(|ds| ds.spec.plan().is_ok_and(|plan| plan.per_node()))
                 .map(|ds| ObjectRef::from_obj(&*ds))
-                .collect::<Vec<_>>()
+                .collect();
+            for pod in pods_on_nodes.state() {
+                if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(name.as_str()) {
+                    continue;
+                }
+                if let (Some(ds), Some(namespace)) = (pod.labels().get(DATASTAGE_LABEL), pod.namespace()) {
+                    woken.push(ObjectRef::new(ds).within(&namespace));
+                }
+            }
+            woken.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            woken.dedup();
+            woken
         })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -815,8 +845,8 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         .await;
 }
 
-/// What of a node decides whether a placement matches it: labels, taints,
-/// and whether it is cordoned.
+/// What of a node decides whether a placement matches it (labels, taints,
+/// whether it is cordoned) and whether its workers can run (Ready).
 fn node_placement_fingerprint(node: &Node) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -826,6 +856,7 @@ fn node_placement_fingerprint(node: &Node) -> Option<u64> {
     for taint in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
         (&taint.key, &taint.value, &taint.effect).hash(&mut hasher);
     }
+    crate::cache::ready_condition(node).map(|c| &c.status).hash(&mut hasher);
     Some(hasher.finish())
 }
 

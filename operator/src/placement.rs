@@ -5,6 +5,12 @@
 //! tolerations do not allow. Pure functions over the Node objects, so the
 //! rules are unit-tested without a cluster.
 //!
+//! A node that stops reporting keeps matching: the node lifecycle
+//! controller's `not-ready` and `unreachable` taints are ignored, because
+//! the node's disk, and the data on it, are still there. The DataStage
+//! reports `NodeNotReady` while it lasts instead of dropping the node from
+//! its workers or blocking; a node that is deleted stops matching.
+//!
 //! Not here: preferred affinity (a preference never excludes a node) and
 //! pod (anti-)affinity, which concern other pods, not the node's disk.
 
@@ -13,6 +19,10 @@ use std::collections::BTreeMap;
 use ferry_crds::Placement;
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
 use kube::ResourceExt as _;
+
+/// Taints the node lifecycle controller puts on a node that is not Ready
+/// (see the module header).
+const NODE_DOWN_TAINTS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
 
 /// The names of the nodes in `nodes` that `placement` accepts, sorted.
 pub fn matching_nodes<'a>(placement: Option<&Placement>, nodes: impl IntoIterator<Item = &'a Node>) -> Vec<String> {
@@ -46,6 +56,7 @@ pub fn accepts(placement: &Placement, node: &Node) -> bool {
         .into_iter()
         .flatten()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| !NODE_DOWN_TAINTS.contains(&t.key.as_str()))
         .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)));
     selector_ok && affinity_ok && taints_ok
 }
@@ -150,6 +161,22 @@ mod tests {
         assert_eq!(matching_nodes(Some(&wrong_value), &nodes), ["plain", "soft"]);
         let everything = placement(json!({"tolerations": [{"operator": "Exists"}]}));
         assert_eq!(matching_nodes(Some(&everything), &nodes), ["gpu", "plain", "soft"]);
+    }
+
+    #[test]
+    fn a_node_that_is_not_ready_still_matches_so_its_data_is_not_given_up() {
+        let down = |key: &str| {
+            node(
+                "down",
+                json!({}),
+                json!({"taints": [{"key": key, "effect": "NoSchedule"}, {"key": key, "effect": "NoExecute"}]}),
+            )
+        };
+        for key in NODE_DOWN_TAINTS {
+            assert_eq!(matching_nodes(None, &[down(key)]), ["down"], "{key}");
+        }
+        let other = node("other", json!({}), json!({"taints": [{"key": "x", "effect": "NoExecute"}]}));
+        assert!(matching_nodes(None, &[other]).is_empty(), "other taints still exclude");
     }
 
     #[test]

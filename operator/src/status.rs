@@ -67,6 +67,8 @@ pub mod reasons {
     /// and its Jobs and pods are labelled with it. The schema refuses such
     /// names; this catches those created before it did.
     pub const NAME_TOO_LONG: &str = "NameTooLong";
+    /// A worker's pod is on a node that is not Ready (or was deleted).
+    pub const NODE_NOT_READY: &str = "NodeNotReady";
     /// Workers finished with different snapshots; they run again.
     pub const RESYNCING: &str = "Resyncing";
     /// Workers kept finishing with different snapshots.
@@ -101,6 +103,9 @@ pub struct Observed {
     pub job: Option<Job>,
     /// What its pods said.
     pub report: Report,
+    /// Why the node its running pod is bound to cannot run it now (not
+    /// Ready, or deleted); `None` when it can.
+    pub node_trouble: Option<String>,
 }
 
 /// The phase of one worker Job.
@@ -449,6 +454,16 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
         ..DataStageStatus::default()
     };
     let (mut reason, mut message) = phase_reason(phase, &workers, &totals);
+    if matches!(phase, Phase::Pending | Phase::Running)
+        && let Some((worker, trouble)) =
+            inputs.observed.iter().find_map(|o| Some((&o.worker.name, o.node_trouble.as_deref()?)))
+    {
+        // Said before a stager's reason: it is why nothing moves now.
+        reason = reasons::NODE_NOT_READY;
+        message = format!(
+            "worker {worker}: {trouble}; its pod goes on when the node is back, or its Job starts another pod once the node is deleted"
+        );
+    }
 
     if phase == Phase::Succeeded && inputs.direction == Direction::Pull {
         match snapshots_agree(&workers) {
@@ -620,7 +635,7 @@ mod tests {
     }
 
     fn observed(name: &str, job: Option<Job>, report: Report) -> Observed {
-        Observed { worker: Worker::on_node(name), job, report }
+        Observed { worker: Worker::on_node(name), job, report, node_trouble: None }
     }
 
     fn time(s: &str) -> Time {
@@ -743,6 +758,26 @@ mod tests {
         let progressing = condition_of(&status, types::PROGRESSING);
         assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", "EndpointUnreachable"));
         assert!(progressing.message.starts_with("retrying a: connection refused"), "{}", progressing.message);
+    }
+
+    #[test]
+    fn a_worker_on_a_node_that_is_not_ready_says_so_until_the_node_is_back() {
+        let retrying = job(json!({"active": 1, "failed": 1, "startTime": "2026-01-01T00:00:00Z"}));
+        let capacity =
+            Report::Summary(Box::new(Summary { reason: Some(Reason::InsufficientCapacity), ..Summary::default() }));
+        let mut lost = observed("a", retrying.clone(), capacity.clone());
+        lost.node_trouble = Some("node a is not Ready since 2026-01-01T00:00:00Z".into());
+        let status = aggregate_at(&ds(json!({})), &run(1), &[lost], "2026-01-01T00:00:05Z");
+        assert_eq!(status.phase, Some(Phase::Running), "the worker may go on when the node returns");
+        let progressing = condition_of(&status, types::PROGRESSING);
+        assert_eq!(progressing.reason, reasons::NODE_NOT_READY, "before the stager's older reason");
+        assert!(progressing.message.starts_with("worker a: node a is not Ready since"), "{}", progressing.message);
+        let back = aggregate_at(&ds(json!({})), &run(1), &[observed("a", retrying, capacity)], "2026-01-01T00:00:09Z");
+        assert_eq!(condition_of(&back, types::PROGRESSING).reason, "InsufficientCapacity");
+        let mut finished = observed("a", failed(), Report::Nothing);
+        finished.node_trouble = Some("node a does not exist (deleted)".into());
+        let status = aggregate_at(&ds(json!({})), &run(1), &[finished], "2026-01-01T00:00:09Z");
+        assert_eq!(condition_of(&status, types::FAILED).reason, reasons::WORKER_FAILED, "a finished phase says why");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
 use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
 use ferry_contract::summary::Snapshot;
-use ferry_testkit::{Backend, CorruptingProxy, S3Server, Store, pattern, read_tree};
+use ferry_testkit::{Backend, CorruptingProxy, S3Server, SmallFilesystem, Store, pattern, read_tree};
 
 const MIB: usize = 1 << 20;
 const PART: usize = 5 * MIB;
@@ -892,52 +892,6 @@ async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message(backend: Back
     assert!(run.stderr.contains("connection"), "{}", run.stderr);
     assert!(run.stderr.contains("cannot list"), "{}", run.stderr);
     assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
-}
-
-/// A size-limited tmpfs, unmounted when dropped, so a failing test does not
-/// leave it mounted.
-struct SmallFilesystem {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFilesystem {
-    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it); `None`,
-    /// with the reason, when that is not allowed (not root).
-    fn mount(size: &str) -> Result<Self, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !mounted.status.success() {
-            return Err(String::from_utf8_lossy(&mounted.stderr).trim().to_owned());
-        }
-        Ok(Self { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Changes the size, keeping the contents: space freed for a rerun.
-    fn resize(&self, size: &str) {
-        let status = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(self.path())
-            .status()
-            .unwrap();
-        assert!(status.success(), "cannot resize the tmpfs to {size}");
-    }
-}
-
-impl Drop for SmallFilesystem {
-    fn drop(&mut self) {
-        let status = std::process::Command::new("umount").arg(self.dir.path()).status();
-        if !status.is_ok_and(|s| s.success()) {
-            eprintln!("could not unmount the tmpfs at {}", self.dir.path().display());
-        }
-    }
 }
 
 /// The run ended, retryably, because the destination has no room, and said

@@ -420,6 +420,89 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// A size-limited tmpfs, unmounted when dropped, so a failing test does
+/// not leave it mounted: a destination disk that fills up. Mounting needs
+/// root (or CAP_SYS_ADMIN); tests that cannot mount say so and skip.
+#[derive(Debug)]
+pub struct SmallFilesystem {
+    dir: PathBuf,
+    /// The directory mounted on, when this created it.
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl SmallFilesystem {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on a new
+    /// temporary directory.
+    ///
+    /// # Errors
+    /// Why it could not mount (not root).
+    pub fn mount(size: &str) -> Result<Self, String> {
+        let temp = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut mounted = Self::mount_on(temp.path(), size)?;
+        mounted._temp = Some(temp);
+        Ok(mounted)
+    }
+
+    /// Mounts a tmpfs of `size` on `dir`, created if missing.
+    ///
+    /// # Errors
+    /// Why it could not mount (not root).
+    pub fn mount_on(dir: &Path, size: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !mounted.status.success() {
+            return Err(String::from_utf8_lossy(&mounted.stderr).trim().to_owned());
+        }
+        Ok(Self { dir: dir.to_path_buf(), _temp: None })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Changes the size, keeping the contents: space freed for a rerun.
+    ///
+    /// # Panics
+    /// When the remount fails.
+    pub fn resize(&self, size: &str) {
+        let status = Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.dir).status();
+        assert!(status.is_ok_and(|s| s.success()), "cannot resize the tmpfs to {size}");
+    }
+
+    /// Writes zeros to `name` until the filesystem is full; returns how
+    /// many bytes fitted. Another tenant filling the disk.
+    ///
+    /// # Panics
+    /// On a write error other than "no space left".
+    pub fn fill(&self, name: &str) -> u64 {
+        let mut file = std::fs::File::create(self.dir.join(name)).expect("create the filler");
+        let chunk = vec![0u8; 64 << 10];
+        let mut written = 0u64;
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => return written,
+                Ok(n) => written += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => return written,
+                Err(e) => panic!("filling {}: {e}", self.dir.display()),
+            }
+        }
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let status = Command::new("umount").arg(&self.dir).status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("could not unmount the tmpfs at {}", self.dir.display());
+        }
+    }
+}
+
 /// Every regular file below `root` (excluding Ferry's `.ferry` state), as
 /// relative path → content. For comparing trees byte for byte. Symlinks are
 /// neither followed nor listed.

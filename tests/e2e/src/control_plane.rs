@@ -20,6 +20,11 @@ use crate::process::ManagedProcess;
 /// How long the control plane may take to become ready.
 const READY_DEADLINE: Duration = Duration::from_secs(120);
 
+/// How long a node may go without a heartbeat before the controller
+/// manager marks it NotReady (its default is 50 s): short, so a test of a
+/// lost node stays short, and four of the agents' heartbeats long.
+pub const NODE_GRACE_PERIOD: Duration = Duration::from_secs(20);
+
 /// Why the control plane could not be brought up.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlPlaneError {
@@ -158,6 +163,7 @@ impl ControlPlane {
             .arg("--use-service-account-credentials=false")
             .arg("--controllers=*")
             .arg("--cluster-name=ferry-e2e")
+            .arg(format!("--node-monitor-grace-period={}s", NODE_GRACE_PERIOD.as_secs()))
             .arg("--v=1");
         processes.push(
             ManagedProcess::spawn(

@@ -63,7 +63,12 @@ impl Cluster {
             .tempdir()
             .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })?;
         let mut cluster = Self::start_in(dir.path()).await?;
-        cluster._dir = Some(dir);
+        if std::env::var_os("FERRY_E2E_KEEP_CLUSTER_DIR").is_some() {
+            // Logs of every component and pod stay for a post-mortem.
+            eprintln!("keeping the cluster directory {}", dir.keep().display());
+        } else {
+            cluster._dir = Some(dir);
+        }
         Ok(cluster)
     }
 
@@ -73,30 +78,37 @@ impl Cluster {
     /// Fails when a component does not come up.
     pub async fn start_in(dir: &Path) -> Result<Self, ControlPlaneError> {
         let control_plane = ControlPlane::start(&dir.join("control-plane")).await?;
-        let client = control_plane.client().await?;
         let nodes_root = dir.join("nodes");
         let mut agents = Vec::new();
         for node in NODES {
-            let ctx = AgentContext {
-                client: client.clone(),
-                node: node.to_owned(),
-                node_dir: nodes_root.join(node),
-                images: ImageMap::workspace(),
-                server: control_plane.server.clone(),
-                ca_pem: control_plane.ca_pem.clone(),
-                process_groups: std::sync::Mutex::default(),
-            };
-            let agent = NodeAgent::start(ctx, &[("ferry.dev/e2e-node", node)]).await.map_err(|e| {
-                ControlPlaneError::NotReady {
-                    component: format!("node agent {node}"),
-                    detail: e.to_string(),
-                    log: String::new(),
-                }
-            })?;
-            agents.push(agent);
+            agents.push(start_agent(&control_plane, &nodes_root, node).await?);
         }
         let kubeconfig = control_plane.kubeconfig.clone();
         Ok(Self { local: Some(LocalCluster { control_plane, agents, nodes_root }), kubeconfig, _dir: None })
+    }
+
+    /// Crashes `node`: its agent stops heartbeating and its pods' processes
+    /// die, unreported, as in a power cut. The controller manager marks the
+    /// node NotReady after its grace period ([`control_plane::NODE_GRACE_PERIOD`]).
+    /// False when there is no such running node (or no local cluster).
+    pub fn crash_node(&mut self, node: &str) -> bool {
+        let Some(local) = self.local.as_mut() else { return false };
+        let Some(at) = local.agents.iter().position(|a| a.node() == node) else { return false };
+        local.agents.remove(at).crash();
+        true
+    }
+
+    /// Brings a crashed `node` back with a fresh agent: it reports Ready
+    /// again, fails the pods its previous agent was running, as a rebooted
+    /// kubelet does, and runs what is bound to it from then on.
+    ///
+    /// # Errors
+    /// Fails when the node cannot register again.
+    pub async fn restart_node(&mut self, node: &str) -> Result<(), ControlPlaneError> {
+        let Some(local) = self.local.as_mut() else { return Ok(()) };
+        let agent = start_agent(&local.control_plane, &local.nodes_root, node).await?;
+        local.agents.push(agent);
+        Ok(())
     }
 
     /// The local control plane; `None` on an external cluster.
@@ -138,6 +150,77 @@ impl Cluster {
         }
     }
 
+    /// A short table of what the cluster holds: every DataStage with its
+    /// phase and conditions, every Job and Pod with their state, and the
+    /// last Warning events. It tells at a glance which step a stuck test
+    /// waits on (no Job, a Job without a Pod, a Pod never started…).
+    pub async fn state(&self) -> String {
+        use k8s_openapi::api::batch::v1::Job;
+        use k8s_openapi::api::core::v1::{Event, Pod};
+        use kube::ResourceExt as _;
+        use kube::api::{Api, ListParams};
+        let Ok(client) = self.client().await else { return "\n--- state: no client ---".into() };
+        let mut out = String::from("\n--- state ---");
+        let datastages = Api::<ferry_crds::DataStage>::all(client.clone()).list(&ListParams::default()).await;
+        for ds in datastages.map(|l| l.items).unwrap_or_default() {
+            let status = ds.status.clone().unwrap_or_default();
+            let conditions: Vec<String> = status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect();
+            out += &format!(
+                "\ndatastage {}/{} created {:?} rv {:?} gen {} observed {:?} phase {:?} [{}]",
+                ds.namespace().unwrap_or_default(),
+                ds.name_any(),
+                ds.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+                ds.metadata.resource_version,
+                ds.metadata.generation.unwrap_or_default(),
+                status.observed_generation,
+                status.phase,
+                conditions.join("; ")
+            );
+        }
+        for job in
+            Api::<Job>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+        {
+            let s = job.status.clone().unwrap_or_default();
+            out += &format!(
+                "\njob {}/{} active {:?} succeeded {:?} failed {:?}",
+                job.namespace().unwrap_or_default(),
+                job.name_any(),
+                s.active,
+                s.succeeded,
+                s.failed
+            );
+        }
+        for pod in
+            Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+        {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            out += &format!(
+                "\npod {}/{} node {node:?} phase {phase:?}{}",
+                pod.namespace().unwrap_or_default(),
+                pod.name_any(),
+                if deleting { " (deleting)" } else { "" }
+            );
+        }
+        let events = Api::<Event>::all(client).list(&ListParams::default().fields("type=Warning")).await;
+        let events = events.map(|l| l.items).unwrap_or_default();
+        for event in events.iter().rev().take(15).rev() {
+            out += &format!(
+                "\nwarning {}/{}: {} {}",
+                event.involved_object.kind.clone().unwrap_or_default(),
+                event.involved_object.name.clone().unwrap_or_default(),
+                event.reason.clone().unwrap_or_default(),
+                event.message.clone().unwrap_or_default()
+            );
+        }
+        out
+    }
+
     /// Stops the agents (killing their pods), then the control plane.
     pub async fn stop(self) {
         let Self { local, _dir, .. } = self;
@@ -149,6 +232,28 @@ impl Cluster {
         }
         drop(_dir);
     }
+}
+
+/// Starts the agent of `node`, whose disk is `<nodes_root>/<node>`.
+async fn start_agent(
+    control_plane: &ControlPlane,
+    nodes_root: &Path,
+    node: &str,
+) -> Result<NodeAgent, ControlPlaneError> {
+    let ctx = AgentContext {
+        client: control_plane.client().await?,
+        node: node.to_owned(),
+        node_dir: nodes_root.join(node),
+        images: ImageMap::workspace(),
+        server: control_plane.server.clone(),
+        ca_pem: control_plane.ca_pem.clone(),
+        process_groups: std::sync::Mutex::default(),
+    };
+    NodeAgent::start(ctx, &[("ferry.dev/e2e-node", node)]).await.map_err(|e| ControlPlaneError::NotReady {
+        component: format!("node agent {node}"),
+        detail: e.to_string(),
+        log: String::new(),
+    })
 }
 
 /// The last `lines` of every container's output on the local nodes
@@ -169,9 +274,18 @@ fn pod_log_tails(nodes_root: &Path, lines: usize) -> String {
     logs.iter()
         .map(|(_, log)| {
             let shown = log.strip_prefix(nodes_root).unwrap_or(log);
-            format!("\n--- pod log {} ---\n{}", shown.display(), process::tail(log, lines))
+            format!("\n--- pod log {} ---\n{}", shown.display(), tail_above_debug(log, lines))
         })
         .collect()
+}
+
+/// The last `lines` lines of a log that are not DEBUG or TRACE records: a
+/// debug-level operator otherwise fills its tail with HTTP client chatter.
+fn tail_above_debug(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let kept: Vec<&str> =
+        text.lines().filter(|l| !l.contains(r#""level":"DEBUG""#) && !l.contains(r#""level":"TRACE""#)).collect();
+    kept[kept.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The image to use for one of Ferry's images (`ferry-stager`,
@@ -212,7 +326,12 @@ where
             return value;
         }
         if started.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting for {what}\n{}", cluster.diagnostics());
+            // The objects' state comes last: a CI log shows the end of a report.
+            panic!(
+                "timed out after {deadline:?} waiting for {what}\n{}{}",
+                cluster.diagnostics(),
+                cluster.state().await
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -82,6 +82,51 @@ impl Bench {
         .unwrap()
     }
 
+    /// A pull of the dataset onto `node` at `host_path`, capped at
+    /// `bandwidth` bytes per second so that it is still running when a
+    /// fault strikes.
+    fn slow_pull(&self, namespace: &str, name: &str, node: &str, host_path: &str, bandwidth: u64) -> DataStage {
+        let mut ds = serde_json::to_value(self.pull(namespace, name, node)).unwrap();
+        ds["spec"]["destination"]["volume"]["hostPath"] = json!(host_path);
+        ds["spec"]["transfer"] = json!({"maxBandwidth": bandwidth.to_string()});
+        serde_json::from_value(ds).unwrap()
+    }
+
+    /// Waits until DataStage `namespace/name` shows `reason` on its
+    /// Progressing condition, and returns that condition's message.
+    async fn wait_progressing_reason(&self, namespace: &str, name: &str, reason: &str, deadline: Duration) -> String {
+        let api: Api<DataStage> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("{namespace}/{name} to report {reason}");
+        wait_for(&self.cluster, &what, deadline, || {
+            let api = api.clone();
+            async move {
+                let status = api.get(name).await.ok()?.status?;
+                let progressing = status.conditions.iter().find(|c| c.type_ == "Progressing")?;
+                (progressing.status == "True" && progressing.reason == reason).then(|| progressing.message.clone())
+            }
+        })
+        .await
+    }
+
+    /// Waits until a worker pod of DataStage `name` runs in `namespace`.
+    async fn wait_worker_running(&self, namespace: &str, name: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let selector = format!("{DATASTAGE_LABEL}={name}");
+        wait_for(&self.cluster, &format!("a worker of {namespace}/{name} running"), Duration::from_secs(120), || {
+            let (pods, selector) = (pods.clone(), selector.clone());
+            async move {
+                pods.list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?
+                    .items
+                    .iter()
+                    .any(is_running)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
     /// Every DataStage of `stages`, once all have finished: panics with the
     /// unfinished ones' status after `deadline`.
     async fn wait_finished(&self, stages: &[(String, String)], deadline: Duration) -> Vec<DataStage> {
@@ -150,9 +195,17 @@ impl Bench {
     }
 
     /// Asserts that every DataStage succeeded with a status that counts the
-    /// whole dataset, that its node holds the dataset byte for byte, and
-    /// that it has exactly one Job (one worker, one run).
+    /// whole dataset, that its node holds the dataset byte for byte at
+    /// `/mnt/ferry/<namespace>/<name>`, and that it has exactly one Job (one
+    /// worker, one run).
     async fn assert_staged_once(&self, finished: &[DataStage]) {
+        let at = |namespace: &str, name: &str| format!("mnt/ferry/{namespace}/{name}");
+        self.assert_staged_once_at(finished, at).await;
+    }
+
+    /// [`Bench::assert_staged_once`] with the data at `at(namespace, name)`
+    /// below the node's root.
+    async fn assert_staged_once_at(&self, finished: &[DataStage], at: impl Fn(&str, &str) -> String) {
         let bytes: u64 = self.files.values().map(|f| f.len() as u64).sum();
         let jobs = Api::<Job>::all(self.client.clone()).list(&ListParams::default().labels(DATASTAGE_LABEL)).await;
         let mut jobs_per_stage: HashMap<(String, String), usize> = HashMap::new();
@@ -172,7 +225,7 @@ impl Bench {
                 "{namespace}/{name}: the status counts the whole dataset"
             );
             let node = worker[0].node.as_deref().unwrap();
-            let staged = read_tree(&self.cluster.node_dir(node).unwrap().join(format!("mnt/ferry/{namespace}/{name}")));
+            let staged = read_tree(&self.cluster.node_dir(node).unwrap().join(at(&namespace, &name)));
             assert!(staged == self.files, "{namespace}/{name}: the data on {node} differs from the store");
             assert_eq!(jobs_per_stage.get(&(namespace.clone(), name.clone())), Some(&1), "{namespace}/{name}: Jobs");
         }
@@ -379,8 +432,8 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
 }
 
 /// Stagings that go on while every component crashes: the operator killed
-/// five times at random moments, the API server (and with `FERRY_LONG=1`
-/// etcd) killed and restarted, the object store killed mid-transfer, a
+/// five times at random moments, the API server and etcd killed and
+/// restarted, the object store killed mid-transfer, a
 /// worker pod deleted.
 /// Every DataStage ends Succeeded with its data byte for byte, one Job each,
 /// and a status that counts all of it.
@@ -447,14 +500,14 @@ async fn stagings_go_on_through_crashes_of_every_component() {
         bench.operator.restart(Duration::ZERO).unwrap();
     }
 
-    // 2. The API server killed and back after two seconds; in the long
-    // run etcd too. After etcd restarts, watches that clients resumed on
-    // the restarted API server can stay open and silent until their
-    // timeout (docs/reliability.md): the operator re-watches every minute,
-    // but the node agent that stands in for the kubelet here does not.
+    // 2. The API server killed and back after two seconds, then etcd.
+    // After etcd restarts, watches that clients resumed on the restarted
+    // API server can stay open and silent until their timeout
+    // (docs/reliability.md): the operator, and the node agent that stands
+    // in for the kubelet here, renew theirs every minute.
     stages.extend(create(&bench, wave(&bench, 5)).await);
-    let components: &[&str] = if long() { &["kube-apiserver", "etcd"] } else { &["kube-apiserver"] };
-    for &component in components {
+    let components = ["kube-apiserver", "etcd"];
+    for component in components {
         tokio::time::sleep(Duration::from_millis(500 + next_random(1500))).await;
         let restarted = bench.cluster.control_plane_mut().unwrap().restart(component, Duration::from_secs(2)).await;
         restarted.unwrap_or_else(|e| panic!("{component} did not come back: {e}"));
@@ -500,4 +553,96 @@ async fn stagings_go_on_through_crashes_of_every_component() {
                    .collect::<Vec<_>>()})
     );
     drop(bench.logs);
+}
+
+/// A node that goes away mid-staging and a destination disk that fills up:
+/// each is reported on the DataStage while it lasts (NodeNotReady,
+/// InsufficientCapacity), and staging completes, byte for byte, with one
+/// Job, once the node is back or there is room again. One DataStage each by
+/// default, four with `FERRY_LONG=1`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_they_are_fixed() {
+    let per_fault: usize = if long() { 4 } else { 1 };
+    // 24 MiB in 96 objects at 3 MiB/s per worker: each transfer runs for
+    // about eight seconds, and objects are still to start (and to reserve
+    // their space) when the disk fills up.
+    const BANDWIDTH: u64 = 3 << 20;
+    let mut files = small_dataset();
+    for i in 0..96u64 {
+        files.insert(format!("shards/{i:03}.bin"), pattern(300 + i, (256 << 10) + i as usize));
+    }
+    let mut bench = Bench::start(files).await;
+    bench.namespace("faults").await;
+    let api: Api<DataStage> = Api::namespaced(bench.client.clone(), "faults");
+    let mut log = Vec::new();
+
+    // 1. node-b crashes while its workers copy: no heartbeats, processes
+    // gone. The DataStages say NodeNotReady; when the node comes back (a
+    // reboot), its kubelet fails the lost pods and the Jobs start new ones,
+    // which resume.
+    let lost: Vec<String> = (0..per_fault).map(|i| format!("lost-{i}")).collect();
+    for name in &lost {
+        let ds = bench.slow_pull("faults", name, "node-b", &format!("/mnt/ferry/faults/{name}"), BANDWIDTH);
+        api.create(&PostParams::default(), &ds).await.unwrap();
+    }
+    for name in &lost {
+        bench.wait_worker_running("faults", name).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(bench.cluster.crash_node("node-b"));
+    let crashed = Instant::now();
+    let grace = ferry_e2e::control_plane::NODE_GRACE_PERIOD;
+    let message = bench.wait_progressing_reason("faults", &lost[0], "NodeNotReady", grace * 3).await;
+    assert!(message.contains("node node-b is not Ready"), "{message}");
+    let reported = crashed.elapsed();
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "faults")
+        .list(&ListParams::default().fields(&format!("involvedObject.name={}", lost[0])))
+        .await
+        .unwrap();
+    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("NodeNotReady")), "an Event says so too");
+    bench.cluster.restart_node("node-b").await.unwrap();
+    log.push(format!("node-b crashed; NodeNotReady reported after {:.1} s; node restarted", reported.as_secs_f64()));
+
+    // 2. node-a's disk fills up under the workers (another tenant's file):
+    // they end with InsufficientCapacity and their Jobs retry; once the
+    // file is gone they finish, keeping what was written.
+    let disk = bench.cluster.node_dir("node-a").unwrap().join("mnt/ferry/small");
+    // Room for the data and the stager's default 64 MiB reserve.
+    let small = match ferry_testkit::SmallFilesystem::mount_on(&disk, &format!("{}m", 64 + 32 * per_fault + 8)) {
+        Ok(small) => Some(small),
+        Err(why) => {
+            eprintln!("SKIP the full-disk part: it needs to mount a tmpfs (run it as root): {why}");
+            None
+        }
+    };
+    let full: Vec<String> =
+        if small.is_some() { (0..per_fault).map(|i| format!("full-{i}")).collect() } else { Vec::new() };
+    for name in &full {
+        let ds = bench.slow_pull("faults", name, "node-a", &format!("/mnt/ferry/small/{name}"), BANDWIDTH);
+        api.create(&PostParams::default(), &ds).await.unwrap();
+    }
+    if let Some(small) = &small {
+        for name in &full {
+            bench.wait_worker_running("faults", name).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let filled = small.fill("filler");
+        let message =
+            bench.wait_progressing_reason("faults", &full[0], "InsufficientCapacity", Duration::from_secs(90)).await;
+        assert!(message.starts_with("retrying"), "{message}");
+        std::fs::remove_file(small.path().join("filler")).unwrap();
+        log.push(format!("node-a's disk filled up ({} MiB more) mid-transfer, then freed", filled >> 20));
+    }
+
+    let mut stages: Vec<(String, String)> = lost.iter().map(|n| ("faults".to_owned(), n.clone())).collect();
+    let lost_stages = stages.len();
+    stages.extend(full.iter().map(|n| ("faults".to_owned(), n.clone())));
+    let finished = bench.wait_finished(&stages, Duration::from_secs(if long() { 600 } else { 300 })).await;
+    let (on_lost_node, on_full_disk): (Vec<DataStage>, Vec<DataStage>) =
+        finished.into_iter().partition(|d| lost.contains(&d.name_any()));
+    assert_eq!(on_lost_node.len(), lost_stages);
+    bench.assert_staged_once(&on_lost_node).await;
+    bench.assert_staged_once_at(&on_full_disk, |_, name| format!("mnt/ferry/small/{name}")).await;
+    println!("reliability: {}", json!({"scenario": "node and disk", "datastages": stages.len(), "faults": log}));
+    drop(small);
 }

@@ -34,8 +34,11 @@ use images::ImageMap;
 
 /// Field manager of everything the agent writes.
 const FIELD_MANAGER: &str = "ferry.dev/e2e-node-agent";
-/// How often the node's lease and Ready condition are renewed.
-const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How often the node's lease and Ready condition are renewed: well inside
+/// the controller manager's node grace period
+/// ([`crate::control_plane::NODE_GRACE_PERIOD`]), so a busy machine does
+/// not make a node look lost.
+const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// What every pod runner of one node shares.
 pub struct AgentContext {
@@ -114,6 +117,18 @@ impl NodeAgent {
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.ctx.node
+    }
+
+    /// Stops the node as a crash or a power cut does: heartbeats stop, every
+    /// pod process is killed, and nothing of it is reported. The Node and its
+    /// pods stay as they were until the node lifecycle controller notices
+    /// (NotReady) or a new agent for the node starts.
+    pub fn crash(self) {
+        for (_, run) in self.pods.lock().expect("pods lock").drain() {
+            run.task.abort();
+        }
+        // Dropping aborts the heartbeat and the watch and kills the process
+        // groups.
     }
 
     /// Stops watching and kills every pod process of this node.
@@ -201,7 +216,9 @@ async fn heartbeat(ctx: Arc<AgentContext>) {
 /// pods being deleted.
 async fn watch_pods(ctx: Arc<AgentContext>, pods: Arc<Mutex<HashMap<String, Running>>>) {
     let api: Api<Pod> = Api::all(ctx.client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node));
+    // Renewed every minute, as the operator's are: a watch resumed on an
+    // API server whose etcd restarted can stay open and silent.
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node)).timeout(60);
     let mut finished: HashSet<String> = HashSet::new();
     let mut events = watcher(api, config).boxed();
     while let Some(event) = events.next().await {
@@ -244,6 +261,14 @@ async fn watch_pods(ctx: Arc<AgentContext>, pods: Arc<Mutex<HashMap<String, Runn
             None => {
                 let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
                 if finished.contains(&uid) || phase == "Succeeded" || phase == "Failed" {
+                    continue;
+                }
+                if phase == "Running" && !pod::restarts_always(&pod) {
+                    // An earlier agent of this node ran it and crashed: its
+                    // processes are gone, and a kubelet back from a reboot
+                    // fails such a pod rather than run it again.
+                    finished.insert(uid);
+                    tokio::spawn(pod::report_lost(Arc::clone(&ctx), pod));
                     continue;
                 }
                 let (stop, stopped) = watch::channel(false);

@@ -760,6 +760,48 @@ impl PodRunner {
     }
 }
 
+/// Whether a pod's containers are restarted whatever their exit
+/// (restartPolicy Always, the default).
+pub fn restarts_always(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always") == "Always"
+}
+
+/// Reports a pod whose processes died with an earlier agent of this node
+/// as a kubelet back from a reboot does: Failed, each container that had
+/// not finished terminated with 137 and ContainerStatusUnknown. A Job
+/// then counts the failure and starts another pod.
+pub async fn report_lost(ctx: Arc<AgentContext>, pod: Pod) {
+    let mut runner = PodRunner::new(ctx, &pod);
+    let finished_init: Vec<String> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code == 0))
+        .map(|c| c.name)
+        .collect();
+    let since = pod.status.as_ref().and_then(|s| s.start_time.clone()).unwrap_or_else(now);
+    for report in runner.init.iter_mut().chain(runner.main.iter_mut()) {
+        let completed = finished_init.contains(&report.name);
+        report.state = State::Terminated {
+            code: if completed { 0 } else { 137 },
+            reason: if completed { "Completed".into() } else { "ContainerStatusUnknown".into() },
+            message: if completed {
+                String::new()
+            } else {
+                "The container could not be located when the pod was terminated".into()
+            },
+            started: since.clone(),
+            finished: now(),
+        };
+    }
+    runner.phase = "Failed";
+    runner.started = since;
+    tracing::info!(pod = %runner.name, "lost with the node's previous agent");
+    runner.report().await;
+}
+
 /// How a container run ended.
 enum Exit {
     Code(i32),
