@@ -653,6 +653,18 @@ async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) -> Result<(
     Ok(())
 }
 
+/// Whether the DataStage is still there, being deleted, with the clean-up
+/// finalizer, asked of the API server rather than the cache. A
+/// reconciliation can run from a cached copy just after the clean-up
+/// finished, its Jobs were deleted and the finalizer went; without this it
+/// started the clean-up again, and its Jobs (not owned, so that the garbage
+/// collector does not race them) lingered after the DataStage was gone.
+async fn still_cleaning(ds: &DataStage, ctx: &Context) -> Result<bool, Error> {
+    let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    let live = api.get_opt(&ds.name_any()).await?;
+    Ok(live.is_some_and(|live| live.uid() == ds.uid() && has_finalizer(&live)))
+}
+
 /// Where a deleted DataStage's data lies: one entry per worker in its
 /// status (which outlives nodes changing labels), except on nodes that no
 /// longer exist: their disks went with them, and a Job for them would wait
@@ -698,10 +710,17 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
     let targets = cleanup_targets(ds, &nodes);
     let cleanups = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, CLEANUP_LABEL);
     let mut done = 0;
+    let mut confirmed = false;
     for target in &targets {
         let job = build_cleanup_job(ds, &plan, target, &ctx.config.worker_defaults());
         let job_name = job.name_any();
         let Some(existing) = cleanups.iter().find(|j| j.name_any() == job_name) else {
+            if !confirmed {
+                if !still_cleaning(ds, ctx).await? {
+                    return Ok(Action::await_change());
+                }
+                confirmed = true;
+            }
             let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
             match jobs.create(&params, &job).await {
                 Ok(_) => {}
