@@ -13,11 +13,11 @@
 //! condition): a Job's pod template or a Node's image list would otherwise
 //! be most of the operator's memory.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Pod, PodSpec};
 use kube::Resource as _;
-use std::sync::Arc;
-
 use kube::runtime::reflector::{self, Store, store::Writer};
 use tokio::sync::OnceCell;
 

@@ -67,7 +67,7 @@ pub mod reasons {
     /// and its Jobs and pods are labelled with it. The schema refuses such
     /// names; this catches those created before it did.
     pub const NAME_TOO_LONG: &str = "NameTooLong";
-    /// A worker's pod is on a node that is not Ready (or was deleted).
+    /// A worker with work left is on a node that is not Ready (or was deleted).
     pub const NODE_NOT_READY: &str = "NodeNotReady";
     /// Workers finished with different snapshots; they run again.
     pub const RESYNCING: &str = "Resyncing";
@@ -103,8 +103,9 @@ pub struct Observed {
     pub job: Option<Job>,
     /// What its pods said.
     pub report: Report,
-    /// Why the node its running pod is bound to cannot run it now (not
-    /// Ready, or deleted); `None` when it can.
+    /// While the worker has work left: why the node it is pinned to, or
+    /// its running pod is bound to, cannot run it now (not Ready, or
+    /// deleted); `None` when it can.
     pub node_trouble: Option<String>,
 }
 

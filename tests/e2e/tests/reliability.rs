@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_contract::Reason;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
 use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
@@ -108,23 +109,19 @@ impl Bench {
         .await
     }
 
-    /// Waits until a worker pod of DataStage `name` runs in `namespace`.
-    async fn wait_worker_running(&self, namespace: &str, name: &str) {
+    /// Waits until a worker pod of DataStage `name` runs in `namespace`,
+    /// and returns that pod's name.
+    async fn wait_worker_running(&self, namespace: &str, name: &str) -> String {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let selector = format!("{DATASTAGE_LABEL}={name}");
         wait_for(&self.cluster, &format!("a worker of {namespace}/{name} running"), Duration::from_secs(120), || {
             let (pods, selector) = (pods.clone(), selector.clone());
             async move {
-                pods.list(&ListParams::default().labels(&selector))
-                    .await
-                    .ok()?
-                    .items
-                    .iter()
-                    .any(is_running)
-                    .then_some(())
+                let listed = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
+                listed.items.iter().find(|p| is_running(p)).map(|p| p.name_any())
             }
         })
-        .await;
+        .await
     }
 
     /// Every DataStage of `stages`, once all have finished: panics with the
@@ -433,8 +430,7 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
 
 /// Stagings that go on while every component crashes: the operator killed
 /// five times at random moments, the API server and etcd killed and
-/// restarted, the object store killed mid-transfer, a
-/// worker pod deleted.
+/// restarted, the object store killed mid-transfer, a worker pod deleted.
 /// Every DataStage ends Succeeded with its data byte for byte, one Job each,
 /// and a status that counts all of it.
 #[tokio::test(flavor = "multi_thread")]
@@ -506,8 +502,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     // (docs/reliability.md): the operator, and the node agent that stands
     // in for the kubelet here, renew theirs every minute.
     stages.extend(create(&bench, wave(&bench, 5)).await);
-    let components = ["kube-apiserver", "etcd"];
-    for component in components {
+    for component in ["kube-apiserver", "etcd"] {
         tokio::time::sleep(Duration::from_millis(500 + next_random(1500))).await;
         let restarted = bench.cluster.control_plane_mut().unwrap().restart(component, Duration::from_secs(2)).await;
         restarted.unwrap_or_else(|e| panic!("{component} did not come back: {e}"));
@@ -516,28 +511,14 @@ async fn stagings_go_on_through_crashes_of_every_component() {
 
     // 3. The store killed mid-transfer and back after three seconds.
     stages.extend(create(&bench, wave(&bench, 6)).await);
-    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "faults-a");
-    wait_for(&bench.cluster, "a worker of wave 6 running", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        async move {
-            let listed = pods.list(&ListParams::default().labels(&format!("{DATASTAGE_LABEL}=wave6-0"))).await.ok()?;
-            listed.items.iter().any(is_running).then_some(())
-        }
-    })
-    .await;
+    bench.wait_worker_running("faults-a", "wave6-0").await;
     tokio::task::block_in_place(|| bench.s3.restart(Duration::from_secs(3)));
     log.push("MinIO killed mid-transfer and restarted".into());
 
     // 4. A running worker's pod deleted: its Job starts another.
     stages.extend(create(&bench, wave(&bench, 7)).await);
-    let victim = wait_for(&bench.cluster, "a worker of wave 7 running", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        async move {
-            let listed = pods.list(&ListParams::default().labels(&format!("{DATASTAGE_LABEL}=wave7-0"))).await.ok()?;
-            listed.items.iter().find(|p| is_running(p)).map(|p| p.name_any())
-        }
-    })
-    .await;
+    let victim = bench.wait_worker_running("faults-a", "wave7-0").await;
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "faults-a");
     pods.delete(&victim, &DeleteParams::default()).await.unwrap();
     log.push(format!("worker pod {victim} deleted"));
 
@@ -627,8 +608,9 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let filled = small.fill("filler");
-        let message =
-            bench.wait_progressing_reason("faults", &full[0], "InsufficientCapacity", Duration::from_secs(90)).await;
+        let message = bench
+            .wait_progressing_reason("faults", &full[0], Reason::InsufficientCapacity.as_str(), Duration::from_secs(90))
+            .await;
         assert!(message.starts_with("retrying"), "{message}");
         std::fs::remove_file(small.path().join("filler")).unwrap();
         log.push(format!("node-a's disk filled up ({} MiB more) mid-transfer, then freed", filled >> 20));
