@@ -88,6 +88,10 @@ struct Prepared {
     log: PathBuf,
 }
 
+/// How many times a pod status update is tried, half a second apart: a
+/// minute, longer than any API server or etcd restart in the tests.
+const STATUS_ATTEMPTS: u32 = 120;
+
 /// Runs `pod` until it is finished or `stop` turns true (deletion).
 pub async fn run(ctx: Arc<AgentContext>, pod: Pod, mut stop: watch::Receiver<bool>) {
     let mut runner = PodRunner::new(ctx, &pod);
@@ -203,8 +207,23 @@ impl PodRunner {
             "containerStatuses": self.main.iter().map(ContainerReport::json).collect::<Vec<_>>(),
         }});
         let name = self.name.split('/').nth(1).unwrap_or_default();
-        if let Err(error) = self.api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await {
-            tracing::debug!(pod = %self.name, %error, "status update failed");
+        // Retried while the API server is away (restarted, or its etcd), as
+        // a kubelet's status manager keeps syncing: a lost update of a
+        // finished container would leave its pod Running for ever.
+        for attempt in 1..=STATUS_ATTEMPTS {
+            match self.api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await {
+                Ok(_) => return,
+                // Refused (the pod is gone, or the update is invalid):
+                // another try would be refused too.
+                Err(kube::Error::Api(response)) if response.code < 500 && response.code != 429 => {
+                    tracing::debug!(pod = %self.name, error = %response, "status update refused");
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(pod = %self.name, %error, attempt, "status update failed");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
         }
     }
 
