@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::STATE_DIR;
-use super::manifest::{Manifest, ManifestEntry};
+use super::manifest::{ManifestCursor, ManifestEntry};
 use super::paths::{KeyPath, key_to_path};
 use super::staging::FileStamp;
 
@@ -30,6 +30,15 @@ pub enum CleanError {
     /// A transfer still holds its lock on the directory.
     #[error("a transfer is still running into '{0}'; stop it first")]
     Busy(PathBuf),
+    /// The manifests could not be read (sorting an old one needs room).
+    #[error("cannot read the manifests in '{path}': {source}")]
+    ReadManifest {
+        /// The state directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// Removing failed.
     #[error("cannot remove '{path}': {source}")]
     Remove {
@@ -65,13 +74,18 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
     }
     let mut report = CleanReport::default();
     let mut remover = Remover::new(root);
-    for entry in Manifest::load(root).entries() {
-        match remover.remove(entry)? {
+    // Manifests from before they were sorted are sorted here first; the
+    // scratch files go with the state directory below.
+    let scratch = root.join(STATE_DIR).join("tmp").join(format!("clean-{}", std::process::id()));
+    let manifest = ManifestCursor::open(root, &scratch)
+        .map_err(|source| CleanError::ReadManifest { path: root.join(STATE_DIR), source })?;
+    for entry in manifest {
+        match remover.remove(&entry)? {
             Removal::Removed => {
                 report.files_removed += 1;
                 report.bytes_freed += entry.size;
             }
-            Removal::Changed => report.kept.push(entry.path.clone()),
+            Removal::Changed => report.kept.push(entry.path),
             Removal::Missing | Removal::Unsafe => {}
         }
     }
@@ -173,7 +187,7 @@ mod tests {
 
     fn manifest_writer(root: &Path) -> ManifestWriter {
         std::fs::create_dir_all(root.join(STATE_DIR)).unwrap();
-        ManifestWriter::open(root, "manifest.jsonl").unwrap()
+        ManifestWriter::open(root, "manifest.jsonl", &root.join(STATE_DIR).join("scratch")).unwrap()
     }
 
     fn stage(root: &Path, writer: &ManifestWriter, rel: &str, data: &[u8]) {
@@ -200,7 +214,7 @@ mod tests {
         stage(root, &writer, "train/a/0.bin", b"zero");
         stage(root, &writer, "train/b/1.bin", b"one");
         stage(root, &writer, "edited.bin", b"before");
-        writer.finish().unwrap();
+        writer.finish(None).unwrap();
         std::fs::write(root.join("train/b/mine.txt"), b"user data").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(root.join("edited.bin"), b"after, longer").unwrap();
@@ -230,7 +244,7 @@ mod tests {
         let root = dir.path();
         let writer = manifest_writer(root);
         stage(root, &writer, "sub/x.bin", b"precious");
-        writer.finish().unwrap();
+        writer.finish(None).unwrap();
         // The same file (same size and mtime) now lives outside, reached through a link.
         std::fs::rename(root.join("sub"), outside.path().join("sub")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("sub"), root.join("sub")).unwrap();

@@ -11,6 +11,7 @@ pub mod partial;
 pub mod paths;
 pub mod prune;
 pub mod push_state;
+pub mod sorted;
 pub mod staging;
 pub mod walk;
 

@@ -5,68 +5,82 @@
 //! manifest) in the pull's own scope: staged from a key below the same
 //! prefix, and selected by the same include/exclude globs and shard, so
 //! shards sharing a directory never remove each other's files and a pull of
-//! one prefix never judges what another prefix staged. As the listing goes
-//! by, every listed key is struck off ([`Departed::listed`]); what is left
-//! when the listing has finished has left the store.
+//! one prefix never judges what another prefix staged. The pull walks the
+//! manifest in step with its listing (both in key order), and every entry
+//! the listing goes past without showing its object is a candidate
+//! ([`Departed::passed`]). Candidates go to a file in path order, not to
+//! memory: a dataset can lose millions of objects at once.
 //!
 //! Removing reuses `clean`'s judgement ([`Remover`]): a file goes only while
 //! it has the size and mtime it was staged with, files changed since are
 //! kept and logged, and files Ferry did not write are never candidates.
 //!
 //! This module does not decide *whether* to remove: a pull removes nothing
-//! unless its listing finished and every object is in place (see `pull`).
+//! unless its listing finished in key order and every object is in place
+//! (see `pull`).
 
-use std::collections::HashMap;
+use std::io;
 use std::path::Path;
 
 use super::clean::{Removal, Remover};
-use super::manifest::{Manifest, ManifestEntry};
+use super::manifest::ManifestEntry;
+use super::sorted::{RunWriter, SortedRun};
 use crate::selection::Selection;
 
-/// The manifest entries in one pull's scope whose objects the listing has
-/// not shown (yet), by relative path.
+/// The manifest entries in one pull's scope whose objects the listing went
+/// past without showing, in path order, on disk.
 #[derive(Debug)]
-pub struct Departed<'m> {
-    unseen: HashMap<&'m str, &'m ManifestEntry>,
+pub struct Departed<'s> {
+    prefix: String,
+    selection: &'s Selection,
+    entries: RunWriter<ManifestEntry>,
+    count: u64,
 }
 
-impl<'m> Departed<'m> {
-    /// The entries of `manifest` in the scope of a pull of `prefix` with
-    /// `selection`. An entry is in scope when its key is `prefix` followed
-    /// by exactly its path (the relative key the listing will show for it)
-    /// and `selection` selects that relative key.
-    pub fn new(manifest: &'m Manifest, prefix: &str, selection: &Selection) -> Self {
-        let unseen = manifest
-            .entries()
-            .filter(|entry| entry.key.strip_prefix(prefix) == Some(entry.path.as_str()))
-            .filter(|entry| selection.selects(&entry.path))
-            .map(|entry| (entry.path.as_str(), entry))
-            .collect();
-        Self { unseen }
+impl<'s> Departed<'s> {
+    /// Candidates of a pull of `prefix` with `selection`, written to the
+    /// file `path`.
+    ///
+    /// # Errors
+    /// Fails when the file cannot be created.
+    pub fn new(path: &Path, prefix: &str, selection: &'s Selection) -> io::Result<Self> {
+        Ok(Self { prefix: prefix.to_owned(), selection, entries: RunWriter::create(path)?, count: 0 })
     }
 
-    /// The listing showed an object at `relative_key` (the key with the
-    /// prefix stripped), whether or not it can be staged: an object still
-    /// in the store has not left it, even when its key is refused.
-    pub fn listed(&mut self, relative_key: &str) {
-        self.unseen.remove(relative_key);
+    /// The listing went past `entry` without showing its object. It is a
+    /// candidate when it is in scope: its key is the prefix followed by
+    /// exactly its path (the relative key the listing would have shown),
+    /// and the selection selects that relative key. Entries out of scope
+    /// are not this pull's to judge, or to keep in its manifest.
+    ///
+    /// # Errors
+    /// Fails when the candidate cannot be written.
+    pub fn passed(&mut self, entry: ManifestEntry) -> io::Result<()> {
+        let in_scope = entry.key.strip_prefix(self.prefix.as_str()) == Some(entry.path.as_str())
+            && self.selection.selects(&entry.path);
+        if !in_scope {
+            return Ok(());
+        }
+        self.count += 1;
+        self.entries.write(&entry)
     }
 
-    /// Entries not listed so far.
-    pub fn len(&self) -> usize {
-        self.unseen.len()
+    /// Candidates so far.
+    pub fn len(&self) -> u64 {
+        self.count
     }
 
-    /// Whether every entry in scope has been listed.
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.unseen.is_empty()
+        self.count == 0
     }
 
-    /// The entries never listed, in path order.
-    pub fn into_entries(self) -> Vec<ManifestEntry> {
-        let mut entries: Vec<ManifestEntry> = self.unseen.into_values().cloned().collect();
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        entries
+    /// The candidates, in path order.
+    ///
+    /// # Errors
+    /// Fails when the file cannot be flushed.
+    pub fn finish(self) -> io::Result<SortedRun<ManifestEntry>> {
+        self.entries.finish()
     }
 }
 
@@ -77,11 +91,12 @@ pub struct Pruned {
     pub files_removed: u64,
     /// Their bytes.
     pub bytes_removed: u64,
-    /// Files kept because they changed since they were staged.
-    pub kept: Vec<String>,
-    /// Entries whose file could not be examined or removed: the manifest
-    /// keeps them, so a later run tries again.
-    pub retained: Vec<ManifestEntry>,
+    /// Files kept because they changed since they were staged (each is
+    /// logged).
+    pub kept: u64,
+    /// Entries whose file could not be examined or removed: they go to
+    /// `retained`, for the manifest to keep, so a later run tries again.
+    pub retained: u64,
     /// Directories removed because the removals left them empty.
     pub directories_removed: u64,
 }
@@ -90,11 +105,20 @@ pub struct Pruned {
 /// since they were staged, then the directories that left empty, unless
 /// another run is staging into `root` (the caller's own run holds one lock):
 /// it may be about to rename a file into such a directory, and its cache of
-/// directories it made would not notice the directory going.
-pub fn prune(root: &Path, departed: Vec<ManifestEntry>) -> Pruned {
+/// directories it made would not notice the directory going. Entries whose
+/// files cannot be examined or removed are written to `retained`.
+///
+/// # Errors
+/// Fails when `departed` cannot be read or `retained` written.
+pub fn prune(
+    root: &Path,
+    departed: impl IntoIterator<Item = io::Result<ManifestEntry>>,
+    retained: &mut RunWriter<ManifestEntry>,
+) -> io::Result<Pruned> {
     let mut pruned = Pruned::default();
     let mut remover = Remover::new(root);
     for entry in departed {
+        let entry = entry?;
         match remover.remove(&entry) {
             Ok(Removal::Removed) => {
                 tracing::debug!(path = %entry.path, key = %entry.key, "removed: its object left the store");
@@ -103,34 +127,36 @@ pub fn prune(root: &Path, departed: Vec<ManifestEntry>) -> Pruned {
             }
             Ok(Removal::Changed) => {
                 tracing::warn!(path = %entry.path, key = %entry.key, "kept: its object left the store, but the file changed since it was staged");
-                pruned.kept.push(entry.path);
+                pruned.kept += 1;
             }
             Ok(Removal::Missing | Removal::Unsafe) => {}
             Err(error) => {
                 tracing::warn!(path = %entry.path, error = %crate::error_chain(&error), "cannot remove a file whose object left the store; a later run tries again");
-                pruned.retained.push(entry);
+                pruned.retained += 1;
+                retained.write(&entry)?;
             }
         }
     }
     if super::staging::live_runs(root) <= 1 {
         pruned.directories_removed = remover.remove_emptied_directories();
     }
-    pruned
+    Ok(pruned)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::local::STATE_DIR;
-    use crate::local::manifest::ManifestWriter;
+    use crate::local::manifest::{ManifestCursor, ManifestWriter};
     use crate::local::staging::FileStamp;
     use crate::selection::Shard;
 
     /// Stages `files` (relative path → content) under `root` as a pull of
-    /// `prefix` would have, and returns the manifest that records them.
-    fn staged(root: &Path, prefix: &str, files: &[(&str, &[u8])]) -> Manifest {
+    /// `prefix` would have, with a manifest that records them.
+    fn staged(root: &Path, prefix: &str, files: &[(&str, &[u8])]) {
         std::fs::create_dir_all(root.join(STATE_DIR)).unwrap();
-        let writer = ManifestWriter::open(root, "manifest.jsonl").unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let writer = ManifestWriter::open(root, "manifest.jsonl", scratch.path()).unwrap();
         for (rel, data) in files {
             let path = root.join(rel);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -146,30 +172,55 @@ mod tests {
             };
             writer.record(entry, true).unwrap();
         }
-        writer.finish().unwrap();
-        Manifest::load(root)
+        writer.finish(None).unwrap();
+    }
+
+    /// The candidates of a pull of `prefix` with `selection` into `root`
+    /// whose listing showed the relative keys `listed` (in order).
+    fn departed(root: &Path, prefix: &str, selection: &Selection, listed: &[&str]) -> Vec<ManifestEntry> {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut cursor = ManifestCursor::open(root, scratch.path()).unwrap();
+        let mut departed = Departed::new(&scratch.path().join("departed"), prefix, selection).unwrap();
+        for key in listed {
+            cursor.seek(key, |entry| departed.passed(entry)).unwrap();
+        }
+        cursor.drain(|entry| departed.passed(entry)).unwrap();
+        let count = departed.len();
+        let entries: Vec<ManifestEntry> = departed.finish().unwrap().stream().unwrap().map(Result::unwrap).collect();
+        assert_eq!(entries.len() as u64, count);
+        entries
     }
 
     fn paths(entries: &[ManifestEntry]) -> Vec<&str> {
         entries.iter().map(|e| e.path.as_str()).collect()
     }
 
+    /// Prunes `entries`; returns what it did and the entries it retained.
+    fn pruned(root: &Path, entries: Vec<ManifestEntry>) -> (Pruned, Vec<ManifestEntry>) {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut retained = RunWriter::create(&scratch.path().join("retained")).unwrap();
+        let pruned = prune(root, entries.into_iter().map(Ok), &mut retained).unwrap();
+        let retained = retained.finish().unwrap().stream().unwrap().map(Result::unwrap).collect();
+        (pruned, retained)
+    }
+
     #[test]
     fn only_entries_of_the_same_prefix_and_selection_are_candidates() {
         let dir = tempfile::tempdir().unwrap();
-        let manifest = staged(dir.path(), "data/", &[("a.bin", b"a"), ("b.txt", b"b"), ("sub/c.bin", b"c")]);
-        let everything = Departed::new(&manifest, "data/", &Selection::all());
-        assert_eq!(everything.len(), 3);
-        let other_prefix = Departed::new(&manifest, "other/", &Selection::all());
-        assert!(other_prefix.is_empty(), "what another prefix staged is not this pull's to judge");
+        staged(dir.path(), "data/", &[("a.bin", b"a"), ("b.txt", b"b"), ("sub/c.bin", b"c")]);
+        assert_eq!(departed(dir.path(), "data/", &Selection::all(), &[]).len(), 3);
+        assert!(
+            departed(dir.path(), "other/", &Selection::all(), &[]).is_empty(),
+            "what another prefix staged is not this pull's to judge"
+        );
         let bins = Selection::new(&["*.bin".into()], &[], None).unwrap();
-        assert_eq!(paths(&Departed::new(&manifest, "data/", &bins).into_entries()), ["a.bin", "sub/c.bin"]);
+        assert_eq!(paths(&departed(dir.path(), "data/", &bins, &[])), ["a.bin", "sub/c.bin"]);
 
         // Shards of one dataset split the candidates exactly as they split the objects.
         let mut seen = Vec::new();
         for index in 0..3 {
             let shard = Selection::new(&[], &[], Some(Shard { index, count: 3 })).unwrap();
-            for entry in Departed::new(&manifest, "data/", &shard).into_entries() {
+            for entry in departed(dir.path(), "data/", &shard, &[]) {
                 assert!(shard.selects(&entry.path));
                 seen.push(entry.path);
             }
@@ -181,27 +232,33 @@ mod tests {
     #[test]
     fn listed_keys_are_struck_off_by_their_key_relative_to_the_prefix() {
         let dir = tempfile::tempdir().unwrap();
-        let manifest = staged(dir.path(), "data/", &[("a.bin", b"a"), ("sub/c.bin", b"c")]);
-        let mut departed = Departed::new(&manifest, "data/", &Selection::all());
-        departed.listed("sub/c.bin");
-        departed.listed("data/a.bin"); // a full key is not the relative key of a.bin
-        assert_eq!(paths(&departed.into_entries()), ["a.bin"]);
+        staged(dir.path(), "data/", &[("a.bin", b"a"), ("sub/c.bin", b"c")]);
+        // A full key is not the relative key of a.bin.
+        assert_eq!(paths(&departed(dir.path(), "data/", &Selection::all(), &["data/a.bin", "sub/c.bin"])), ["a.bin"]);
+    }
+
+    #[test]
+    fn keys_that_sort_around_a_directory_are_matched_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        // Byte order: "a-x" < "a.b" < "a/b" < "a0"; a walk of directories
+        // would give "a/b" before "a.b".
+        staged(dir.path(), "", &[("a/b", b"1"), ("a.b", b"2"), ("a-x", b"3"), ("a0", b"4"), ("é", b"5")]);
+        assert_eq!(paths(&departed(dir.path(), "", &Selection::all(), &["a-x", "a/b", "é"])), ["a.b", "a0"]);
     }
 
     #[test]
     fn unchanged_files_go_changed_ones_stay_and_emptied_directories_go() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let manifest =
-            staged(root, "", &[("gone/deep/a.bin", b"aaaa"), ("edited.bin", b"before"), ("shared/b.bin", b"bb")]);
+        staged(root, "", &[("gone/deep/a.bin", b"aaaa"), ("edited.bin", b"before"), ("shared/b.bin", b"bb")]);
         std::fs::write(root.join("shared/mine.txt"), b"user data").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(root.join("edited.bin"), b"after, longer").unwrap();
 
-        let pruned = prune(root, Departed::new(&manifest, "", &Selection::all()).into_entries());
+        let (pruned, retained) = pruned(root, departed(root, "", &Selection::all(), &[]));
         assert_eq!((pruned.files_removed, pruned.bytes_removed), (2, 6));
-        assert_eq!(pruned.kept, ["edited.bin"]);
-        assert!(pruned.retained.is_empty());
+        assert_eq!(pruned.kept, 1, "edited.bin");
+        assert!(retained.is_empty());
         assert_eq!(pruned.directories_removed, 2, "gone/deep and gone");
         assert!(!root.join("gone").exists());
         assert_eq!(std::fs::read(root.join("shared/mine.txt")).unwrap(), b"user data");
@@ -228,7 +285,7 @@ mod tests {
             checksum: None,
             mtime_ns: stamp.mtime_ns,
         };
-        assert_eq!(prune(dir.path(), vec![entry]), Pruned::default());
+        assert_eq!(pruned(dir.path(), vec![entry]), (Pruned::default(), vec![]));
         assert!(outside.path().join("victim").exists());
     }
 
@@ -236,14 +293,14 @@ mod tests {
     fn a_file_that_cannot_be_examined_stays_in_the_manifest() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let manifest = staged(root, "", &[("was-a-dir/a.bin", b"a"), ("plain.bin", b"p")]);
+        staged(root, "", &[("was-a-dir/a.bin", b"a"), ("plain.bin", b"p")]);
         // Its directory became a regular file: looking at the file fails
         // with something other than "not found".
         std::fs::remove_dir_all(root.join("was-a-dir")).unwrap();
         std::fs::write(root.join("was-a-dir"), b"now a file").unwrap();
-        let pruned = prune(root, Departed::new(&manifest, "", &Selection::all()).into_entries());
-        assert_eq!(paths(&pruned.retained), ["was-a-dir/a.bin"]);
-        assert_eq!(pruned.files_removed, 1);
+        let (pruned, retained) = pruned(root, departed(root, "", &Selection::all(), &[]));
+        assert_eq!(paths(&retained), ["was-a-dir/a.bin"]);
+        assert_eq!((pruned.files_removed, pruned.retained), (1, 1));
         assert_eq!(std::fs::read(root.join("was-a-dir")).unwrap(), b"now a file");
     }
 }

@@ -27,6 +27,9 @@ use super::paths::{DirMaker, RelPath};
 /// Files at or below this size are not preallocated: one write does it.
 const PREALLOCATE_ABOVE: u64 = 1 << 20;
 
+/// Name of the scratch directory inside a run's temporary directory.
+const SCRATCH_DIR: &str = "scratch";
+
 /// Why the destination cannot be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum StagingError {
@@ -107,6 +110,8 @@ impl StagingArea {
         lock.lock().map_err(prepare(&lock_path))?;
         let run_dir = tmp.join(&run);
         std::fs::create_dir(&run_dir).map_err(prepare(&run_dir))?;
+        let scratch = run_dir.join(SCRATCH_DIR);
+        std::fs::create_dir(&scratch).map_err(prepare(&scratch))?;
         Ok(Self {
             root: root.to_path_buf(),
             run_dir,
@@ -120,6 +125,12 @@ impl StagingArea {
     /// The destination directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// A directory of this run's for its own scratch files (sorted runs of
+    /// the manifest), swept with the rest when the run is gone.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.run_dir.join(SCRATCH_DIR)
     }
 
     /// Creates an empty temporary file, preallocated to `size` bytes so the

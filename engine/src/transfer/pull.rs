@@ -44,10 +44,11 @@ use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
     Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
 };
-use crate::local::manifest::{Manifest, ManifestEntry, ManifestWriter};
+use crate::local::manifest::{ManifestCursor, ManifestEntry, ManifestWriter, Sought};
 use crate::local::partial::{self, PartialHeader, PartialObject, RangeRecord};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
 use crate::local::prune::{Departed, prune};
+use crate::local::sorted::{RunWriter, SortedRun};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::s3::md5_from_etag;
@@ -170,29 +171,58 @@ pub async fn pull(
                 .expect("staging setup panicked")?,
         )
     };
-    let manifest = Manifest::load(destination);
-    let writer = Arc::new(ManifestWriter::open(destination, &manifest_name(&engine)).map_err(TransferError::Manifest)?);
+    // Earlier runs' manifests, read in step with the listing: both come in
+    // key order, so nothing of them is held in memory. Opening may sort a
+    // manifest written before manifests were sorted, once.
+    let scratch = staging.scratch_dir();
+    let mut manifest = {
+        let (root, scratch) = (destination.to_path_buf(), scratch.clone());
+        tokio::task::spawn_blocking(move || ManifestCursor::open(&root, &scratch))
+            .await
+            .expect("opening the manifest panicked")
+            .map_err(TransferError::Manifest)?
+    };
+    let writer = Arc::new(
+        ManifestWriter::open(destination, &manifest_name(&engine), &scratch).map_err(TransferError::Manifest)?,
+    );
     // Measured after the staging area swept dead runs' temporary files, and
     // before this run writes anything.
     let mut ledger = engine.config.capacity.and_then(|check| SpaceLedger::open(check, destination));
-    tracing::info!(source = %source_uri, destination = %destination.display(), known = manifest.len(), "pull started");
+    tracing::info!(source = %source_uri, destination = %destination.display(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);
     let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
     let peer_waiters = Arc::new(Semaphore::new(PEER_WAITERS));
     let mut tasks = ObjectTasks::new();
-    let mut departed = Departed::new(&manifest, prefix, &engine.config.selection);
+    let mut departed = Departed::new(&scratch.join("departed.jsonl"), prefix, &engine.config.selection)
+        .map_err(TransferError::Manifest)?;
+    let mut out_of_order = false;
 
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
             let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
             let mut to_copy = Vec::new();
             for object in page.objects {
-                departed.listed(relative_key(&object.key, prefix));
-                let Some(planned) = plan_object(&engine, &manifest, prefix, object) else { continue };
-                if let Some(entry) = manifest.reusable(destination, &planned.rel, &planned.object) {
-                    writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
+                // Every listed key moves the manifest on, refused and
+                // unselected ones too: an object still in the store has
+                // not left it. Entries gone past are departure candidates.
+                let relative = relative_key(&object.key, prefix);
+                let earlier = match manifest.seek(relative, |entry| departed.passed(entry)) {
+                    Ok(Sought::Found(entry)) => Some(entry),
+                    Ok(Sought::Absent) => None,
+                    Ok(Sought::OutOfOrder) => {
+                        if !out_of_order {
+                            tracing::warn!(key = %object.key.escape_debug(), "the store lists keys out of order: objects listed out of order are copied again, and nothing is removed this run");
+                        }
+                        out_of_order = true;
+                        None
+                    }
+                    Err(error) => return Err(TransferError::Manifest(error)),
+                };
+                let Some(planned) = plan_object(&engine, earlier.is_some(), prefix, object) else { continue };
+                if let Some(entry) = earlier.filter(|entry| entry.reusable(destination, &planned.rel, &planned.object)) {
+                    writer.record(entry, false).map_err(TransferError::Manifest)?;
                     if let (Some(fleet), Some(etag)) = (&engine.fleet, &planned.object.etag) {
                         let path = destination.join(planned.rel.as_str());
                         fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
@@ -270,14 +300,28 @@ pub async fn pull(
     if let Some(fleet) = &engine.fleet {
         fleet.finish(complete);
     }
-    let reconcile = delete_removed && complete;
-    let departed = departed.into_entries();
-    let unremoved = if reconcile { remove_departed(&engine, destination, departed).await } else { departed };
+    // Entries past the last key listed: objects that left the store, or,
+    // after a failed listing, not listed yet.
+    let departed = manifest.drain(|entry| departed.passed(entry)).and_then(|()| departed.finish());
+    // A listing out of key order may still show an object the manifest
+    // has gone past: what it went past is not known to have left.
+    let reconcile = delete_removed && complete && !out_of_order;
+    let carried = match departed {
+        Ok(departed) if reconcile => {
+            remove_departed(&engine, destination, departed, scratch.join("retained.jsonl")).await
+        }
+        other => other,
+    };
     // What was not removed stays in the manifest (a run with failures, or
     // without `--delete-removed`, would otherwise forget those files, and a
     // later `--delete-removed` or `clean` could not remove them).
-    let carried = unremoved.into_iter().try_for_each(|entry| writer.record(entry, false));
-    let finished = carried.and_then(|()| writer.finish()).map_err(TransferError::Manifest);
+    let finished = match carried {
+        Ok(carried) => tokio::task::spawn_blocking(move || writer.finish(Some(carried)))
+            .await
+            .expect("writing the manifest panicked"),
+        Err(error) => Err(error),
+    }
+    .map_err(TransferError::Manifest);
     staging.close();
     outcome?;
     finished?;
@@ -343,26 +387,37 @@ async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Resul
 
 /// Removes the files of objects that left the store (unless changed since
 /// staged) and counts them; returns the entries whose files could not be
-/// removed, for the manifest to keep.
-async fn remove_departed(engine: &Engine, destination: &Path, departed: Vec<ManifestEntry>) -> Vec<ManifestEntry> {
-    if departed.is_empty() {
-        return departed;
-    }
+/// removed (written to `retained`), for the manifest to keep.
+async fn remove_departed(
+    engine: &Engine,
+    destination: &Path,
+    departed: SortedRun<ManifestEntry>,
+    retained: std::path::PathBuf,
+) -> std::io::Result<SortedRun<ManifestEntry>> {
     let root = destination.to_path_buf();
-    let pruned = tokio::task::spawn_blocking(move || prune(&root, departed)).await.expect("pruning panicked");
+    let (pruned, retained) = tokio::task::spawn_blocking(move || {
+        let mut retained = RunWriter::create(&retained)?;
+        let pruned = prune(&root, departed.stream()?, &mut retained)?;
+        Ok::<_, std::io::Error>((pruned, retained.finish()?))
+    })
+    .await
+    .expect("pruning panicked")?;
     engine.tally.removed(pruned.files_removed, pruned.bytes_removed);
-    tracing::info!(
-        removed = pruned.files_removed,
-        bytes = pruned.bytes_removed,
-        kept = pruned.kept.len(),
-        directories = pruned.directories_removed,
-        "removed files whose objects left the store"
-    );
-    pruned.retained
+    if pruned != Default::default() {
+        tracing::info!(
+            removed = pruned.files_removed,
+            bytes = pruned.bytes_removed,
+            kept = pruned.kept,
+            retained = pruned.retained,
+            directories = pruned.directories_removed,
+            "removed files whose objects left the store"
+        );
+    }
+    Ok(retained)
 }
 
 /// Applies the selection and the key-to-path mapping; records refusals.
-fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: ObjectMeta) -> Option<Planned> {
+fn plan_object(engine: &Engine, known: bool, prefix: &str, object: ObjectMeta) -> Option<Planned> {
     let relative = relative_key(&object.key, prefix);
     if !engine.config.selection.selects(relative) {
         return None;
@@ -370,7 +425,6 @@ fn plan_object(engine: &Engine, manifest: &Manifest, prefix: &str, object: Objec
     match key_to_path(relative) {
         Ok(KeyPath::File(rel)) => {
             engine.tally.selected(object.size);
-            let known = manifest.get(rel.as_str()).is_some();
             Some(Planned { object, rel, known })
         }
         Ok(KeyPath::DirectoryMarker) => None,
