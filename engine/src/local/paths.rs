@@ -142,6 +142,9 @@ pub fn path_to_key(relative: &Path) -> Option<RelPath> {
     Some(RelPath(parts.join("/")))
 }
 
+/// Directories a [`DirMaker`] remembers having checked, at most.
+const KNOWN_DIRECTORIES: usize = 1 << 16;
+
 /// Creates parent directories under a root without following symlinks.
 #[derive(Debug)]
 pub struct DirMaker {
@@ -189,7 +192,14 @@ impl DirMaker {
                 },
                 Err(e) => return Err(e),
             }
-            self.known.lock().expect("dir cache poisoned").insert(dir.clone());
+            let mut known = self.known.lock().expect("dir cache poisoned");
+            // Only a cache: forgetting costs a `symlink_metadata` per
+            // directory met again, and keeps a tree of millions of
+            // directories from holding all their paths.
+            if known.len() >= KNOWN_DIRECTORIES {
+                known.clear();
+            }
+            known.insert(dir.clone());
         }
         Ok(())
     }

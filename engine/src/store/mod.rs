@@ -16,6 +16,8 @@ pub mod gcs;
 #[cfg(test)]
 pub mod memory;
 pub mod s3;
+#[cfg(test)]
+pub mod synthetic;
 
 use std::fmt;
 use std::ops::Range;

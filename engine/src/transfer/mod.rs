@@ -23,6 +23,8 @@ pub mod capacity;
 mod fault_tests;
 pub mod md5;
 pub mod memory;
+#[cfg(test)]
+mod object_scale_tests;
 pub mod pull;
 pub mod push;
 pub mod push_resume;

@@ -1,0 +1,188 @@
+//! A read-only [`ObjectStore`] of any number of small objects that are a
+//! function of their index, for measuring the engine at object counts no
+//! server here can hold (ten million keys). Nothing is stored: listing a
+//! page makes 1,000 keys, a GET makes the body from the key.
+//!
+//! Keys are `{prefix}d{i / 1000:05}/o{i % 1000:03}.bin`, so byte order is
+//! index order and a continuation token is the next index. A dataset can
+//! change between runs by rule, not by state: in epoch 2, every 1,009th
+//! object has a new version and every 997th is gone.
+
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use md5::{Digest as _, Md5};
+
+use super::{
+    GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, StoreError, StoredChecksum,
+    UploadedPart,
+};
+
+/// Objects per directory, and per listing page.
+const FANOUT: u64 = 1000;
+
+/// The synthetic store.
+#[derive(Debug, Clone)]
+pub struct SyntheticStore {
+    count: u64,
+    epoch: u32,
+}
+
+impl SyntheticStore {
+    /// `count` objects as they are in `epoch` (1 or 2).
+    pub fn new(count: u64, epoch: u32) -> Self {
+        Self { count, epoch }
+    }
+
+    /// The key of object `index` below `prefix`.
+    pub fn key(prefix: &str, index: u64) -> String {
+        format!("{prefix}d{:05}/o{:03}.bin", index / FANOUT, index % FANOUT)
+    }
+
+    /// Whether object `index` exists in this epoch.
+    pub fn exists(&self, index: u64) -> bool {
+        index < self.count && !(self.epoch >= 2 && index % 997 == 0)
+    }
+
+    /// Whether object `index` has a newer version than in epoch 1.
+    pub fn changed(&self, index: u64) -> bool {
+        self.epoch >= 2 && index % 1009 == 0
+    }
+
+    /// The body of object `index`: its index and version, a few bytes.
+    pub fn body(&self, index: u64) -> Bytes {
+        Bytes::from(format!("{index}:{}", u32::from(self.changed(index)) + 1))
+    }
+
+    fn index_of(key: &str) -> Option<u64> {
+        let (dir, file) = key.rsplit_once("/o")?;
+        let dir: u64 = dir.rsplit_once('d')?.1.parse().ok()?;
+        let file: u64 = file.strip_suffix(".bin")?.parse().ok()?;
+        Some(dir * FANOUT + file)
+    }
+
+    fn meta(&self, key: String, index: u64) -> ObjectMeta {
+        let body = self.body(index);
+        ObjectMeta { key, size: body.len() as u64, etag: Some(hex::encode(Md5::digest(&body))), last_modified: None }
+    }
+
+    fn read_only() -> StoreError {
+        StoreError::Rejected { code: "ReadOnly".into(), message: "the synthetic store takes no writes".into() }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SyntheticStore {
+    fn describe(&self) -> String {
+        "synthetic://objects".into()
+    }
+
+    async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
+        let start: u64 = token.as_deref().map_or(Ok(0), str::parse).map_err(|_| StoreError::NotFound)?;
+        let end = (start + FANOUT).min(self.count);
+        let objects = (start..end).filter(|i| self.exists(*i)).map(|i| self.meta(Self::key(prefix, i), i)).collect();
+        Ok(ListPage { objects, next: (end < self.count).then(|| end.to_string()) })
+    }
+
+    async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
+        let index = Self::index_of(key).filter(|i| self.exists(*i)).ok_or(StoreError::NotFound)?;
+        let crc = crc32c::crc32c(&self.body(index));
+        Ok((self.meta(key.to_owned(), index), Some(Integrity::Whole(StoredChecksum::Crc32c(crc)))))
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> Result<GetResponse, StoreError> {
+        let index = Self::index_of(key).filter(|i| self.exists(*i)).ok_or(StoreError::NotFound)?;
+        let body = self.body(index);
+        let etag = hex::encode(Md5::digest(&body));
+        if if_match.is_some_and(|m| m != etag) {
+            return Err(StoreError::Changed);
+        }
+        let checksum = range.is_none().then(|| Integrity::Whole(StoredChecksum::Crc32c(crc32c::crc32c(&body))));
+        let body = match range {
+            Some(range) => body.slice(range.start as usize..range.end as usize),
+            None => body,
+        };
+        Ok(GetResponse {
+            content_length: body.len() as u64,
+            etag: Some(etag),
+            checksum,
+            body: futures::stream::iter([Ok(body)]).boxed(),
+        })
+    }
+
+    async fn put(&self, _key: &str, _body: Bytes, _crc32c: u32) -> Result<Option<String>, StoreError> {
+        Err(Self::read_only())
+    }
+
+    async fn create_multipart(&self, _key: &str) -> Result<String, StoreError> {
+        Err(Self::read_only())
+    }
+
+    async fn upload_part(
+        &self,
+        _key: &str,
+        _upload_id: &str,
+        _number: u32,
+        _body: Bytes,
+        _crc32c: u32,
+    ) -> Result<UploadedPart, StoreError> {
+        Err(Self::read_only())
+    }
+
+    async fn complete_multipart(
+        &self,
+        _key: &str,
+        _upload_id: &str,
+        _parts: Vec<UploadedPart>,
+        _crc32c: u32,
+    ) -> Result<Option<String>, StoreError> {
+        Err(Self::read_only())
+    }
+
+    async fn abort_multipart(&self, _key: &str, _upload_id: &str) -> Result<(), StoreError> {
+        Err(Self::read_only())
+    }
+
+    async fn list_parts(&self, _key: &str, _upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
+        Err(StoreError::NotFound)
+    }
+
+    async fn list_uploads(&self, _prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pages_are_sorted_continue_and_follow_the_epoch() {
+        let store = SyntheticStore::new(2500, 2);
+        let mut keys = Vec::new();
+        let mut token = None;
+        loop {
+            let page = store.list_page("p/", token).await.unwrap();
+            keys.extend(page.objects.into_iter().map(|o| o.key));
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "byte order");
+        let gone = (0..2500).filter(|i| i % 997 == 0).count();
+        assert_eq!(keys.len(), 2500 - gone);
+        assert_eq!(keys[0], "p/d00000/o001.bin", "object 0 is gone in epoch 2");
+        let response = store.get("p/d00001/o009.bin", None, None).await.unwrap();
+        let body: Vec<Bytes> = response.body.map(Result::unwrap).collect().await;
+        assert_eq!(body.concat(), b"1009:2");
+        assert!(matches!(store.head("p/d00000/o997.bin").await, Err(StoreError::NotFound)));
+    }
+}

@@ -1,0 +1,160 @@
+//! Resident memory against the object count: pulls of a synthetic store
+//! (see [`crate::store::synthetic`]) of growing size, each in a process of
+//! its own (an allocator keeps what it freed, so one process cannot measure
+//! several sizes), first run, re-run with nothing to copy, and a re-run
+//! after objects changed and left with `--delete-removed`.
+//!
+//! The default run compares 20,000 and 100,000 objects (below about
+//! 20,000, the sort's 4 MiB and the adaptive concurrency have not filled up
+//! yet, which would flatter the smaller count). Set
+//! `FERRY_OBJECT_SCALE=10000,100000,1000000` for the figures in
+//! docs/reliability.md.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Engine, TransferConfig, pull::pull};
+use crate::metrics::Metrics;
+use crate::store::synthetic::SyntheticStore;
+
+/// Set in the child process: what to pull.
+const CHILD: &str = "FERRY_OBJECT_SCALE_CHILD";
+
+/// Peak resident memory may grow this much from the smallest count to the
+/// largest; the manifest alone used to take about 0.6 KB per object.
+const ALLOWED_GROWTH: u64 = 8 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    count: u64,
+    epoch: u32,
+    dir: String,
+    delete_removed: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Measured {
+    peak_rss_bytes: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+    transferred: u64,
+    skipped: u64,
+    added: u64,
+    updated: u64,
+    removed: u64,
+    complete: bool,
+    concurrency_peak: u32,
+}
+
+/// User plus system CPU time of this process, from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and
+    // stime are the 12th and 13th, in clock ticks of 1/100 s.
+    let after_name = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The child's side: one pull, measured, printed as one JSON line.
+#[test]
+#[ignore = "run by resident_memory_does_not_grow_with_the_object_count in a process of its own"]
+fn object_scale_child() {
+    let request: Request = serde_json::from_str(&std::env::var(CHILD).expect("only run as a child")).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let started = Instant::now();
+    let summary = runtime.block_on(async {
+        let store = Arc::new(SyntheticStore::new(request.count, request.epoch));
+        let engine = Engine::new(store as _, TransferConfig::default(), Arc::new(Metrics::new())).unwrap();
+        pull(engine, "p/", Path::new(&request.dir), request.delete_removed).await.unwrap()
+    });
+    let changes = summary.changes.unwrap_or_default();
+    let measured = Measured {
+        peak_rss_bytes: super::tally::peak_rss_bytes().unwrap_or(0),
+        seconds: started.elapsed().as_secs_f64(),
+        cpu_seconds: cpu_seconds(),
+        transferred: summary.objects.transferred,
+        skipped: summary.objects.skipped,
+        added: changes.added.objects,
+        updated: changes.updated.objects,
+        removed: changes.removed.objects,
+        complete: summary.complete,
+        concurrency_peak: summary.concurrency.map_or(0, |c| c.peak),
+    };
+    println!("OBJECT_SCALE {}", serde_json::to_string(&measured).unwrap());
+}
+
+fn run_child(request: &Request) -> Measured {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "transfer::object_scale_tests::object_scale_child", "--ignored", "--nocapture"])
+        .env(CHILD, serde_json::to_string(request).unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix("OBJECT_SCALE ")).unwrap_or_else(|| {
+        panic!("the child printed no result:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    });
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn resident_memory_does_not_grow_with_the_object_count() {
+    let counts: Vec<u64> = std::env::var("FERRY_OBJECT_SCALE")
+        .map(|v| v.split(',').map(|n| n.trim().parse().expect("FERRY_OBJECT_SCALE: counts, comma-separated")).collect())
+        .unwrap_or_else(|_| vec![20_000, 100_000]);
+    let phases = [("first run", 1, false), ("re-run, nothing to copy", 1, false), ("re-run, changed", 2, true)];
+    let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
+    println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &count in &counts {
+        let dir = tempfile::tempdir().unwrap();
+        let changed_store = SyntheticStore::new(count, 2);
+        let gone = (0..count).filter(|i| !changed_store.exists(*i)).count() as u64;
+        let changed = (0..count).filter(|i| changed_store.exists(*i) && changed_store.changed(*i)).count() as u64;
+        for (phase, &(name, epoch, delete_removed)) in phases.iter().enumerate() {
+            let request = Request { count, epoch, dir: dir.path().display().to_string(), delete_removed };
+            let measured = run_child(&request);
+            assert!(measured.complete, "{count} objects, {name}: {measured:?}");
+            match phase {
+                0 => assert_eq!((measured.added, measured.transferred), (count, count), "{name}"),
+                1 => assert_eq!((measured.skipped, measured.transferred), (count, 0), "{name}"),
+                _ => assert_eq!(
+                    (measured.updated, measured.removed, measured.skipped),
+                    (changed, gone, count - gone - changed),
+                    "{name}"
+                ),
+            }
+            println!(
+                "| {count} | {name} | {:.1} MiB | {:.1} s | {:.1} s | {:.1} | {:.0} | {} |",
+                measured.peak_rss_bytes as f64 / f64::from(1 << 20),
+                measured.seconds,
+                measured.cpu_seconds,
+                measured.cpu_seconds * 1e6 / count as f64,
+                count as f64 / measured.seconds,
+                measured.concurrency_peak,
+            );
+            peaks[phase].push(measured.peak_rss_bytes);
+        }
+        let files = walkdir::WalkDir::new(dir.path())
+            .into_iter()
+            .filter_entry(|e| e.file_name() != crate::local::STATE_DIR)
+            .flatten()
+            .filter(|e| e.file_type().is_file())
+            .count() as u64;
+        assert_eq!(files, count - gone, "exactly the objects in the store are on disk");
+    }
+    for ((name, ..), peaks) in phases.iter().zip(&peaks) {
+        let (smallest, largest) = (peaks[0], *peaks.last().unwrap());
+        assert!(
+            largest <= smallest + ALLOWED_GROWTH,
+            "{name}: peak RSS grew from {smallest} B at {} objects to {largest} B at {}",
+            counts[0],
+            counts.last().unwrap()
+        );
+    }
+}
