@@ -39,11 +39,27 @@ pub struct Refused {
     pub reason: String,
 }
 
-/// Walks `root`, sending each file (or refusal) to `emit`; stops early when
+/// Orders the entries of one directory so that a depth-first walk yields
+/// files in the byte order of their keys, the order a store lists them in:
+/// a directory sorts as its name followed by `/`. (Sorting plain names
+/// would walk `a/b` before `a.b`, but `.` sorts before `/`.) A symlink to a
+/// directory is not followed, so it sorts as a plain name.
+fn key_order(a: &walkdir::DirEntry, b: &walkdir::DirEntry) -> std::cmp::Ordering {
+    use std::os::unix::ffi::OsStrExt as _;
+    let key = |entry: &walkdir::DirEntry| {
+        let name = entry.file_name().as_bytes();
+        let slash: &[u8] = if entry.file_type().is_dir() { b"/" } else { b"" };
+        name.iter().chain(slash).copied().collect::<Vec<u8>>()
+    };
+    key(a).cmp(&key(b))
+}
+
+/// Walks `root`, sending each file (or refusal) to `emit`, in the byte
+/// order of their keys; stops early when
 /// `emit` returns false. Runs on a blocking thread.
 pub fn walk(root: &Path, mut emit: impl FnMut(Result<LocalFile, Refused>) -> bool) -> std::io::Result<()> {
     let canonical_root = root.canonicalize()?;
-    let mut entries = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
+    let mut entries = walkdir::WalkDir::new(root).follow_links(false).sort_by(key_order).into_iter();
     while let Some(entry) = entries.next() {
         let entry = match entry {
             Ok(entry) => entry,
@@ -133,5 +149,39 @@ mod tests {
         .unwrap();
         assert_eq!(files, vec!["d/e/f.txt", "in"]);
         assert_eq!(refused, vec!["out"]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// Any tree over names that sort around `/` walks in exactly the
+        /// byte order of its keys.
+        #[test]
+        fn files_come_in_the_byte_order_of_their_keys(
+            paths in proptest::collection::vec(
+                proptest::collection::vec(proptest::sample::select(vec!["a", "a.b", "a-b", "a0", "é", "b"]), 1..4),
+                1..12,
+            ),
+        ) {
+            let root = tempfile::tempdir().unwrap();
+            let mut expected = std::collections::BTreeSet::new();
+            for segments in paths {
+                let rel = segments.join("/");
+                let path = root.path().join(&rel);
+                // A path whose prefix is already a file (or the reverse) cannot be made.
+                if std::fs::create_dir_all(path.parent().unwrap()).is_err() || path.is_dir() {
+                    continue;
+                }
+                if std::fs::write(&path, b"x").is_ok() {
+                    expected.insert(rel);
+                }
+            }
+            let mut walked = Vec::new();
+            walk(root.path(), |item| {
+                walked.push(item.unwrap().rel.to_string());
+                true
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(walked, expected.into_iter().collect::<Vec<_>>());
+        }
     }
 }

@@ -43,12 +43,12 @@ impl SyntheticStore {
 
     /// Whether object `index` exists in this epoch.
     pub fn exists(&self, index: u64) -> bool {
-        index < self.count && !(self.epoch >= 2 && index % 997 == 0)
+        index < self.count && !(self.epoch >= 2 && index.is_multiple_of(997))
     }
 
     /// Whether object `index` has a newer version than in epoch 1.
     pub fn changed(&self, index: u64) -> bool {
-        self.epoch >= 2 && index % 1009 == 0
+        self.epoch >= 2 && index.is_multiple_of(1009)
     }
 
     /// The body of object `index`: its index and version, a few bytes.
@@ -177,7 +177,7 @@ mod tests {
             }
         }
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "byte order");
-        let gone = (0..2500).filter(|i| i % 997 == 0).count();
+        let gone = (0..2500u64).filter(|i| i.is_multiple_of(997)).count();
         assert_eq!(keys.len(), 2500 - gone);
         assert_eq!(keys[0], "p/d00000/o001.bin", "object 0 is gone in epoch 2");
         let response = store.get("p/d00001/o009.bin", None, None).await.unwrap();

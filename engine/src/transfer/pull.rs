@@ -362,7 +362,7 @@ async fn sole_owner<T>(mut shared: Arc<T>) -> T {
 }
 
 /// Lists `prefix` page by page into `pages` until done, failed or dropped.
-async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<ListPage, StoreError>>) {
+pub(super) async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<ListPage, StoreError>>) {
     let mut token: Option<String> = None;
     loop {
         let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;

@@ -71,7 +71,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
         });
     }
     preflight(&engine, prefix).await?;
-    let resume = Resume::prepare(&engine, source, &destination_uri, prefix).await?;
+    let resume = Resume::prepare(&engine, source, &destination_uri, prefix).await;
     tracing::info!(source = %source.display(), destination = %destination_uri, "push started");
     let run = Arc::new(PushRun { engine: Arc::clone(&engine), resume });
 
@@ -99,7 +99,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
             }
             engine.tally.selected(file.size);
             let key = format!("{prefix}{}", file.rel);
-            if run.resume.still_in_store(&file, &key) {
+            if run.resume.still_in_store(&file, &key).await {
                 engine.tally.skipped(file.size);
                 engine.metrics.object(ObjectResult::Skipped);
                 continue;

@@ -3,7 +3,10 @@
 //!
 //! * **Skip**: a file recorded as pushed whose size and mtime still match,
 //!   and whose object the store still lists with the recorded size and
-//!   ETag, is not uploaded again.
+//!   ETag, is not uploaded again. The destination is listed page by page
+//!   in step with the walk (both come in key order), not whole before the
+//!   first upload, so a re-run holds a page or three of it, however many
+//!   objects the prefix has.
 //! * **Resume**: a file whose recorded unfinished upload was started for
 //!   this very version of it (size, mtime) with the same part size keeps
 //!   the parts the store lists with the size and CRC32C of the local part
@@ -23,13 +26,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use tokio::sync::mpsc;
+
 use super::pull::ObjectError;
-use super::{Engine, TransferError, dooms_the_run};
+use super::{Engine, dooms_the_run};
 use crate::local::push_state::{PushState, PushedFile, StartedUpload};
 use crate::local::staging::FileStamp;
 use crate::local::walk::LocalFile;
 use crate::metrics::Operation;
-use crate::store::{ListedPart, StoreError};
+use crate::store::{ListPage, ListedPart, ObjectMeta, StoreError};
 
 /// The multipart upload a file's parts go to.
 #[derive(Debug)]
@@ -45,9 +50,9 @@ pub struct MultipartStart {
 pub struct Resume {
     /// `None` when the source directory cannot hold a state.
     state: Option<PushState>,
-    /// Size and ETag of every object under the prefix at the start, by key;
-    /// listed only when an earlier run recorded pushed files.
-    in_store: HashMap<String, (u64, String)>,
+    /// The objects under the prefix, read in step with the walk; listed
+    /// only when an earlier run recorded pushed files.
+    in_store: tokio::sync::Mutex<Option<Destination>>,
     /// Keys this run uploaded in parts: an upload for one of them that
     /// started before this run is one a killed run could not record.
     multipart_keys: Mutex<HashSet<String>>,
@@ -57,19 +62,10 @@ pub struct Resume {
 
 impl Resume {
     /// Loads the state of earlier pushes from `source` to `destination` and,
-    /// when it records pushed files, lists what the store holds under
-    /// `prefix`. A source that cannot hold a state is warned about once and
-    /// pushed without resume.
-    ///
-    /// # Errors
-    /// Run-level store failures while listing (missing bucket, refused
-    /// credentials, unreachable endpoint).
-    pub async fn prepare(
-        engine: &Engine,
-        source: &Path,
-        destination: &str,
-        prefix: &str,
-    ) -> Result<Self, TransferError> {
+    /// when it records pushed files, starts listing what the store holds
+    /// under `prefix`. A source that cannot hold a state is warned about
+    /// once and pushed without resume.
+    pub async fn prepare(engine: &Arc<Engine>, source: &Path, destination: &str, prefix: &str) -> Self {
         let started = SystemTime::now();
         let opened = {
             let (source, destination) = (source.to_path_buf(), destination.to_owned());
@@ -85,10 +81,10 @@ impl Resume {
             }
         };
         let in_store = match &state {
-            Some(state) if state.has_pushed() => list_in_store(engine, prefix).await?,
-            _ => HashMap::new(),
+            Some(state) if state.has_pushed() => Some(Destination::list(engine, prefix)),
+            _ => None,
         };
-        Ok(Self { state, in_store, multipart_keys: Mutex::default(), started })
+        Self { state, in_store: tokio::sync::Mutex::new(in_store), multipart_keys: Mutex::default(), started }
     }
 
     /// A file this run does not select keeps what earlier runs recorded of it.
@@ -99,12 +95,17 @@ impl Resume {
     }
 
     /// Whether `file` is, unchanged, the object the store holds at `key`,
-    /// as an earlier run pushed it: then it need not be sent again.
-    pub fn still_in_store(&self, file: &LocalFile, key: &str) -> bool {
+    /// as an earlier run pushed it: then it need not be sent again. Files
+    /// are to be asked about in key order (the walk's).
+    pub async fn still_in_store(&self, file: &LocalFile, key: &str) -> bool {
         let Some(state) = &self.state else { return false };
+        let listed = match self.in_store.lock().await.as_mut() {
+            Some(destination) => destination.seek(key).await,
+            None => None,
+        };
         let Some(record) = state.pushed(file.rel.as_str()) else { return false };
         let unchanged = record.key == key && record.size == file.size && record.mtime_ns == file.mtime_ns;
-        let listed = self.in_store.get(key).is_some_and(|(size, etag)| *size == record.size && *etag == record.etag);
+        let listed = listed.is_some_and(|object| object.size == record.size && object.etag == Some(record.etag));
         if unchanged && listed {
             state.keep(file.rel.as_str());
         }
@@ -251,26 +252,55 @@ impl Resume {
     }
 }
 
-/// Size and ETag of every object under `prefix`, by key. A listing that
-/// fails for this run's objects only costs the skips: every file is sent.
-async fn list_in_store(engine: &Engine, prefix: &str) -> Result<HashMap<String, (u64, String)>, TransferError> {
-    let mut objects = HashMap::new();
-    let mut token = None;
-    loop {
-        let page = match engine.retrying(Operation::List, || engine.store.list_page(prefix, token.clone())).await {
-            Ok(page) => page,
-            Err(source) if dooms_the_run(&source) => {
-                return Err(TransferError::Store { uri: engine.store.describe(), source });
+/// The destination's listing, read as a cursor: pages come from a lister
+/// task through a channel of two, so the listing runs a little ahead of the
+/// walk and no further.
+#[derive(Debug)]
+struct Destination {
+    pages: mpsc::Receiver<Result<ListPage, StoreError>>,
+    page: std::vec::IntoIter<ObjectMeta>,
+    /// The next object not yet passed.
+    head: Option<ObjectMeta>,
+    last_sought: Option<String>,
+    /// The listing ended (finished or failed).
+    ended: bool,
+}
+
+impl Destination {
+    /// Starts listing `prefix`.
+    fn list(engine: &Arc<Engine>, prefix: &str) -> Self {
+        let (pages_tx, pages) = mpsc::channel(2);
+        tokio::spawn(super::pull::list_all(Arc::clone(engine), prefix.to_owned(), pages_tx));
+        Self { pages, page: Vec::new().into_iter(), head: None, last_sought: None, ended: false }
+    }
+
+    /// The object at `key`, if the store lists one. Keys must be asked in
+    /// increasing order: one below the last is answered `None` (a walk out
+    /// of key order costs re-uploads, never a wrong skip). A listing that
+    /// fails costs the same for every file after it: it is sent again.
+    async fn seek(&mut self, key: &str) -> Option<ObjectMeta> {
+        if self.last_sought.as_deref().is_some_and(|last| key < last) {
+            return None;
+        }
+        self.last_sought = Some(key.to_owned());
+        loop {
+            if self.head.is_none() {
+                self.head = self.page.next();
             }
-            Err(error) => {
-                tracing::warn!(%error, "cannot list the destination; every file is sent again");
-                return Ok(HashMap::new());
+            match &self.head {
+                Some(object) if object.key.as_str() < key => self.head = None,
+                Some(object) if object.key == key => return self.head.take(),
+                Some(_) => return None,
+                None if self.ended => return None,
+                None => match self.pages.recv().await {
+                    Some(Ok(page)) => self.page = page.objects.into_iter(),
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "cannot list the destination; the files not compared yet are sent again");
+                        self.ended = true;
+                    }
+                    None => self.ended = true,
+                },
             }
-        };
-        objects.extend(page.objects.into_iter().filter_map(|object| Some((object.key, (object.size, object.etag?)))));
-        match page.next {
-            Some(next) => token = Some(next),
-            None => return Ok(objects),
         }
     }
 }
