@@ -11,6 +11,13 @@
 //! A torn line (a kill mid-write) is skipped. At the end of a run the file is
 //! rewritten with only what is still true.
 //!
+//! Nothing here grows with the number of files. On opening, the records of
+//! pushed files are sorted by path on disk (in `<file>.scratch/`), and the
+//! push asks about files in the walk's order, which is path order, so a
+//! cursor answers it. What this run pushes or keeps is sorted on disk too.
+//! Only the uploads left open are held in memory: they are bounded by the
+//! bytes in flight when a run was killed, not by the files.
+//!
 //! The file sits in a subdirectory so that a pull into the same directory,
 //! whose manifest loader reads every `*.jsonl` directly in `.ferry/`, never
 //! reads it. This module only remembers: every record is checked against the
@@ -19,13 +26,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, BufWriter, Write as _};
+use std::io::{self, BufRead as _, BufReader, BufWriter, Write as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use super::STATE_DIR;
+use super::sorted::{Keyed, Merged, SORT_MEMORY, SortedRun, SortedWriter};
 
 /// The subdirectory of the state directory that holds push states.
 const PUSH_STATE_DIR: &str = "push";
@@ -94,6 +103,16 @@ pub struct PushedFile {
     pub crc32c: u32,
 }
 
+impl Keyed for PushedFile {
+    fn sort_key(&self) -> &str {
+        &self.path
+    }
+
+    fn resident_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + 16 + 3 * 16 + self.path.len() + self.key.len() + self.etag.len()
+    }
+}
+
 /// One line of the state file.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
@@ -104,29 +123,49 @@ enum Record {
     Pushed(PushedFile),
 }
 
+/// Removes a scratch directory when dropped.
+#[derive(Debug)]
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The state of pushes of one directory to one destination: what earlier
 /// runs left, and the journal of this run.
 #[derive(Debug)]
 pub struct PushState {
     path: PathBuf,
-    /// Every key the loaded state named: a pending upload for one of them
-    /// is taken to be an earlier push's.
-    earlier_keys: HashSet<String>,
+    /// What earlier runs recorded as pushed, sorted by path, on disk.
+    earlier: Vec<SortedRun<PushedFile>>,
+    /// How many files earlier runs recorded as pushed.
+    earlier_count: u64,
+    /// Keys of every upload the loaded state named, open or not.
+    upload_keys: HashSet<String>,
     inner: Mutex<Inner>,
+    /// Held for its `Drop`: the sorted records go when the state does.
+    _scratch: Scratch,
 }
 
 #[derive(Debug)]
 struct Inner {
     /// `None` once a write failed: the run goes on without a journal.
     journal: Option<BufWriter<File>>,
-    /// Files earlier runs pushed that this run has not yet looked at, by path.
-    earlier_pushed: HashMap<String, PushedFile>,
+    /// Earlier runs' records, read in path order as the walk asks.
+    cursor: Option<Merged<PushedFile>>,
+    /// The path last asked about, and the record found for it, if any.
+    sought: Option<(String, Option<PushedFile>)>,
     /// Uploads earlier runs left open that no file of this run has claimed, by key.
     unclaimed: HashMap<String, Vec<StartedUpload>>,
     /// Every upload open as far as this state knows, by id.
     open: BTreeMap<String, StartedUpload>,
-    /// Pushed records that are still true, by path.
-    current: BTreeMap<String, PushedFile>,
+    /// Pushed records that are still true (kept or pushed by this run).
+    current: SortedWriter<PushedFile>,
+    /// Why `current` lost records, if it did: the state written at the end
+    /// would forget them, so none is written.
+    current_failed: Option<io::Error>,
 }
 
 impl PushState {
@@ -140,52 +179,79 @@ impl PushState {
     ///
     /// # Errors
     /// [`PushStateError::Open`] when the state directory or file cannot be
-    /// created or opened, e.g. because the source directory is read-only.
+    /// created or opened, e.g. because the source directory is read-only,
+    /// or the earlier records cannot be sorted.
     pub fn open(source: &Path, destination: &str) -> Result<Self, PushStateError> {
         let dir = source.join(STATE_DIR).join(PUSH_STATE_DIR);
         let path = dir.join(Self::file_name(destination));
-        let opened = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path));
         let open_error = |source| PushStateError::Open { path: path.clone(), source };
-        let mut file = opened.map_err(open_error)?;
-        let mut text = Vec::new();
-        io::Read::read_to_end(&mut file, &mut text).map_err(open_error)?;
-        let (open, earlier_pushed) = Self::replay(&text);
-        if !text.is_empty() && !text.ends_with(b"\n") {
+        let mut file = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path))
+            .map_err(open_error)?;
+        // A killed run's scratch files are of no use to this one.
+        let scratch = Scratch(path.with_extension("scratch"));
+        let _ = std::fs::remove_dir_all(&scratch.0);
+        std::fs::create_dir(&scratch.0).map_err(open_error)?;
+
+        let (open, earlier, earlier_count, upload_keys) = Self::replay(&file, &scratch.0).map_err(open_error)?;
+        let length = file.metadata().map_err(open_error)?.len();
+        let mut last = [0u8];
+        if length > 0 && file.read_at(&mut last, length - 1).map_err(open_error)? == 1 && last[0] != b'\n' {
             // A torn last line: what this run appends starts a line of its own.
             file.write_all(b"\n").map_err(open_error)?;
         }
-        let earlier_keys =
-            open.values().map(|u| &u.key).chain(earlier_pushed.values().map(|f| &f.key)).cloned().collect();
         let mut unclaimed: HashMap<String, Vec<StartedUpload>> = HashMap::new();
         for upload in open.values() {
             unclaimed.entry(upload.key.clone()).or_default().push(upload.clone());
         }
-        let inner =
-            Inner { journal: Some(BufWriter::new(file)), earlier_pushed, unclaimed, open, current: BTreeMap::new() };
-        Ok(Self { path, earlier_keys, inner: Mutex::new(inner) })
+        let cursor = Some(Self::stream(&earlier).map_err(open_error)?);
+        let inner = Inner {
+            journal: Some(BufWriter::new(file)),
+            cursor,
+            sought: None,
+            unclaimed,
+            open,
+            current: SortedWriter::new(&scratch.0, "current", SORT_MEMORY),
+            current_failed: None,
+        };
+        Ok(Self { path, earlier, earlier_count, upload_keys, inner: Mutex::new(inner), _scratch: scratch })
     }
 
-    /// Replays the records in order: what is open at the end, and what was
-    /// pushed. Lines that do not parse (a torn last line) are skipped: they
-    /// cost at most a re-upload or an upload left to the final sweep.
-    fn replay(text: &[u8]) -> (BTreeMap<String, StartedUpload>, HashMap<String, PushedFile>) {
-        let (mut open, mut pushed) = (BTreeMap::new(), HashMap::new());
-        for line in text.split(|&b| b == b'\n') {
-            match serde_json::from_slice::<Record>(line) {
+    /// Replays the records in order: what is open at the end (in memory),
+    /// and what was pushed (sorted into `scratch`, the last record of a
+    /// path winning). Lines that do not parse (a torn last line) are
+    /// skipped: they cost at most a re-upload or an upload left to the
+    /// final sweep.
+    #[allow(clippy::type_complexity)]
+    fn replay(
+        file: &File,
+        scratch: &Path,
+    ) -> io::Result<(BTreeMap<String, StartedUpload>, Vec<SortedRun<PushedFile>>, u64, HashSet<String>)> {
+        let (mut open, mut upload_keys) = (BTreeMap::new(), HashSet::new());
+        let mut pushed = SortedWriter::new(scratch, "earlier", SORT_MEMORY);
+        let mut count = 0;
+        for line in BufReader::with_capacity(64 << 10, file).split(b'\n') {
+            match serde_json::from_slice::<Record>(&line?) {
                 Ok(Record::UploadStarted(upload)) => {
+                    upload_keys.insert(upload.key.clone());
                     open.insert(upload.upload_id.clone(), upload);
                 }
-                Ok(Record::UploadCompleted { upload_id, .. } | Record::UploadAborted { upload_id, .. }) => {
+                Ok(Record::UploadCompleted { key, upload_id } | Record::UploadAborted { key, upload_id }) => {
+                    upload_keys.insert(key);
                     open.remove(&upload_id);
                 }
                 Ok(Record::Pushed(file)) => {
-                    pushed.insert(file.path.clone(), file);
+                    count += 1;
+                    pushed.push(file)?;
                 }
                 Err(_) => {}
             }
         }
-        (open, pushed)
+        Ok((open, pushed.into_few_runs()?, count, upload_keys))
+    }
+
+    fn stream(runs: &[SortedRun<PushedFile>]) -> io::Result<Merged<PushedFile>> {
+        Merged::new(runs.iter().map(SortedRun::stream).collect::<io::Result<Vec<_>>>()?)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -194,20 +260,57 @@ impl PushState {
 
     /// Whether an earlier run recorded any pushed file.
     pub fn has_pushed(&self) -> bool {
-        !self.lock().earlier_pushed.is_empty()
+        self.earlier_count > 0
+    }
+
+    /// Moves the cursor to `path` and returns what an earlier run recorded
+    /// for it, if this run has not kept it yet. Paths asked in increasing
+    /// order cost one pass over the records in all; a path below the last
+    /// one starts a new pass.
+    fn seek<'i>(&self, inner: &'i mut Inner, path: &str) -> &'i mut Option<PushedFile> {
+        let same = inner.sought.as_ref().is_some_and(|(last, _)| last == path);
+        if !same {
+            let behind = inner.sought.as_ref().is_some_and(|(last, _)| path < last.as_str());
+            if behind {
+                inner.cursor = Self::stream(&self.earlier)
+                    .inspect_err(|error| tracing::warn!(%error, "cannot read the push state again"))
+                    .ok();
+            }
+            let mut found = None;
+            if let Some(cursor) = inner.cursor.as_mut() {
+                while cursor.peek_key().is_some_and(|key| key < path) {
+                    cursor.next();
+                }
+                if cursor.peek_key() == Some(path) {
+                    found = cursor.next().and_then(Result::ok);
+                }
+            }
+            inner.sought = Some((path.to_owned(), found));
+        }
+        &mut inner.sought.as_mut().expect("just set").1
     }
 
     /// What an earlier run recorded for the file at `path`, if anything.
     pub fn pushed(&self, path: &str) -> Option<PushedFile> {
-        self.lock().earlier_pushed.get(path).cloned()
+        let mut inner = self.lock();
+        self.seek(&mut inner, path).clone()
     }
 
     /// Carries an earlier run's record for `path` into this run's state:
     /// the file was not selected, or is still in the store as pushed.
     pub fn keep(&self, path: &str) {
         let mut inner = self.lock();
-        if let Some(file) = inner.earlier_pushed.remove(path) {
-            inner.current.insert(file.path.clone(), file);
+        if let Some(file) = self.seek(&mut inner, path).take() {
+            Self::record_current(&mut inner, file);
+        }
+    }
+
+    fn record_current(inner: &mut Inner, file: PushedFile) {
+        if let Err(error) = inner.current.push(file)
+            && inner.current_failed.is_none()
+        {
+            tracing::warn!(%error, "cannot keep this push's state on disk; the next push sends what it would have skipped");
+            inner.current_failed = Some(error);
         }
     }
 
@@ -228,14 +331,35 @@ impl PushState {
         self.lock().open.contains_key(upload_id)
     }
 
+    /// Which of `keys` an earlier run started an upload for or pushed to:
+    /// one pass over the earlier records, however many keys are asked.
+    pub fn known_keys(&self, keys: HashSet<String>) -> HashSet<String> {
+        let (mut known, mut unknown): (HashSet<String>, HashSet<String>) =
+            keys.into_iter().partition(|key| self.upload_keys.contains(key));
+        if unknown.is_empty() {
+            return known;
+        }
+        match Self::stream(&self.earlier) {
+            Ok(records) => {
+                for record in records.map_while(Result::ok) {
+                    if let Some(key) = unknown.take(&record.key) {
+                        known.insert(key);
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot read the push state again"),
+        }
+        known
+    }
+
     /// Whether an earlier run started an upload for `key` or pushed to it.
     pub fn knows_key(&self, key: &str) -> bool {
-        self.earlier_keys.contains(key)
+        !self.known_keys(HashSet::from([key.to_owned()])).is_empty()
     }
 
     /// Whether earlier runs left any record of an upload or a pushed file.
     pub fn knows_any_key(&self) -> bool {
-        !self.earlier_keys.is_empty()
+        self.earlier_count > 0 || !self.upload_keys.is_empty()
     }
 
     /// Records an upload the store just started, before any part is sent.
@@ -262,14 +386,13 @@ impl PushState {
     /// Records a file the store now holds.
     pub fn file_pushed(&self, file: PushedFile) {
         let mut inner = self.lock();
-        inner.earlier_pushed.remove(&file.path);
-        inner.current.insert(file.path.clone(), file.clone());
-        self.append(&mut inner, &Record::Pushed(file));
+        self.append(&mut inner, &Record::Pushed(file.clone()));
+        Self::record_current(&mut inner, file);
     }
 
     /// Appends one record and flushes it, so a kill right after keeps it.
     /// The first failure is reported once; the run goes on without a
-    /// journal (what it does is still in memory for [`PushState::finish`]).
+    /// journal (what it does is still recorded for [`PushState::finish`]).
     fn append(&self, inner: &mut Inner, record: &Record) {
         let Some(journal) = inner.journal.as_mut() else { return };
         let mut line = serde_json::to_vec(record).expect("records serialize");
@@ -287,18 +410,28 @@ impl PushState {
     /// finished, since files the run never looked at lose their records.
     ///
     /// # Errors
-    /// [`PushStateError::Write`] when the new state cannot be written or renamed.
+    /// [`PushStateError::Write`] when the new state cannot be written or
+    /// renamed, or this run's records could not all be kept: then the
+    /// journal stays as it is, which loses nothing.
     pub fn finish(self) -> Result<(), PushStateError> {
         let inner = self.inner.into_inner().expect("push state lock poisoned");
         drop(inner.journal);
         let write_error = |source| PushStateError::Write { path: self.path.clone(), source };
+        if let Some(error) = inner.current_failed {
+            return Err(write_error(error));
+        }
         let tmp = self.path.with_extension("jsonl.tmp");
         let mut out = BufWriter::new(File::create(&tmp).map_err(write_error)?);
-        let records = (inner.current.into_values().map(Record::Pushed))
-            .chain(inner.open.into_values().map(Record::UploadStarted));
-        for record in records {
-            serde_json::to_writer(&mut out, &record).map_err(io::Error::from).map_err(write_error)?;
-            out.write_all(b"\n").map_err(write_error)?;
+        let pushed = inner.current.into_sorted().map_err(write_error)?;
+        let mut write = |record: &Record| {
+            serde_json::to_writer(&mut out, record).map_err(io::Error::from)?;
+            out.write_all(b"\n")
+        };
+        for file in pushed {
+            write(&Record::Pushed(file.map_err(write_error)?)).map_err(write_error)?;
+        }
+        for upload in inner.open.into_values() {
+            write(&Record::UploadStarted(upload)).map_err(write_error)?;
         }
         out.into_inner().map_err(|e| write_error(e.into_error()))?;
         std::fs::rename(&tmp, &self.path).map_err(write_error)
@@ -375,6 +508,37 @@ mod tests {
         assert_eq!(state.pushed("gone"), None, "a file the run never saw is gone");
         assert!(state.is_open("open"), "an upload not yet aborted stays recorded");
         assert!(!state.is_open("done"));
+    }
+
+    #[test]
+    fn many_records_are_found_in_walk_order_and_out_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        // More than the sort holds in memory, in the order uploads finish.
+        let paths: Vec<String> = (0..40_000u32).map(|i| format!("d{:02}/f{:05}", i % 89, i)).collect();
+        for path in &paths {
+            state.file_pushed(pushed(path));
+        }
+        drop(state); // killed: only the journal has them
+        let state = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        let mut sorted = paths.clone();
+        sorted.sort();
+        for path in sorted.iter().step_by(7) {
+            assert_eq!(state.pushed(path).map(|f| f.path), Some(path.clone()));
+            state.keep(path);
+            assert_eq!(state.pushed(path), None, "kept: this run holds it now");
+        }
+        // Behind the cursor: a new pass over the records finds it all the same.
+        assert_eq!(state.pushed(&sorted[1]).map(|f| f.path), Some(sorted[1].clone()));
+        assert!(state.knows_key("p/d88/f00088") && !state.knows_key("p/d88"));
+        state.finish().unwrap();
+        let state = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        assert_eq!(state.earlier_count, sorted.len().div_ceil(7) as u64, "what was kept, once each");
+        assert!(sorted.iter().step_by(7).all(|path| state.pushed(path).is_some()));
+        let scratch = state._scratch.0.clone();
+        assert!(scratch.is_dir());
+        drop(state);
+        assert!(!scratch.exists(), "scratch files go with the run");
     }
 
     #[test]

@@ -1,7 +1,11 @@
-//! A read-only [`ObjectStore`] of any number of small objects that are a
-//! function of their index, for measuring the engine at object counts no
-//! server here can hold (ten million keys). Nothing is stored: listing a
-//! page makes 1,000 keys, a GET makes the body from the key.
+//! An [`ObjectStore`] of any number of small objects that are a function of
+//! their index, for measuring the engine at object counts no server here
+//! can hold (ten million keys). Nothing is stored: listing a page makes
+//! 1,000 keys, a GET makes the body from the key. It takes single-request
+//! writes as a sink: the CRC32C is checked and the ETag returned is the
+//! body's MD5, which is what its listing reports for the same body, so a
+//! push of a directory pulled from it finds everything in place on a
+//! re-run.
 //!
 //! Keys are `{prefix}d{i / 1000:05}/o{i % 1000:03}.bin`, so byte order is
 //! index order and a continuation token is the next index. A dataset can
@@ -69,7 +73,10 @@ impl SyntheticStore {
     }
 
     fn read_only() -> StoreError {
-        StoreError::Rejected { code: "ReadOnly".into(), message: "the synthetic store takes no writes".into() }
+        StoreError::Rejected {
+            code: "NotImplemented".into(),
+            message: "the synthetic store takes no multipart uploads".into(),
+        }
     }
 }
 
@@ -117,8 +124,11 @@ impl ObjectStore for SyntheticStore {
         })
     }
 
-    async fn put(&self, _key: &str, _body: Bytes, _crc32c: u32) -> Result<Option<String>, StoreError> {
-        Err(Self::read_only())
+    async fn put(&self, _key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
+        if crc32c::crc32c(&body) != crc32c {
+            return Err(StoreError::Rejected { code: "BadDigest".into(), message: "CRC32C mismatch".into() });
+        }
+        Ok(Some(hex::encode(Md5::digest(&body))))
     }
 
     async fn create_multipart(&self, _key: &str) -> Result<String, StoreError> {

@@ -2,7 +2,9 @@
 //! (see [`crate::store::synthetic`]) of growing size, each in a process of
 //! its own (an allocator keeps what it freed, so one process cannot measure
 //! several sizes), first run, re-run with nothing to copy, and a re-run
-//! after objects changed and left with `--delete-removed`.
+//! after objects changed and left with `--delete-removed`; then pushes of
+//! the directory that made back to the store, first run and re-run (which
+//! finds everything in place).
 //!
 //! The default run compares 20,000 and 100,000 objects (below about
 //! 20,000, the sort's 4 MiB and the adaptive concurrency have not filled up
@@ -17,7 +19,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Engine, TransferConfig, pull::pull};
+use super::{Engine, TransferConfig, pull::pull, push::push};
 use crate::metrics::Metrics;
 use crate::store::synthetic::SyntheticStore;
 
@@ -34,6 +36,7 @@ struct Request {
     epoch: u32,
     dir: String,
     delete_removed: bool,
+    push: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -71,7 +74,11 @@ fn object_scale_child() {
     let summary = runtime.block_on(async {
         let store = Arc::new(SyntheticStore::new(request.count, request.epoch));
         let engine = Engine::new(store as _, TransferConfig::default(), Arc::new(Metrics::new())).unwrap();
-        pull(engine, "p/", Path::new(&request.dir), request.delete_removed).await.unwrap()
+        if request.push {
+            push(engine, Path::new(&request.dir), "p/").await.unwrap()
+        } else {
+            pull(engine, "p/", Path::new(&request.dir), request.delete_removed).await.unwrap()
+        }
     });
     let changes = summary.changes.unwrap_or_default();
     let measured = Measured {
@@ -107,7 +114,13 @@ fn resident_memory_does_not_grow_with_the_object_count() {
     let counts: Vec<u64> = std::env::var("FERRY_OBJECT_SCALE")
         .map(|v| v.split(',').map(|n| n.trim().parse().expect("FERRY_OBJECT_SCALE: counts, comma-separated")).collect())
         .unwrap_or_else(|_| vec![20_000, 100_000]);
-    let phases = [("first run", 1, false), ("re-run, nothing to copy", 1, false), ("re-run, changed", 2, true)];
+    let phases = [
+        ("first run", 1, false, false),
+        ("re-run, nothing to copy", 1, false, false),
+        ("re-run, changed", 2, true, false),
+        ("push, first run", 2, false, true),
+        ("push, re-run", 2, false, true),
+    ];
     let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
     println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -116,13 +129,15 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         let changed_store = SyntheticStore::new(count, 2);
         let gone = (0..count).filter(|i| !changed_store.exists(*i)).count() as u64;
         let changed = (0..count).filter(|i| changed_store.exists(*i) && changed_store.changed(*i)).count() as u64;
-        for (phase, &(name, epoch, delete_removed)) in phases.iter().enumerate() {
-            let request = Request { count, epoch, dir: dir.path().display().to_string(), delete_removed };
+        for (phase, &(name, epoch, delete_removed, push)) in phases.iter().enumerate() {
+            let request = Request { count, epoch, dir: dir.path().display().to_string(), delete_removed, push };
             let measured = run_child(&request);
             assert!(measured.complete, "{count} objects, {name}: {measured:?}");
             match phase {
                 0 => assert_eq!((measured.added, measured.transferred), (count, count), "{name}"),
                 1 => assert_eq!((measured.skipped, measured.transferred), (count, 0), "{name}"),
+                3 => assert_eq!((measured.skipped, measured.transferred), (0, count - gone), "{name}"),
+                4 => assert_eq!((measured.skipped, measured.transferred), (count - gone, 0), "{name}"),
                 _ => assert_eq!(
                     (measured.updated, measured.removed, measured.skipped),
                     (changed, gone, count - gone - changed),

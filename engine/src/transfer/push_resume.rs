@@ -241,10 +241,14 @@ impl Resume {
                 return;
             }
         };
+        // Keys earlier runs wrote, asked for all pending uploads at once:
+        // the state is read from disk, once.
+        let asked: HashSet<String> = pending.iter().map(|upload| upload.key.clone()).collect();
+        let known = self.state.as_ref().map(|state| state.known_keys(asked)).unwrap_or_default();
         for upload in pending {
             let recorded = self.state.as_ref().is_some_and(|state| state.is_open(&upload.upload_id));
             let before_this_run = upload.initiated.is_some_and(|initiated| initiated < self.started);
-            let our_key = ours.contains(&upload.key) || self.state.as_ref().is_some_and(|s| s.knows_key(&upload.key));
+            let our_key = ours.contains(&upload.key) || known.contains(&upload.key);
             if recorded || (before_this_run && our_key) {
                 self.abort(engine, &upload.key, &upload.upload_id, "a pending upload of an earlier run").await;
             }
