@@ -51,6 +51,9 @@ struct Measured {
     removed: u64,
     complete: bool,
     concurrency_peak: u32,
+    /// Threads in the process at the end (the runtime's blocking pool
+    /// grows while its threads are all busy).
+    threads: u64,
 }
 
 /// User plus system CPU time of this process, from `/proc/self/stat`.
@@ -92,6 +95,12 @@ fn object_scale_child() {
         removed: changes.removed.objects,
         complete: summary.complete,
         concurrency_peak: summary.concurrency.map_or(0, |c| c.peak),
+        threads: std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0),
     };
     println!("OBJECT_SCALE {}", serde_json::to_string(&measured).unwrap());
 }
@@ -122,8 +131,8 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         ("push, re-run", 2, false, true),
     ];
     let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
-    println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency | threads |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &count in &counts {
         let dir = tempfile::tempdir().unwrap();
         let changed_store = SyntheticStore::new(count, 2);
@@ -145,13 +154,14 @@ fn resident_memory_does_not_grow_with_the_object_count() {
                 ),
             }
             println!(
-                "| {count} | {name} | {:.1} MiB | {:.1} s | {:.1} s | {:.1} | {:.0} | {} |",
+                "| {count} | {name} | {:.1} MiB | {:.1} s | {:.1} s | {:.1} | {:.0} | {} | {} |",
                 measured.peak_rss_bytes as f64 / f64::from(1 << 20),
                 measured.seconds,
                 measured.cpu_seconds,
                 measured.cpu_seconds * 1e6 / count as f64,
                 count as f64 / measured.seconds,
                 measured.concurrency_peak,
+                measured.threads,
             );
             peaks[phase].push(measured.peak_rss_bytes);
         }
