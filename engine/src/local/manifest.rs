@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::STATE_DIR;
 use super::paths::RelPath;
-use super::sorted::{JsonLines, Keyed, Merged, RunWriter, SORT_MEMORY, SortedRun, SortedWriter, Stream};
+use super::sorted::{Ascending, JsonLines, Keyed, Merged, RunWriter, SORT_MEMORY, SortedRun, SortedWriter, Stream};
 use super::staging::FileStamp;
 use crate::store::ObjectMeta;
 
@@ -119,16 +119,10 @@ pub enum Sought {
 /// Every manifest in a directory's state directory, read as one stream in
 /// path order. Torn or malformed lines (a run killed mid-write) are
 /// skipped: they only cost a re-copy.
+#[derive(Debug)]
 pub struct ManifestCursor {
     entries: Merged<ManifestEntry>,
-    last_sought: Option<String>,
-    read: u64,
-}
-
-impl std::fmt::Debug for ManifestCursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManifestCursor").field("read", &self.read).finish()
-    }
+    sought: Ascending,
 }
 
 impl ManifestCursor {
@@ -175,7 +169,7 @@ impl ManifestCursor {
                 streams.push(Box::new(until_failure(stream, run.path().to_path_buf())));
             }
         }
-        Ok(Self { entries: Merged::new(streams)?, last_sought: None, read: 0 })
+        Ok(Self { entries: Merged::new(streams)?, sought: Ascending::default() })
     }
 
     /// Moves on to `path`: every entry below it is handed to `passed`, and
@@ -184,47 +178,19 @@ impl ManifestCursor {
     ///
     /// # Errors
     /// Whatever `passed` returns.
-    pub fn seek<E>(&mut self, path: &str, mut passed: impl FnMut(ManifestEntry) -> Result<(), E>) -> Result<Sought, E> {
-        if self.last_sought.as_deref().is_some_and(|last| path < last) {
+    pub fn seek<E>(&mut self, path: &str, passed: impl FnMut(ManifestEntry) -> Result<(), E>) -> Result<Sought, E> {
+        if !self.sought.advance(path) {
             return Ok(Sought::OutOfOrder);
         }
-        match &mut self.last_sought {
-            Some(last) => {
-                last.clear();
-                last.push_str(path);
-            }
-            None => self.last_sought = Some(path.to_owned()),
-        }
-        while self.entries.peek_key().is_some_and(|key| key < path) {
-            passed(self.next_entry().expect("peeked"))?;
-        }
-        if self.entries.peek_key() == Some(path) {
-            return Ok(Sought::Found(self.next_entry().expect("peeked")));
-        }
-        Ok(Sought::Absent)
+        Ok(self.entries.seek(path, passed)?.map_or(Sought::Absent, Sought::Found))
     }
 
     /// Hands every entry not sought yet to `passed`.
     ///
     /// # Errors
     /// Whatever `passed` returns.
-    pub fn drain<E>(mut self, mut passed: impl FnMut(ManifestEntry) -> Result<(), E>) -> Result<(), E> {
-        while let Some(entry) = self.next_entry() {
-            passed(entry)?;
-        }
-        Ok(())
-    }
-
-    /// Entries read so far.
-    pub fn read(&self) -> u64 {
-        self.read
-    }
-
-    fn next_entry(&mut self) -> Option<ManifestEntry> {
-        // The streams end at their first read error instead of failing.
-        let entry = self.entries.next()?.ok()?;
-        self.read += 1;
-        Some(entry)
+    pub fn drain<E>(mut self, passed: impl FnMut(ManifestEntry) -> Result<(), E>) -> Result<(), E> {
+        self.try_for_each(passed)
     }
 }
 
@@ -232,7 +198,8 @@ impl Iterator for ManifestCursor {
     type Item = ManifestEntry;
 
     fn next(&mut self) -> Option<ManifestEntry> {
-        self.next_entry()
+        // The streams end at their first read error instead of failing.
+        self.entries.next()?.ok()
     }
 }
 

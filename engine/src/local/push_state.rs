@@ -276,15 +276,10 @@ impl PushState {
                     .inspect_err(|error| tracing::warn!(%error, "cannot read the push state again"))
                     .ok();
             }
-            let mut found = None;
-            if let Some(cursor) = inner.cursor.as_mut() {
-                while cursor.peek_key().is_some_and(|key| key < path) {
-                    cursor.next();
-                }
-                if cursor.peek_key() == Some(path) {
-                    found = cursor.next().and_then(Result::ok);
-                }
-            }
+            let found = inner.cursor.as_mut().and_then(|cursor| {
+                let skip = |_| Ok::<_, std::convert::Infallible>(());
+                cursor.seek(path, skip).unwrap_or_else(|never| match never {})
+            });
             inner.sought = Some((path.to_owned(), found));
         }
         &mut inner.sought.as_mut().expect("just set").1

@@ -40,6 +40,36 @@ const READ_BUFFER: usize = 64 << 10;
 /// stay bounded however disordered the input was.
 const MERGE_FAN_IN: usize = 32;
 
+/// The last key of a sequence that must not go down: a sorted file being
+/// written or read, or a cursor being moved.
+#[derive(Debug, Default)]
+pub struct Ascending(Option<String>);
+
+impl Ascending {
+    /// Moves on to `key`. Returns false, and stays where it was, when `key`
+    /// sorts below the last key.
+    pub fn advance(&mut self, key: &str) -> bool {
+        match &mut self.0 {
+            Some(last) if key < last.as_str() => false,
+            Some(last) => {
+                // The allocation is reused: this runs once per record.
+                last.clear();
+                last.push_str(key);
+                true
+            }
+            None => {
+                self.0 = Some(key.to_owned());
+                true
+            }
+        }
+    }
+
+    /// The last key, if any.
+    pub fn last(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
 /// A record with a sort key.
 pub trait Keyed: Serialize + DeserializeOwned + Send + 'static {
     /// The key records are sorted and matched by.
@@ -134,7 +164,7 @@ impl<T: Keyed> SortedWriter<T> {
     /// that was full for a moment loses nothing.
     pub fn push(&mut self, record: T) -> io::Result<()> {
         let below_written =
-            self.current.as_ref().and_then(|(_, run)| run.last_key()).is_some_and(|last| record.sort_key() < last);
+            self.current.as_ref().and_then(|(_, run)| run.order.last()).is_some_and(|last| record.sort_key() < last);
         let run = match &self.current {
             Some((number, _)) if below_written => number + 1,
             Some((number, _)) => *number,
@@ -260,7 +290,7 @@ impl<T: Keyed> SortedRun<T> {
 pub struct RunWriter<T> {
     path: PathBuf,
     out: BufWriter<File>,
-    last_key: Option<String>,
+    order: Ascending,
     _records: PhantomData<fn(T)>,
 }
 
@@ -283,12 +313,7 @@ impl<T: Keyed> RunWriter<T> {
             out.write_all(line)?;
             out.write_all(b"\n")?;
         }
-        Ok(Self { path: path.to_path_buf(), out, last_key: None, _records: PhantomData })
-    }
-
-    /// The key last written.
-    pub fn last_key(&self) -> Option<&str> {
-        self.last_key.as_deref()
+        Ok(Self { path: path.to_path_buf(), out, order: Ascending::default(), _records: PhantomData })
     }
 
     /// Appends `record`, which must not sort below the last one.
@@ -298,22 +323,14 @@ impl<T: Keyed> RunWriter<T> {
     /// order (a bug in the caller; the file would not be sorted).
     pub fn write(&mut self, record: &T) -> io::Result<()> {
         let key = record.sort_key();
-        if self.last_key.as_deref().is_some_and(|last| key < last) {
+        if !self.order.advance(key) {
             return Err(io::Error::other(format!(
                 "record '{key}' written out of key order to {}",
                 self.path.display()
             )));
         }
         serde_json::to_writer(&mut self.out, record).map_err(io::Error::other)?;
-        self.out.write_all(b"\n")?;
-        match &mut self.last_key {
-            Some(last) => {
-                last.clear();
-                last.push_str(key);
-            }
-            None => self.last_key = Some(key.to_owned()),
-        }
-        Ok(())
+        self.out.write_all(b"\n")
     }
 
     /// Flushes the file to the OS and returns it as a run.
@@ -344,8 +361,8 @@ impl<T: Keyed> RunWriter<T> {
 #[derive(Debug)]
 pub struct JsonLines<T> {
     lines: io::Lines<BufReader<File>>,
-    check_order: bool,
-    last_key: Option<String>,
+    /// `None` when the order is not checked.
+    order: Option<Ascending>,
     skipped_out_of_order: u64,
     _records: PhantomData<fn() -> T>,
 }
@@ -357,7 +374,8 @@ impl<T: Keyed> JsonLines<T> {
     /// Fails when the file cannot be opened.
     pub fn open(path: &Path, check_order: bool) -> io::Result<Self> {
         let lines = BufReader::with_capacity(READ_BUFFER, File::open(path)?).lines();
-        Ok(Self { lines, check_order, last_key: None, skipped_out_of_order: 0, _records: PhantomData })
+        let order = check_order.then(Ascending::default);
+        Ok(Self { lines, order, skipped_out_of_order: 0, _records: PhantomData })
     }
 
     /// Records skipped because they were out of order.
@@ -378,13 +396,9 @@ impl<T: Keyed> Iterator for JsonLines<T> {
                 Err(error) => return Some(Err(error)),
             };
             let Ok(record) = serde_json::from_str::<T>(&line) else { continue };
-            if self.check_order {
-                let key = record.sort_key();
-                if self.last_key.as_deref().is_some_and(|last| key < last) {
-                    self.skipped_out_of_order += 1;
-                    continue;
-                }
-                self.last_key = Some(key.to_owned());
+            if self.order.as_mut().is_some_and(|order| !order.advance(record.sort_key())) {
+                self.skipped_out_of_order += 1;
+                continue;
             }
             return Some(Ok(record));
         }
@@ -465,6 +479,21 @@ impl<T: Keyed> Merged<T> {
     /// The key of the next record, without taking it.
     pub fn peek_key(&self) -> Option<&str> {
         self.heads.peek().map(|Reverse(head)| head.record.sort_key())
+    }
+
+    /// Moves on to `key`: every record below it is handed to `passed`, and
+    /// the record at `key`, if any, is returned. A record that cannot be
+    /// read is skipped.
+    ///
+    /// # Errors
+    /// Whatever `passed` returns.
+    pub fn seek<E>(&mut self, key: &str, mut passed: impl FnMut(T) -> Result<(), E>) -> Result<Option<T>, E> {
+        while self.peek_key().is_some_and(|next| next < key) {
+            if let Some(Ok(record)) = self.next() {
+                passed(record)?;
+            }
+        }
+        Ok(if self.peek_key() == Some(key) { self.next().and_then(Result::ok) } else { None })
     }
 }
 

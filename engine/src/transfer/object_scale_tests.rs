@@ -95,12 +95,7 @@ fn object_scale_child() {
         removed: changes.removed.objects,
         complete: summary.complete,
         concurrency_peak: summary.concurrency.map_or(0, |c| c.peak),
-        threads: std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0),
+        threads: super::tally::process_status("Threads").unwrap_or(0),
     };
     println!("OBJECT_SCALE {}", serde_json::to_string(&measured).unwrap());
 }

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use super::pull::ObjectError;
 use super::{Engine, dooms_the_run};
 use crate::local::push_state::{PushState, PushedFile, StartedUpload};
+use crate::local::sorted::Ascending;
 use crate::local::staging::FileStamp;
 use crate::local::walk::LocalFile;
 use crate::metrics::Operation;
@@ -265,7 +266,7 @@ struct Destination {
     page: std::vec::IntoIter<ObjectMeta>,
     /// The next object not yet passed.
     head: Option<ObjectMeta>,
-    last_sought: Option<String>,
+    sought: Ascending,
     /// The listing ended (finished or failed).
     ended: bool,
 }
@@ -275,7 +276,7 @@ impl Destination {
     fn list(engine: &Arc<Engine>, prefix: &str) -> Self {
         let (pages_tx, pages) = mpsc::channel(2);
         tokio::spawn(super::pull::list_all(Arc::clone(engine), prefix.to_owned(), pages_tx));
-        Self { pages, page: Vec::new().into_iter(), head: None, last_sought: None, ended: false }
+        Self { pages, page: Vec::new().into_iter(), head: None, sought: Ascending::default(), ended: false }
     }
 
     /// The object at `key`, if the store lists one. Keys must be asked in
@@ -283,10 +284,9 @@ impl Destination {
     /// of key order costs re-uploads, never a wrong skip). A listing that
     /// fails costs the same for every file after it: it is sent again.
     async fn seek(&mut self, key: &str) -> Option<ObjectMeta> {
-        if self.last_sought.as_deref().is_some_and(|last| key < last) {
+        if !self.sought.advance(key) {
             return None;
         }
-        self.last_sought = Some(key.to_owned());
         loop {
             if self.head.is_none() {
                 self.head = self.page.next();

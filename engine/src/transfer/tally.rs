@@ -250,10 +250,15 @@ impl Tally {
 /// The process's peak resident set size (Linux `VmHWM`), for the summary:
 /// the memory limit is a promise, and this is the evidence.
 pub fn peak_rss_bytes() -> Option<u64> {
+    Some(process_status("VmHWM")? * 1024)
+}
+
+/// The number a field of `/proc/self/status` holds (`VmHWM` in KiB,
+/// `Threads`, ...).
+pub fn process_status(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let line = status.lines().find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// One line for humans about a run.
