@@ -11,6 +11,10 @@
 //! index order and a continuation token is the next index. A dataset can
 //! change between runs by rule, not by state: in epoch 2, every 1,009th
 //! object has a new version and every 997th is gone.
+//!
+//! With [`SyntheticStore::empty`], the objects of the first version are
+//! empty (new versions are not): ten million files then fit a disk as
+//! inodes, where a few bytes each would take a 4 KiB block each (40 GB).
 
 use std::ops::Range;
 
@@ -32,12 +36,19 @@ const FANOUT: u64 = 1000;
 pub struct SyntheticStore {
     count: u64,
     epoch: u32,
+    empty: bool,
 }
 
 impl SyntheticStore {
     /// `count` objects as they are in `epoch` (1 or 2).
     pub fn new(count: u64, epoch: u32) -> Self {
-        Self { count, epoch }
+        Self { count, epoch, empty: false }
+    }
+
+    /// The same store with the first version of every object empty.
+    #[must_use]
+    pub fn empty(self) -> Self {
+        Self { empty: true, ..self }
     }
 
     /// The key of object `index` below `prefix`.
@@ -55,9 +66,14 @@ impl SyntheticStore {
         self.epoch >= 2 && index.is_multiple_of(1009)
     }
 
-    /// The body of object `index`: its index and version, a few bytes.
+    /// The body of object `index`: its index and version, a few bytes
+    /// (nothing for a first version, in an [`empty`](Self::empty) store).
     pub fn body(&self, index: u64) -> Bytes {
-        Bytes::from(format!("{index}:{}", u32::from(self.changed(index)) + 1))
+        let changed = self.changed(index);
+        if self.empty && !changed {
+            return Bytes::new();
+        }
+        Bytes::from(format!("{index}:{}", u32::from(changed) + 1))
     }
 
     fn index_of(key: &str) -> Option<u64> {
@@ -194,5 +210,17 @@ mod tests {
         let body: Vec<Bytes> = response.body.map(Result::unwrap).collect().await;
         assert_eq!(body.concat(), b"1009:2");
         assert!(matches!(store.head("p/d00000/o997.bin").await, Err(StoreError::NotFound)));
+    }
+
+    #[tokio::test]
+    async fn an_empty_store_changes_its_objects_from_nothing_to_a_new_version() {
+        let first = SyntheticStore::new(2500, 1).empty();
+        let second = SyntheticStore::new(2500, 2).empty();
+        let page = first.list_page("p/", Some("1000".into())).await.unwrap();
+        assert!(page.objects.iter().all(|o| o.size == 0), "first versions are empty");
+        assert_eq!(second.body(1009).as_ref(), b"1009:2", "a new version is not");
+        assert!(second.body(1010).is_empty());
+        let (meta, _) = second.head("p/d00001/o009.bin").await.unwrap();
+        assert_ne!(meta.etag, page.objects[9].etag, "so a re-run sees the change");
     }
 }

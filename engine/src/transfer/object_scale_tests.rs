@@ -10,7 +10,9 @@
 //! 20,000, the sort's 4 MiB and the adaptive concurrency have not filled up
 //! yet, which would flatter the smaller count). Set
 //! `FERRY_OBJECT_SCALE=10000,100000,1000000` for the figures in
-//! docs/reliability.md.
+//! docs/reliability.md, and `FERRY_OBJECT_SCALE_EMPTY=1` to make the first
+//! version of every object empty (10,000,000 files of a few bytes need
+//! 40 GB of 4 KiB blocks; empty ones need only their inodes).
 
 use std::path::Path;
 use std::process::Command;
@@ -37,6 +39,7 @@ struct Request {
     dir: String,
     delete_removed: bool,
     push: bool,
+    empty: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,7 +78,8 @@ fn object_scale_child() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let started = Instant::now();
     let summary = runtime.block_on(async {
-        let store = Arc::new(SyntheticStore::new(request.count, request.epoch));
+        let store = SyntheticStore::new(request.count, request.epoch);
+        let store = Arc::new(if request.empty { store.empty() } else { store });
         let engine = Engine::new(store as _, TransferConfig::default(), Arc::new(Metrics::new())).unwrap();
         if request.push {
             push(engine, Path::new(&request.dir), "p/").await.unwrap()
@@ -118,6 +122,7 @@ fn resident_memory_does_not_grow_with_the_object_count() {
     let counts: Vec<u64> = std::env::var("FERRY_OBJECT_SCALE")
         .map(|v| v.split(',').map(|n| n.trim().parse().expect("FERRY_OBJECT_SCALE: counts, comma-separated")).collect())
         .unwrap_or_else(|_| vec![20_000, 100_000]);
+    let empty = std::env::var("FERRY_OBJECT_SCALE_EMPTY").is_ok_and(|v| v == "1");
     let phases = [
         ("first run", 1, false, false),
         ("re-run, nothing to copy", 1, false, false),
@@ -134,7 +139,8 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         let gone = (0..count).filter(|i| !changed_store.exists(*i)).count() as u64;
         let changed = (0..count).filter(|i| changed_store.exists(*i) && changed_store.changed(*i)).count() as u64;
         for (phase, &(name, epoch, delete_removed, push)) in phases.iter().enumerate() {
-            let request = Request { count, epoch, dir: dir.path().display().to_string(), delete_removed, push };
+            let dir = dir.path().display().to_string();
+            let request = Request { count, epoch, dir, delete_removed, push, empty };
             let measured = run_child(&request);
             assert!(measured.complete, "{count} objects, {name}: {measured:?}");
             match phase {
