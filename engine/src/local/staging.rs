@@ -1,12 +1,20 @@
 //! Where bytes reach the disk: once, at their final offset, in a temporary
 //! file that is renamed into place only after it is complete and verified.
 //!
-//! Temporary files live in `DIR/.ferry/tmp/<run>/`, on the same filesystem
-//! as their destination so the final rename is atomic. Each run holds an
-//! exclusive lock on `DIR/.ferry/tmp/<run>.lock`; a later run that can take
-//! that lock knows the owner is gone (killed, crashed) and deletes its
-//! leftovers. Sharded workers writing into one shared directory each hold
-//! their own lock and never touch each other's files.
+//! Where the filesystem can (`O_TMPFILE`: ext4, XFS, Btrfs, tmpfs), a file
+//! is made without a name in its final directory and linked to its name
+//! when complete: a killed process leaves nothing behind, and committing
+//! locks only that directory. Otherwise, and to replace a file that
+//! exists (a link cannot), temporary files have names in
+//! `DIR/.ferry/tmp/<run>/`, on the destination's filesystem, and are
+//! renamed into place. That rename crosses directories, which Linux
+//! serialises per filesystem: with hundreds of small files in flight it
+//! was the whole pull's bottleneck (every writer queued in `rename`).
+//!
+//! Each run holds an exclusive lock on `DIR/.ferry/tmp/<run>.lock`; a later
+//! run that can take that lock knows the owner is gone (killed, crashed)
+//! and deletes its leftovers. Sharded workers writing into one shared
+//! directory each hold their own lock and never touch each other's files.
 //!
 //! Not durable against power loss: files are not fsynced, because staging
 //! targets caches that can be re-staged, and fsync per small file would cost
@@ -15,6 +23,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,6 +93,8 @@ pub struct StagingArea {
     _lock: File,
     dirs: DirMaker,
     next_id: AtomicU64,
+    /// Whether files start without a name (probed once, when opened).
+    unnamed: bool,
 }
 
 impl StagingArea {
@@ -112,6 +123,7 @@ impl StagingArea {
         std::fs::create_dir(&run_dir).map_err(prepare(&run_dir))?;
         let scratch = run_dir.join(SCRATCH_DIR);
         std::fs::create_dir(&scratch).map_err(prepare(&scratch))?;
+        let unnamed = unnamed_files_link(&run_dir);
         Ok(Self {
             root: root.to_path_buf(),
             run_dir,
@@ -119,7 +131,15 @@ impl StagingArea {
             _lock: lock,
             dirs: DirMaker::new(root.to_path_buf()),
             next_id: AtomicU64::new(0),
+            unnamed,
         })
+    }
+
+    /// The same area, with every temporary file named (as on a filesystem
+    /// without `O_TMPFILE`).
+    #[cfg(test)]
+    pub(crate) fn named_only(self) -> Self {
+        Self { unnamed: false, ..self }
     }
 
     /// The destination directory.
@@ -133,16 +153,25 @@ impl StagingArea {
         self.run_dir.join(SCRATCH_DIR)
     }
 
-    /// Creates an empty temporary file, preallocated to `size` bytes so the
-    /// filesystem can lay it out contiguously and a full disk fails early.
+    /// Creates an empty temporary file for `rel`, preallocated to `size`
+    /// bytes so the filesystem can lay it out contiguously and a full disk
+    /// fails early. `rel`'s parent directories are made now: an unnamed
+    /// file is made in its final directory.
     ///
     /// # Errors
-    /// Fails when the file cannot be created or space cannot be reserved.
-    pub fn temp_file(&self, size: u64) -> io::Result<TempFile> {
+    /// Fails when a parent cannot be created safely, or the file cannot be
+    /// created, or space cannot be reserved.
+    pub fn temp_file(&self, rel: &RelPath, size: u64) -> io::Result<TempFile> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let path = self.run_dir.join(format!("{id}.part"));
-        let file = OpenOptions::new().write(true).read(true).create_new(true).open(&path)?;
-        let temp = TempFile { path, file: Arc::new(file), committed: false };
+        let unnamed = if self.unnamed { self.unnamed_file(rel)? } else { None };
+        let temp = match unnamed {
+            Some(file) => TempFile { id, name: None, file: Arc::new(file), committed: false },
+            None => {
+                let path = self.named_path(id);
+                let file = OpenOptions::new().write(true).read(true).create_new(true).open(&path)?;
+                TempFile { id, name: Some(path), file: Arc::new(file), committed: false }
+            }
+        };
         if size > PREALLOCATE_ABOVE {
             match rustix::fs::fallocate(&*temp.file, rustix::fs::FallocateFlags::empty(), 0, size) {
                 Ok(()) => {}
@@ -154,12 +183,38 @@ impl StagingArea {
         Ok(temp)
     }
 
+    /// A file without a name in `rel`'s directory, or `None` where that
+    /// directory's filesystem makes none (another mount below the root).
+    fn unnamed_file(&self, rel: &RelPath) -> io::Result<Option<File>> {
+        use rustix::fs::{Mode, OFlags};
+        self.dirs.ensure_parents(rel)?;
+        let target = rel.under(&self.root);
+        let dir = target.parent().unwrap_or(&self.root);
+        let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
+        match rustix::fs::open(dir, flags, Mode::from_raw_mode(0o666)) {
+            Ok(fd) => Ok(Some(File::from(fd))),
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn named_path(&self, id: u64) -> PathBuf {
+        self.run_dir.join(format!("{id}.part"))
+    }
+
     /// Moves a complete, verified temporary file to its final name.
     ///
     /// # Errors
     /// Fails when a parent cannot be created safely or the rename fails.
     pub fn commit(&self, mut temp: TempFile, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
-        let stamp = self.commit_file(&temp.path, &temp.file, rel, mtime)?;
+        let stamp = match temp.name.clone() {
+            Some(path) => self.commit_file(&path, &temp.file, rel, mtime)?,
+            None => {
+                let target = self.prepare_target(&temp.file, rel, mtime)?;
+                self.link_unnamed(&temp, &target)?;
+                FileStamp::of(&target)?
+            }
+        };
         temp.committed = true;
         Ok(stamp)
     }
@@ -181,6 +236,15 @@ impl StagingArea {
     }
 
     fn commit_file(&self, path: &Path, file: &File, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
+        let target = self.prepare_target(file, rel, mtime)?;
+        // rename() replaces a symlink at the target itself, never its referent.
+        std::fs::rename(path, &target)?;
+        FileStamp::of(&target)
+    }
+
+    /// Stamps `file` with `mtime` and makes `rel`'s parents; the path it
+    /// goes to, which must not be a directory.
+    fn prepare_target(&self, file: &File, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<PathBuf> {
         if let Some(mtime) = mtime {
             file.set_modified(mtime)?;
         }
@@ -189,9 +253,35 @@ impl StagingArea {
         if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
             return Err(io::Error::other(format!("'{}' exists and is a directory", target.display())));
         }
-        // rename() replaces a symlink at the target itself, never its referent.
-        std::fs::rename(path, &target)?;
-        FileStamp::of(&target)
+        Ok(target)
+    }
+
+    /// Gives an unnamed file its name. A name that exists (a file updated,
+    /// or a symlink, which is replaced itself, never its referent) cannot
+    /// be linked over: the file gets a name in the run's directory first
+    /// and is renamed over it, atomically.
+    fn link_unnamed(&self, temp: &TempFile, target: &Path) -> io::Result<()> {
+        let fd_path = format!("/proc/self/fd/{}", temp.file.as_raw_fd());
+        let link = |to: &Path| {
+            rustix::fs::linkat(
+                rustix::fs::CWD,
+                fd_path.as_str(),
+                rustix::fs::CWD,
+                to,
+                rustix::fs::AtFlags::SYMLINK_FOLLOW,
+            )
+        };
+        match link(target) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::EXIST) => {
+                let named = self.named_path(temp.id);
+                link(&named)?;
+                std::fs::rename(&named, target).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&named);
+                })
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Removes this run's temporary directory.
@@ -201,10 +291,13 @@ impl StagingArea {
     }
 }
 
-/// A file being written; deleted when dropped uncommitted.
+/// A file being written; gone when dropped uncommitted.
 #[derive(Debug)]
 pub struct TempFile {
-    path: PathBuf,
+    id: u64,
+    /// Its name in the run's directory; none for a file made without one,
+    /// which the filesystem frees with its last descriptor.
+    name: Option<PathBuf>,
     file: Arc<File>,
     committed: bool,
 }
@@ -214,17 +307,14 @@ impl TempFile {
     pub fn handle(&self) -> Arc<File> {
         Arc::clone(&self.file)
     }
-
-    /// The temporary path (for reading back during verification).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
+        if let Some(name) = &self.name
+            && !self.committed
+        {
+            let _ = std::fs::remove_file(name);
         }
     }
 }
@@ -282,6 +372,21 @@ fn real_dir(dir: &Path) -> Result<(), StagingError> {
     }
 }
 
+/// Whether a file made without a name in `dir` can be linked to one
+/// there: the filesystem takes `O_TMPFILE` and `/proc` is mounted (the
+/// link goes through the descriptor's `/proc/self/fd` entry, which needs
+/// no privilege, where `AT_EMPTY_PATH` would).
+fn unnamed_files_link(dir: &Path) -> bool {
+    use rustix::fs::{AtFlags, CWD, Mode, OFlags};
+    let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::open(dir, flags, Mode::from_raw_mode(0o600)) else { return false };
+    let probe = dir.join("probe.link");
+    let fd_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let linked = rustix::fs::linkat(CWD, fd_path.as_str(), CWD, &probe, AtFlags::SYMLINK_FOLLOW).is_ok();
+    let _ = std::fs::remove_file(&probe);
+    linked
+}
+
 /// How many runs hold their lock on `root`'s staging area right now.
 pub fn live_runs(root: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(root.join(STATE_DIR).join("tmp")) else { return 0 };
@@ -323,22 +428,74 @@ mod tests {
         }
     }
 
+    /// The areas to test: files made unnamed where this filesystem can, and
+    /// named ones as elsewhere.
+    fn areas(root: &Path) -> Vec<StagingArea> {
+        let unnamed = StagingArea::open(root).unwrap();
+        assert!(unnamed.unnamed || !cfg!(target_os = "linux"), "tests run where O_TMPFILE works");
+        vec![unnamed, StagingArea::open(root).unwrap().named_only()]
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn files_appear_under_their_name_only_when_committed() {
         let dir = tempfile::tempdir().unwrap();
-        let area = StagingArea::open(dir.path()).unwrap();
-        let temp = area.temp_file(4).unwrap();
-        write_chunks_at(&temp.handle(), &[bytes::Bytes::from_static(b"data")], 0).unwrap();
-        assert!(!dir.path().join("a/b.bin").exists());
-        area.commit(temp, &rel("a/b.bin"), None).unwrap();
-        assert_eq!(std::fs::read(dir.path().join("a/b.bin")).unwrap(), b"data");
+        for (i, area) in areas(dir.path()).into_iter().enumerate() {
+            let name = format!("a/{i}.bin");
+            let temp = area.temp_file(&rel(&name), 4).unwrap();
+            write_chunks_at(&temp.handle(), &[bytes::Bytes::from_static(b"data")], 0).unwrap();
+            assert!(!dir.path().join(&name).exists());
+            let stamp = area.commit(temp, &rel(&name), None).unwrap();
+            assert_eq!(std::fs::read(dir.path().join(&name)).unwrap(), b"data");
+            assert_eq!(stamp.size, 4);
 
-        let dropped = area.temp_file(4).unwrap();
-        let path = dropped.path().to_path_buf();
-        drop(dropped);
-        assert!(!path.exists());
-        area.close();
+            let dropped = area.temp_file(&rel("a/dropped.bin"), 4).unwrap();
+            drop(dropped);
+            area.close();
+        }
+        assert_eq!(entries(&dir.path().join("a")), ["0.bin", "1.bin"], "nothing of the dropped files");
         assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_commit_replaces_a_file_or_a_symlink_but_never_what_the_symlink_points_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim"), b"keep").unwrap();
+        for area in areas(dir.path()) {
+            std::fs::write(dir.path().join("old.bin"), b"old").unwrap();
+            let _ = std::fs::remove_file(dir.path().join("link.bin"));
+            std::os::unix::fs::symlink(outside.path().join("victim"), dir.path().join("link.bin")).unwrap();
+            for name in ["old.bin", "link.bin"] {
+                let temp = area.temp_file(&rel(name), 3).unwrap();
+                write_chunks_at(&temp.handle(), &[bytes::Bytes::from_static(b"new")], 0).unwrap();
+                area.commit(temp, &rel(name), None).unwrap();
+                let meta = std::fs::symlink_metadata(dir.path().join(name)).unwrap();
+                assert!(meta.file_type().is_file(), "{name} is a file now");
+                assert_eq!(std::fs::read(dir.path().join(name)).unwrap(), b"new");
+            }
+            area.close();
+        }
+        assert_eq!(std::fs::read(outside.path().join("victim")).unwrap(), b"keep");
+        assert_eq!(entries(dir.path()), [".ferry", "link.bin", "old.bin"]);
+    }
+
+    #[test]
+    fn a_directory_in_the_way_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for area in areas(dir.path()) {
+            std::fs::create_dir_all(dir.path().join("taken")).unwrap();
+            let temp = area.temp_file(&rel("taken"), 1).unwrap();
+            let error = area.commit(temp, &rel("taken"), None).unwrap_err();
+            assert!(error.to_string().contains("is a directory"), "{error}");
+            area.close();
+        }
     }
 
     #[test]
@@ -359,11 +516,11 @@ mod tests {
         std::fs::create_dir_all(tmp.join("dead")).unwrap();
         std::fs::write(tmp.join("dead/0.part"), b"half").unwrap();
         File::create(tmp.join("dead.lock")).unwrap();
-        let live = StagingArea::open(dir.path()).unwrap();
+        let live = StagingArea::open(dir.path()).unwrap().named_only();
         assert!(!tmp.join("dead").exists());
-        let live_file = live.temp_file(1).unwrap();
+        let live_file = live.temp_file(&rel("a.bin"), 1).unwrap();
         let second = StagingArea::open(dir.path()).unwrap();
-        assert!(live_file.path().exists(), "a run holding its lock keeps its files");
+        assert!(live_file.name.as_ref().unwrap().exists(), "a run holding its lock keeps its files");
         second.close();
         drop(live_file);
         live.close();

@@ -403,7 +403,16 @@ pub struct Engine {
     pub boot_id: String,
     /// The peers of a pull staged by a fleet of workers, if any.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Slots for a pull's file creations and commits (see [`Engine::on_disk`]).
+    disk_slots: tokio::sync::Semaphore,
 }
+
+/// File creations and commits in flight per core. Each is a blocking call,
+/// and small objects finish their requests faster than the filesystem
+/// takes their files: unbounded, every object slot (512) held a thread
+/// queued on the same directory's lock, the kernel spent most of its time
+/// spinning on that lock and every thread kept its own allocator arena.
+const DISK_SLOTS_PER_CORE: usize = 8;
 
 impl Engine {
     /// Builds an engine, checking that the configuration can work.
@@ -454,7 +463,17 @@ impl Engine {
             md5: md5::Md5Hasher::default(),
             boot_id: crate::local::partial::boot_id(),
             fleet,
+            disk_slots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from) * DISK_SLOTS_PER_CORE,
+            ),
         }))
+    }
+
+    /// Runs `work`, a file creation or commit, on the blocking pool once one
+    /// of the run's disk slots is free.
+    pub(crate) async fn on_disk<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> T {
+        let _slot = self.disk_slots.acquire().await.expect("never closed");
+        tokio::task::spawn_blocking(work).await.expect("a file operation panicked")
     }
 
     /// Objects allowed in flight at once: enough to keep every request slot

@@ -617,18 +617,18 @@ async fn download(
         };
 
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
-    tokio::task::spawn_blocking(move || {
-        let (rel, mtime) = (&planned.rel, planned.object.last_modified);
-        commit_and_record(&writer, &planned, expected.as_ref(), || match landing {
-            Landing::Temp(temp) => staging.commit(temp, rel, mtime),
-            Landing::Partial(partial) => {
-                let partial = Arc::into_inner(partial).expect("every range task has finished");
-                staging.commit_partial(partial, rel, mtime)
-            }
+    engine
+        .on_disk(move || {
+            let (rel, mtime) = (&planned.rel, planned.object.last_modified);
+            commit_and_record(&writer, &planned, expected.as_ref(), || match landing {
+                Landing::Temp(temp) => staging.commit(temp, rel, mtime),
+                Landing::Partial(partial) => {
+                    let partial = Arc::into_inner(partial).expect("every range task has finished");
+                    staging.commit_partial(partial, rel, mtime)
+                }
+            })
         })
-    })
-    .await
-    .expect("commit panicked")?;
+        .await?;
     if resumed > 0 {
         tracing::info!(key = %object.key, resumed, "finished an object an earlier run had started");
         engine.tally.resumed(resumed);
@@ -734,17 +734,18 @@ async fn land(
         boot: engine.boot_id.clone(),
     });
     let name = partial::name_for(&planned.rel);
-    tokio::task::spawn_blocking(move || -> std::io::Result<Landing> {
-        if let Some(header) = header
-            && let Some(partial) = PartialObject::open(staging.root(), &name, &header)?
-        {
-            return Ok(Landing::Partial(Arc::new(partial)));
-        }
-        staging.temp_file(size).map(Landing::Temp)
-    })
-    .await
-    .expect("temp file creation panicked")
-    .map_err(ObjectError::io_error("creating a temporary file"))
+    let rel = planned.rel.clone();
+    engine
+        .on_disk(move || -> std::io::Result<Landing> {
+            if let Some(header) = header
+                && let Some(partial) = PartialObject::open(staging.root(), &name, &header)?
+            {
+                return Ok(Landing::Partial(Arc::new(partial)));
+            }
+            staging.temp_file(&rel, size).map(Landing::Temp)
+        })
+        .await
+        .map_err(ObjectError::io_error("creating a temporary file"))
 }
 
 /// Downloads a small object (one GET, at most one write buffer) into
@@ -770,24 +771,25 @@ async fn download_in_memory(
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
-    tokio::task::spawn_blocking(move || -> Result<(), ObjectError> {
-        let temp = staging.temp_file(size).map_err(ObjectError::io_error("creating a temporary file"))?;
-        let file = temp.handle();
-        write_chunks_at(&file, &chunks, 0).map_err(ObjectError::io_error("writing to disk"))?;
-        drop(chunks);
-        drop(memory);
-        if checked {
-            let written = file.metadata().map_err(ObjectError::io_error("checking the size"))?.len();
-            if written != size {
-                return Err(ObjectError::Size { expected: size, actual: written });
+    engine
+        .on_disk(move || -> Result<(), ObjectError> {
+            let temp =
+                staging.temp_file(&planned.rel, size).map_err(ObjectError::io_error("creating a temporary file"))?;
+            let file = temp.handle();
+            write_chunks_at(&file, &chunks, 0).map_err(ObjectError::io_error("writing to disk"))?;
+            drop(chunks);
+            drop(memory);
+            if checked {
+                let written = file.metadata().map_err(ObjectError::io_error("checking the size"))?.len();
+                if written != size {
+                    return Err(ObjectError::Size { expected: size, actual: written });
+                }
             }
-        }
-        commit_and_record(&writer, &planned, expected.as_ref(), || {
-            staging.commit(temp, &planned.rel, planned.object.last_modified)
+            commit_and_record(&writer, &planned, expected.as_ref(), || {
+                staging.commit(temp, &planned.rel, planned.object.last_modified)
+            })
         })
-    })
-    .await
-    .expect("writing a small file panicked")?;
+        .await?;
     engine.tally.bytes(size);
     engine.metrics.add_bytes(Direction::Download, size);
     Ok(verified)
