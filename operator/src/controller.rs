@@ -338,27 +338,42 @@ async fn carry_out(
     let name = ds.name_any();
     let now = now();
     let run = runs::current(ds, schedule, now.0);
-    if let Some(trigger) = run.started {
-        let message = format!("run {} started ({})", run.number, trigger.reason());
-        publish(ctx, ds, EventType::Normal, trigger.reason(), message, "Sync").await;
-    }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
     let starting: Vec<Worker> =
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
+    let mut created = Vec::new();
     if !starting.is_empty() {
-        // Checked only here: a Secret deleted under running workers shows
-        // in their pods, and a running DataStage costs no request for it.
+        // A new DataStage waits for its Jobs as long as the requests made
+        // before them one after another, each queued behind all else the
+        // API server does: the Secret check, the peer Secret, then every
+        // Job at once, and the Events only after them.
+        // The credentials are checked only here: a Secret deleted under
+        // running workers shows in their pods, and a running DataStage
+        // costs no request for it.
         if let Some(blocked) = missing_secret(ds, plan, ctx).await? {
+            publish_run_started(ds, ctx, &run).await;
             return write_blocked(ds, ctx, blocked).await;
         }
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
-        for worker in &starting {
-            let job = build_job(ds, &jobs_plan, worker, workers, run.number, &ctx.config.worker_defaults());
-            existing.push(create_job(ds, ctx, &jobs, &job, worker, run.number).await?);
+        let defaults = ctx.config.worker_defaults();
+        let jobs = &jobs;
+        let creating = starting.iter().map(|worker| {
+            let job = build_job(ds, &jobs_plan, worker, workers, run.number, &defaults);
+            async move { create_job(jobs, &job).await.map(|(job, new)| (job, new.then_some(worker))) }
+        });
+        for (job, new) in futures::future::try_join_all(creating).await? {
+            created.extend(new.map(|worker| (job.name_any(), worker)));
+            existing.push(job);
         }
+    }
+    publish_run_started(ds, ctx, &run).await;
+    for (job_name, worker) in created {
+        let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
+        let note = format!("created Job {job_name}{node} for run {}", run.number);
+        publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
     }
     let observed = observe(ctx, ds, workers, existing, &run);
     let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
@@ -392,27 +407,23 @@ async fn carry_out(
     })
 }
 
-/// Creates a worker's Job. The cache may not show a Job created a moment
-/// ago (its watch event can trail the DataStage's), so one that already
-/// exists is taken as it is: one Job per worker and run, one Event.
-async fn create_job(
-    ds: &DataStage,
-    ctx: &Context,
-    jobs: &Api<Job>,
-    job: &Job,
-    worker: &Worker,
-    run: i64,
-) -> Result<Job, Error> {
-    let job_name = job.name_any();
+/// The Event of a run that starts with this reconciliation.
+async fn publish_run_started(ds: &DataStage, ctx: &Context, run: &Run) {
+    if let Some(trigger) = run.started {
+        let message = format!("run {} started ({})", run.number, trigger.reason());
+        publish(ctx, ds, EventType::Normal, trigger.reason(), message, "Sync").await;
+    }
+}
+
+/// Creates a worker's Job, and says whether this call created it. The cache
+/// may not show a Job created a moment ago (its watch event can trail the
+/// DataStage's), so one that already exists is taken as it is: one Job per
+/// worker and run, one Event.
+async fn create_job(jobs: &Api<Job>, job: &Job) -> Result<(Job, bool), Error> {
     let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
     match jobs.create(&params, job).await {
-        Ok(created) => {
-            let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
-            let note = format!("created Job {job_name}{node} for run {run}");
-            publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
-            Ok(created)
-        }
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(jobs.get(&job_name).await?),
+        Ok(created) => Ok((created, true)),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok((jobs.get(&job.name_any()).await?, false)),
         Err(error) => Err(error.into()),
     }
 }
