@@ -19,9 +19,19 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
+
+/// A spawned task that stops when this goes out of scope (a wait that
+/// returns or panics leaves no watch behind).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// The label the operator puts on every Job and pod of a DataStage.
 const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
@@ -127,42 +137,53 @@ impl Bench {
     /// Every DataStage of `stages`, once all have finished: panics with the
     /// unfinished ones' status after `deadline`.
     async fn wait_finished(&self, stages: &[(String, String)], deadline: Duration) -> Vec<DataStage> {
+        // From a watch, not a LIST every half second: a consistent LIST of
+        // 1,000 DataStages is a read of all of them from etcd, re-encoded,
+        // and at that rate it took a share of the API server's two cores
+        // that the scale figures then counted against the operator. The
+        // watch is renewed every 50 s, as the operator's are, so a watch
+        // left silent by an etcd restart does not stop the wait.
+        let (reader, writer) = reflector::store::<DataStage>();
+        let config = watcher::Config::default().timeout(50);
+        let watch = watcher(Api::<DataStage>::all(self.client.clone()), config)
+            .default_backoff()
+            .reflect(writer)
+            .for_each(|_| async {});
+        let _watch = AbortOnDrop(tokio::spawn(watch));
         let started = Instant::now();
         loop {
-            let all = Api::<DataStage>::all(self.client.clone()).list(&ListParams::default()).await;
-            if let Ok(all) = all {
-                let wanted: Vec<DataStage> = all
-                    .items
-                    .into_iter()
-                    .filter(|d| stages.contains(&(d.namespace().unwrap_or_default(), d.name_any())))
-                    .collect();
-                let unfinished: Vec<&DataStage> =
-                    wanted.iter().filter(|d| !phase(d).is_some_and(Phase::is_finished)).collect();
-                if wanted.len() == stages.len() && unfinished.is_empty() {
-                    return wanted;
+            let wanted: Vec<DataStage> = reader
+                .state()
+                .into_iter()
+                .filter(|d| stages.contains(&(d.namespace().unwrap_or_default(), d.name_any())))
+                .map(|d| (*d).clone())
+                .collect();
+            let unfinished: Vec<&DataStage> =
+                wanted.iter().filter(|d| !phase(d).is_some_and(Phase::is_finished)).collect();
+            if wanted.len() == stages.len() && unfinished.is_empty() {
+                return wanted;
+            }
+            if started.elapsed() > deadline {
+                let mut shown = Vec::new();
+                for d in unfinished.iter().take(5) {
+                    let (namespace, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                    shown.push(format!(
+                        "{namespace}/{name}: {}\n{}",
+                        json!(d.status),
+                        self.children(&namespace, &name).await
+                    ));
                 }
-                if started.elapsed() > deadline {
-                    let mut shown = Vec::new();
-                    for d in unfinished.iter().take(5) {
-                        let (namespace, name) = (d.namespace().unwrap_or_default(), d.name_any());
-                        shown.push(format!(
-                            "{namespace}/{name}: {}\n{}",
-                            json!(d.status),
-                            self.children(&namespace, &name).await
-                        ));
-                    }
-                    if let Ok(keep) = std::env::var("FERRY_E2E_KEEP_LOGS") {
-                        let _ = std::fs::copy(self.operator.log_path(), keep);
-                    }
-                    panic!(
-                        "{} of {} DataStages unfinished after {deadline:?}, e.g.\n{}\n--- operator ---\n{}\n{}",
-                        unfinished.len() + stages.len() - wanted.len(),
-                        stages.len(),
-                        shown.join("\n"),
-                        self.operator.log_tail(40),
-                        self.cluster.diagnostics()
-                    );
+                if let Ok(keep) = std::env::var("FERRY_E2E_KEEP_LOGS") {
+                    let _ = std::fs::copy(self.operator.log_path(), keep);
                 }
+                panic!(
+                    "{} of {} DataStages unfinished after {deadline:?}, e.g.\n{}\n--- operator ---\n{}\n{}",
+                    unfinished.len() + stages.len() - wanted.len(),
+                    stages.len(),
+                    shown.join("\n"),
+                    self.operator.log_tail(40),
+                    self.cluster.diagnostics()
+                );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
