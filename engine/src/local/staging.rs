@@ -186,13 +186,10 @@ impl StagingArea {
     /// A file without a name in `rel`'s directory, or `None` where that
     /// directory's filesystem makes none (another mount below the root).
     fn unnamed_file(&self, rel: &RelPath) -> io::Result<Option<File>> {
-        use rustix::fs::{Mode, OFlags};
         self.dirs.ensure_parents(rel)?;
         let target = rel.under(&self.root);
-        let dir = target.parent().unwrap_or(&self.root);
-        let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
-        match rustix::fs::open(dir, flags, Mode::from_raw_mode(0o666)) {
-            Ok(fd) => Ok(Some(File::from(fd))),
+        match open_unnamed(target.parent().unwrap_or(&self.root)) {
+            Ok(file) => Ok(Some(file)),
             Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL) => Ok(None),
             Err(error) => Err(error.into()),
         }
@@ -207,8 +204,8 @@ impl StagingArea {
     /// # Errors
     /// Fails when a parent cannot be created safely or the rename fails.
     pub fn commit(&self, mut temp: TempFile, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
-        let stamp = match temp.name.clone() {
-            Some(path) => self.commit_file(&path, &temp.file, rel, mtime)?,
+        let stamp = match temp.name.as_deref() {
+            Some(path) => self.commit_file(path, &temp.file, rel, mtime)?,
             None => {
                 let target = self.prepare_target(&temp.file, rel, mtime)?;
                 self.link_unnamed(&temp, &target)?;
@@ -261,21 +258,11 @@ impl StagingArea {
     /// be linked over: the file gets a name in the run's directory first
     /// and is renamed over it, atomically.
     fn link_unnamed(&self, temp: &TempFile, target: &Path) -> io::Result<()> {
-        let fd_path = format!("/proc/self/fd/{}", temp.file.as_raw_fd());
-        let link = |to: &Path| {
-            rustix::fs::linkat(
-                rustix::fs::CWD,
-                fd_path.as_str(),
-                rustix::fs::CWD,
-                to,
-                rustix::fs::AtFlags::SYMLINK_FOLLOW,
-            )
-        };
-        match link(target) {
+        match link_unnamed_to(&temp.file, target) {
             Ok(()) => Ok(()),
             Err(rustix::io::Errno::EXIST) => {
                 let named = self.named_path(temp.id);
-                link(&named)?;
+                link_unnamed_to(&temp.file, &named)?;
                 std::fs::rename(&named, target).inspect_err(|_| {
                     let _ = std::fs::remove_file(&named);
                 })
@@ -377,14 +364,26 @@ fn real_dir(dir: &Path) -> Result<(), StagingError> {
 /// link goes through the descriptor's `/proc/self/fd` entry, which needs
 /// no privilege, where `AT_EMPTY_PATH` would).
 fn unnamed_files_link(dir: &Path) -> bool {
-    use rustix::fs::{AtFlags, CWD, Mode, OFlags};
-    let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
-    let Ok(fd) = rustix::fs::open(dir, flags, Mode::from_raw_mode(0o600)) else { return false };
+    let Ok(file) = open_unnamed(dir) else { return false };
     let probe = dir.join("probe.link");
-    let fd_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let linked = rustix::fs::linkat(CWD, fd_path.as_str(), CWD, &probe, AtFlags::SYMLINK_FOLLOW).is_ok();
+    let linked = link_unnamed_to(&file, &probe).is_ok();
     let _ = std::fs::remove_file(&probe);
     linked
+}
+
+/// A new file without a name in `dir` (`O_TMPFILE`), read-write, with the
+/// mode a created file gets (0666 less the umask).
+fn open_unnamed(dir: &Path) -> rustix::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
+    rustix::fs::open(dir, flags, Mode::from_raw_mode(0o666)).map(File::from)
+}
+
+/// Gives the unnamed `file` the name `to`, which must not exist.
+fn link_unnamed_to(file: &File, to: &Path) -> rustix::io::Result<()> {
+    use rustix::fs::{AtFlags, CWD};
+    let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rustix::fs::linkat(CWD, fd_path.as_str(), CWD, to, AtFlags::SYMLINK_FOLLOW)
 }
 
 /// How many runs hold their lock on `root`'s staging area right now.
