@@ -344,12 +344,13 @@ async fn carry_out(
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
     let starting: Vec<Worker> =
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
-    let mut created = Vec::new();
+    let (mut created, mut failed) = (Vec::new(), None);
     if !starting.is_empty() {
         // A new DataStage waits for its Jobs as long as the requests made
         // before them one after another, each queued behind all else the
         // API server does: the Secret check, the peer Secret, then every
         // Job at once, and the Events only after them.
+        //
         // The credentials are checked only here: a Secret deleted under
         // running workers shows in their pods, and a running DataStage
         // costs no request for it.
@@ -364,9 +365,16 @@ async fn carry_out(
             let job = build_job(ds, &jobs_plan, worker, workers, run.number, &defaults);
             async move { create_job(jobs, &job).await.map(|(job, new)| (job, new.then_some(worker))) }
         });
-        for (job, new) in futures::future::try_join_all(creating).await? {
-            created.extend(new.map(|worker| (job.name_any(), worker)));
-            existing.push(job);
+        // Every Job made gets its Event, even when another's create failed:
+        // the next reconciliation finds it in place and publishes none.
+        for result in futures::future::join_all(creating).await {
+            match result {
+                Ok((job, new)) => {
+                    created.extend(new.map(|worker| (job.name_any(), worker)));
+                    existing.push(job);
+                }
+                Err(error) => failed = failed.or(Some(error)),
+            }
         }
     }
     publish_run_started(ds, ctx, &run).await;
@@ -374,6 +382,9 @@ async fn carry_out(
         let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
         let note = format!("created Job {job_name}{node} for run {}", run.number);
         publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
+    }
+    if let Some(error) = failed {
+        return Err(error);
     }
     let observed = observe(ctx, ds, workers, existing, &run);
     let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
