@@ -23,16 +23,6 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
-/// A spawned task that stops when this goes out of scope (a wait that
-/// returns or panics leaves no watch behind).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The label the operator puts on every Job and pod of a DataStage.
 const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
 
@@ -149,7 +139,8 @@ impl Bench {
             .default_backoff()
             .reflect(writer)
             .for_each(|_| async {});
-        let _watch = AbortOnDrop(tokio::spawn(watch));
+        // Aborted when the wait returns or panics: no watch is left behind.
+        let _watch = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch));
         let started = Instant::now();
         loop {
             let wanted: Vec<DataStage> = reader
