@@ -27,13 +27,14 @@ use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Resource as _, ResourceExt as _};
 
 use crate::cache::{CacheWriters, Caches};
 use crate::config::OperatorConfig;
+use crate::events::EventPublisher;
 use crate::jobs::{
     CLEANUP_LABEL, DATASTAGE_LABEL, RUN_LABEL, WORKER_LABEL, Worker, build_cleanup_job, build_job, plan_workers,
 };
@@ -86,8 +87,8 @@ pub struct Context {
     pub config: OperatorConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// Publishes Events, folding repeats into series.
+    pub recorder: EventPublisher,
     /// Nodes, and the Jobs and Pods of DataStages, as the watches last saw them.
     pub caches: Caches,
 }
@@ -340,6 +341,7 @@ async fn carry_out(
     let run = runs::current(ds, schedule, now.0);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
+    let awaited = ctx.caches.created.fill_in(&namespace, &name, &mut existing);
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
     let starting: Vec<Worker> =
@@ -370,6 +372,9 @@ async fn carry_out(
         for result in futures::future::join_all(creating).await {
             match result {
                 Ok((job, new)) => {
+                    if new.is_some() {
+                        ctx.caches.created.record(&job);
+                    }
                     created.extend(new.map(|worker| (job.name_any(), worker)));
                     existing.push(job);
                 }
@@ -407,7 +412,11 @@ async fn carry_out(
     Ok(match (phase, next_sync) {
         _ if resync => Action::requeue(Duration::from_millis(500)),
         // Jobs, their pods and the workers' reports are watched and wake
-        // the DataStage; the requeue only guards against a missed event.
+        // the DataStage; the requeue only guards against a missed event,
+        // or a Job taken as created that the cache has not shown yet.
+        (Phase::Pending | Phase::Running, _) if awaited => {
+            Action::requeue(crate::cache::CreatedJobs::PATIENCE + Duration::from_secs(1))
+        }
         (Phase::Pending | Phase::Running, _) => Action::requeue(Duration::from_secs(60)),
         // Wake up for the next scheduled sync (changes wake it earlier).
         (_, Some(next)) => {
@@ -829,7 +838,13 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         }
     };
     let watches = watcher::Config::default().timeout(WATCH_SECONDS);
-    let controller = Controller::new(datastages, watches.clone());
+    let (datastages_read, datastages_write) = reflector::store();
+    let datastage_changes = watcher(datastages, watches.clone())
+        .modify(crate::cache::slim_datastage)
+        .default_backoff()
+        .reflect(datastages_write)
+        .applied_objects();
+    let controller = Controller::for_stream(datastage_changes, datastages_read);
     let datastages = controller.store();
     let pods_on_nodes = ctx.caches.pods.clone();
     let owned = watches.clone().labels(DATASTAGE_LABEL);
@@ -905,7 +920,7 @@ fn node_placement_fingerprint(node: &Node) -> Option<u64> {
 /// caches with.
 pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metrics>) -> (Arc<Context>, CacheWriters) {
     let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
-    let recorder = Recorder::new(client.clone(), reporter);
+    let recorder = EventPublisher::new(client.clone(), reporter);
     let (caches, writers) = crate::cache::new();
     (Arc::new(Context { client, config, metrics, recorder, caches }), writers)
 }

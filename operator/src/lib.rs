@@ -18,6 +18,7 @@
 pub mod cache;
 pub mod config;
 pub mod controller;
+pub mod events;
 pub mod gates;
 pub mod http;
 pub mod jobs;
