@@ -56,8 +56,9 @@ pub struct CreatedJobs(Mutex<HashMap<(String, String), (Instant, Job)>>);
 
 impl CreatedJobs {
     /// How long a created Job is taken as existing without the cache
-    /// showing it. A Job deleted before the cache ever saw it is made again
-    /// at most this much later (the controller looks again then).
+    /// showing it. A Job deleted by hand this soon after its creation, and
+    /// before a reconciliation saw it in the cache, is made again only
+    /// once this has passed: the DataStage is requeued for then.
     pub const PATIENCE: Duration = Duration::from_secs(15);
 
     /// Remembers `job`, just created.
