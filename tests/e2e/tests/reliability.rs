@@ -426,6 +426,23 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
         (quantile(&mut seconds, 0.5), quantile(&mut seconds, 0.99))
     };
     let ((p50, p99), (paced_p50, paced_p99)) = (to_job(&created), to_job(&probed));
+    // The paced DataStages that waited over a second, by when they were
+    // created (seconds after the first of them): one stall, or spread out.
+    let paced_over_a_second: Vec<(String, f64, f64)> = {
+        let seen = job_seen.lock().unwrap();
+        let first = probed.values().min().copied();
+        let mut slow: Vec<(String, f64, f64)> = probed
+            .iter()
+            .filter_map(|(key, at)| {
+                let waited =
+                    seen.get(key).map_or(f64::INFINITY, |job| job.saturating_duration_since(*at).as_secs_f64());
+                let since_first = at.saturating_duration_since(first?).as_secs_f64();
+                (waited > 1.0).then(|| (key.1.clone(), since_first, waited))
+            })
+            .collect();
+        slow.sort_by(|a, b| a.1.total_cmp(&b.1));
+        slow
+    };
     let reconcile = |q| histogram_quantile(&metrics, "ferry_operator_reconcile_duration_seconds", q);
     let per_stage = |verb: &str, resource: &str| {
         requests.get(&(verb.to_owned(), resource.to_owned())).copied().unwrap_or(0.0) / stages.len() as f64
@@ -441,6 +458,7 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
         "operator_peak_rss_mib": rss as f64 / f64::from(1 << 20),
         "create_to_job_seconds": {"p50": p50, "p99": p99},
         "paced_create_to_job_seconds": {"p50": paced_p50, "p99": paced_p99},
+        "paced_over_a_second": paced_over_a_second,
         "reconcile_seconds_bucket": {"p50": reconcile(0.5), "p99": reconcile(0.99)},
         "api_requests_per_datastage": {
             "all_clients": total / stages.len() as f64,
