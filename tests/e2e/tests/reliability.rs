@@ -415,29 +415,33 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
     let requests = delta(&requests_before, &bench.api_requests().await);
     let metrics = bench.operator_metrics().await;
     let rss = peak_rss(bench.operator.id());
-    let to_job = |created: &HashMap<(String, String), Instant>| -> (f64, f64) {
+    // How long each DataStage waited for its Job: infinite for one that got none.
+    let waits = |created: &HashMap<(String, String), Instant>| -> Vec<(String, Instant, f64)> {
         let seen = job_seen.lock().unwrap();
-        let mut seconds: Vec<f64> = created
+        created
             .iter()
             .map(|(key, at)| {
-                seen.get(key).map_or(f64::INFINITY, |job| job.saturating_duration_since(*at).as_secs_f64())
+                let waited =
+                    seen.get(key).map_or(f64::INFINITY, |job| job.saturating_duration_since(*at).as_secs_f64());
+                (key.1.clone(), *at, waited)
             })
-            .collect();
+            .collect()
+    };
+    let quantiles = |waits: &[(String, Instant, f64)]| {
+        let mut seconds: Vec<f64> = waits.iter().map(|w| w.2).collect();
         (quantile(&mut seconds, 0.5), quantile(&mut seconds, 0.99))
     };
-    let ((p50, p99), (paced_p50, paced_p99)) = (to_job(&created), to_job(&probed));
+    let paced_waits = waits(&probed);
+    let ((p50, p99), (paced_p50, paced_p99)) = (quantiles(&waits(&created)), quantiles(&paced_waits));
     // The paced DataStages that waited over a second, by when they were
     // created (seconds after the first of them): one stall, or spread out.
     let paced_over_a_second: Vec<(String, f64, f64)> = {
-        let seen = job_seen.lock().unwrap();
-        let first = probed.values().min().copied();
-        let mut slow: Vec<(String, f64, f64)> = probed
+        let first = paced_waits.iter().map(|w| w.1).min();
+        let mut slow: Vec<(String, f64, f64)> = paced_waits
             .iter()
-            .filter_map(|(key, at)| {
-                let waited =
-                    seen.get(key).map_or(f64::INFINITY, |job| job.saturating_duration_since(*at).as_secs_f64());
-                let since_first = at.saturating_duration_since(first?).as_secs_f64();
-                (waited > 1.0).then(|| (key.1.clone(), since_first, waited))
+            .filter(|(_, _, waited)| *waited > 1.0)
+            .filter_map(|(name, at, waited)| {
+                Some((name.clone(), at.saturating_duration_since(first?).as_secs_f64(), *waited))
             })
             .collect();
         slow.sort_by(|a, b| a.1.total_cmp(&b.1));
