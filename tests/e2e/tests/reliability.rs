@@ -14,6 +14,7 @@ use ferry_contract::Reason;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
 use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
+use ferry_operator::jobs::DATASTAGE_LABEL;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
@@ -22,9 +23,6 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
-
-/// The label the operator puts on every Job and pod of a DataStage.
-const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
 
 /// Whether the long versions run (`FERRY_LONG=1`).
 fn long() -> bool {
