@@ -51,8 +51,20 @@ pub struct Caches {
 /// it. At 1,000 DataStages created at once that was 1.1 to 1.7 Job creates
 /// per DataStage, each repeat with a read and a repeated peer Secret create,
 /// all in the burst when the API server has least to spare.
+///
+/// Kept per DataStage, so a reconciliation looks at its own DataStage's
+/// Jobs only; those of DataStages never reconciled again (deleted) are
+/// swept out by age, at most once a second.
 #[derive(Debug, Default)]
-pub struct CreatedJobs(Mutex<HashMap<(String, String), (Instant, Job)>>);
+pub struct CreatedJobs(Mutex<CreatedJobsBook>);
+
+/// What [`CreatedJobs`] holds: per (namespace, DataStage), the Jobs created
+/// and when.
+#[derive(Debug, Default)]
+struct CreatedJobsBook {
+    by_datastage: HashMap<(String, String), Vec<(Instant, Job)>>,
+    last_sweep: Option<Instant>,
+}
 
 impl CreatedJobs {
     /// How long a created Job is taken as existing without the cache
@@ -61,35 +73,68 @@ impl CreatedJobs {
     /// once this has passed: the DataStage is requeued for then.
     pub const PATIENCE: Duration = Duration::from_secs(15);
 
-    /// Remembers `job`, just created.
+    /// How often the Jobs of every DataStage are checked for age.
+    const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+    /// Remembers `job`, just created for the DataStage its label names.
     pub fn record(&self, job: &Job) {
         let mut job = job.clone();
         slim_job(&mut job);
-        let key = (job.metadata.namespace.clone().unwrap_or_default(), job.metadata.name.clone().unwrap_or_default());
-        self.0.lock().expect("created Jobs").insert(key, (Instant::now(), job));
+        let key = (
+            job.metadata.namespace.clone().unwrap_or_default(),
+            job.labels().get(crate::jobs::DATASTAGE_LABEL).cloned().unwrap_or_default(),
+        );
+        let mut book = self.0.lock().expect("created Jobs");
+        book.sweep();
+        let jobs = book.by_datastage.entry(key).or_default();
+        jobs.retain(|(_, known)| known.metadata.name != job.metadata.name);
+        jobs.push((Instant::now(), job));
     }
 
     /// Adds to `cached`, the cache's Jobs of DataStage `datastage` in
     /// `namespace`, those created here that it does not show yet, and says
-    /// whether it added any. Forgets the Jobs the cache shows, and all
-    /// those older than [`CreatedJobs::PATIENCE`].
+    /// whether it added any. Forgets this DataStage's Jobs that the cache
+    /// shows, and everyone's older than [`CreatedJobs::PATIENCE`].
     pub fn fill_in(&self, namespace: &str, datastage: &str, cached: &mut Vec<Job>) -> bool {
-        let mut created = self.0.lock().expect("created Jobs");
-        created.retain(|(ns, name), (at, _)| {
-            at.elapsed() < Self::PATIENCE
-                && !(ns == namespace && cached.iter().any(|job| job.metadata.name.as_ref() == Some(name)))
+        let mut book = self.0.lock().expect("created Jobs");
+        book.sweep();
+        let key = (namespace.to_owned(), datastage.to_owned());
+        let Some(jobs) = book.by_datastage.get_mut(&key) else { return false };
+        jobs.retain(|(at, job)| {
+            at.elapsed() < Self::PATIENCE && !cached.iter().any(|shown| shown.metadata.name == job.metadata.name)
         });
-        let before = cached.len();
-        cached.extend(
-            created
-                .iter()
-                .filter(|((ns, _), (_, job))| {
-                    ns == namespace
-                        && job.labels().get(crate::jobs::DATASTAGE_LABEL).map(String::as_str) == Some(datastage)
-                })
-                .map(|(_, (_, job))| job.clone()),
-        );
-        cached.len() > before
+        let missing: Vec<Job> = jobs.iter().map(|(_, job)| job.clone()).collect();
+        if missing.is_empty() {
+            book.by_datastage.remove(&key);
+        }
+        let added = !missing.is_empty();
+        cached.extend(missing);
+        added
+    }
+
+    /// How many Jobs are remembered, over all DataStages.
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("created Jobs").by_datastage.values().map(Vec::len).sum()
+    }
+
+    /// Whether no Job is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl CreatedJobsBook {
+    /// Forgets the Jobs older than [`CreatedJobs::PATIENCE`], of every
+    /// DataStage, if the last sweep was over a second ago.
+    fn sweep(&mut self) {
+        if self.last_sweep.is_some_and(|at| at.elapsed() < CreatedJobs::SWEEP_EVERY) {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        self.by_datastage.retain(|_, jobs| {
+            jobs.retain(|(at, _)| at.elapsed() < CreatedJobs::PATIENCE);
+            !jobs.is_empty()
+        });
     }
 }
 
@@ -265,6 +310,33 @@ mod tests {
         let mut cached = Vec::new();
         assert!(!created.fill_in("team-a", "d", &mut cached), "forgotten");
         assert!(created.fill_in("team-b", "d", &mut cached) && created.fill_in("team-a", "e", &mut Vec::new()));
+        assert_eq!(created.len(), 2);
+    }
+
+    #[test]
+    fn created_jobs_of_datastages_never_reconciled_again_are_swept_out_by_age() {
+        let job = |name: &str, datastage: &str| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "team-a",
+                "labels": {crate::jobs::DATASTAGE_LABEL: datastage}}}))
+            .unwrap()
+        };
+        let created = CreatedJobs::default();
+        created.record(&job("gone-r1", "gone"));
+        created.record(&job("kept-r1", "kept"));
+        created.record(&job("kept-r1", "kept"));
+        assert_eq!(created.len(), 2, "a Job recorded twice is remembered once");
+
+        // Age the deleted DataStage's Job past the patience, as if 16 s had
+        // passed, and let the next sweep run.
+        {
+            let mut book = created.0.lock().unwrap();
+            let aged = Instant::now().checked_sub(CreatedJobs::PATIENCE + Duration::from_secs(1)).unwrap();
+            book.by_datastage.get_mut(&("team-a".into(), "gone".into())).unwrap()[0].0 = aged;
+            book.last_sweep = None;
+        }
+        assert!(created.fill_in("team-a", "kept", &mut Vec::new()), "another DataStage's reconcile");
+        assert_eq!(created.len(), 1, "the aged one is swept out; the young one stays");
+        assert!(!created.is_empty());
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub struct Context {
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Publishes Events, folding repeats into series.
-    pub recorder: EventPublisher,
+    pub events: EventPublisher,
     /// Nodes, and the Jobs and Pods of DataStages, as the watches last saw them.
     pub caches: Caches,
 }
@@ -652,7 +652,7 @@ pub fn applies_nothing(status: &DataStageStatus, current: Option<&DataStageStatu
 async fn publish(ctx: &Context, ds: &DataStage, kind: EventType, reason: &str, note: String, action: &str) {
     let event =
         Event { type_: kind, reason: reason.to_owned(), note: Some(note), action: action.to_owned(), secondary: None };
-    if let Err(error) = ctx.recorder.publish(&event, &ds.object_ref(&())).await {
+    if let Err(error) = ctx.events.publish(&event, &ds.object_ref(&())).await {
         tracing::warn!(%error, "could not record an event");
     }
 }
@@ -920,9 +920,9 @@ fn node_placement_fingerprint(node: &Node) -> Option<u64> {
 /// caches with.
 pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metrics>) -> (Arc<Context>, CacheWriters) {
     let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
-    let recorder = EventPublisher::new(client.clone(), reporter);
+    let events = EventPublisher::new(client.clone(), reporter);
     let (caches, writers) = crate::cache::new();
-    (Arc::new(Context { client, config, metrics, recorder, caches }), writers)
+    (Arc::new(Context { client, config, metrics, events, caches }), writers)
 }
 
 #[cfg(test)]

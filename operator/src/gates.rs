@@ -282,7 +282,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
 async fn publish(ctx: &Context, pod: &Pod, kind: EventType, reason: &str, note: String) {
     let event =
         Event { type_: kind, reason: reason.into(), note: Some(note), action: "Schedule".into(), secondary: None };
-    if let Err(error) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+    if let Err(error) = ctx.events.publish(&event, &pod.object_ref(&())).await {
         tracing::warn!(%error, pod = %pod.name_any(), "cannot publish an Event");
     }
 }

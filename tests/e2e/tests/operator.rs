@@ -115,7 +115,7 @@ impl Setup {
 }
 
 /// Type and reason of each occurrence of an Event about DataStage `name`,
-/// oldest first (the recorder folds repeats into one Event with a series).
+/// oldest first (the operator folds repeats into one Event with a series).
 async fn event_reasons(client: &kube::Client, namespace: &str, name: &str) -> Vec<(String, String)> {
     use k8s_openapi::api::events::v1::Event;
     let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), namespace)
