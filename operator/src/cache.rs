@@ -213,6 +213,11 @@ impl Caches {
             .collect()
     }
 
+    /// Whether node `name` exists (the Node cache shows it).
+    pub fn node_exists(&self, name: &str) -> bool {
+        self.nodes.get(&kube::runtime::reflector::ObjectRef::new(name)).is_some()
+    }
+
     /// Why node `name` cannot run a worker's pod now, in words for a
     /// condition message; `None` while it is Ready.
     pub fn node_trouble(&self, name: &str) -> Option<String> {

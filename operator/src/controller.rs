@@ -211,7 +211,13 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
     }
     match prepare(ds, ctx).await? {
         Ok((plan, schedule, workers)) => carry_out(ds, ctx, &plan, schedule.as_ref(), &workers).await,
-        Err(blocked) => write_blocked(ds, ctx, blocked).await,
+        Err(blocked) => {
+            // A placement that matches nothing because its node was deleted
+            // leaves that node's Job behind; so can any other block.
+            let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
+            retire_jobs_of_deleted_nodes(ds, ctx, &mut jobs).await?;
+            write_blocked(ds, ctx, blocked).await
+        }
     }
 }
 
@@ -343,6 +349,7 @@ async fn carry_out(
     let mut existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
     let awaited = ctx.caches.created.fill_in(&namespace, &name, &mut existing);
     retire_other_runs(&jobs, &mut existing, run.number).await?;
+    retire_jobs_of_deleted_nodes(ds, ctx, &mut existing).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
     let starting: Vec<Worker> =
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
@@ -519,6 +526,58 @@ async fn retire_other_runs(api: &Api<Job>, jobs: &mut Vec<Job>, run: i64) -> Res
     }
     jobs.retain(|j| j.labels().get(RUN_LABEL) == Some(&current));
     Ok(())
+}
+
+/// Deletes, from `jobs` and the cluster, the worker Jobs pinned to nodes
+/// that no longer exist, with an Event each. A deleted node stops matching
+/// the placement (docs/reliability.md), and its Job could only wait: the
+/// pod garbage collector deletes the pod bound to the gone node, and the Job
+/// makes another that no node can take, Pending for ever. A node of that
+/// name that registers again matches again and gets a new Job, which
+/// resumes from what is on its disk.
+///
+/// Only a node that is gone retires a Job: a running worker on a node that
+/// is cordoned or relabelled is left to finish.
+async fn retire_jobs_of_deleted_nodes(ds: &DataStage, ctx: &Context, jobs: &mut Vec<Job>) -> Result<(), Error> {
+    let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
+    let gone = jobs_on_deleted_nodes(recorded, jobs, |node| ctx.caches.node_exists(node));
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    for (job, node) in &gone {
+        match api.delete(job, &DeleteParams::background()).await {
+            Ok(_) => {
+                let note = format!(
+                    "deleted Job {job}: node {node} no longer exists; a node of that name that registers again gets a new one"
+                );
+                publish(ctx, ds, EventType::Normal, "WorkerDeleted", note, "Delete").await;
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    jobs.retain(|job| !gone.iter().any(|(name, _)| job.metadata.name.as_ref() == Some(name)));
+    Ok(())
+}
+
+/// The worker Jobs among `jobs`, not being deleted already, whose worker's
+/// recorded node is not one `node_exists` knows, with that node: (Job,
+/// node). A Job whose worker has no recorded node (a claim's, or one not
+/// reported yet) is never among them.
+pub fn jobs_on_deleted_nodes(
+    recorded: &[WorkerStatus],
+    jobs: &[Job],
+    node_exists: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
+    jobs.iter()
+        .filter(|job| job.metadata.deletion_timestamp.is_none())
+        .filter_map(|job| {
+            let worker = job.labels().get(WORKER_LABEL)?;
+            let node = recorded.iter().find(|w| &w.name == worker)?.node.as_deref()?;
+            (!node_exists(node)).then(|| (job.name_any(), node.to_owned()))
+        })
+        .collect()
 }
 
 /// The current run's Jobs and pods, per worker.
@@ -1052,6 +1111,29 @@ mod tests {
         let departed = departed(&pull, &[Worker::on_node("a")], &plan);
         assert_eq!((departed[0].name.as_str(), departed[0].bytes_done), ("gone", 5));
         assert_eq!(departed[0].peer_address, None);
+    }
+
+    #[test]
+    fn only_jobs_pinned_to_nodes_that_no_longer_exist_are_retired() {
+        use crate::jobs::WorkerDefaults;
+        let pull = ds("/mnt/x", "s3://b/p");
+        let plan = pull.spec.plan().unwrap();
+        let workers = per_node_workers(&plan, &["a".to_owned(), "b".to_owned(), "c".to_owned()]).unwrap();
+        let defaults = WorkerDefaults::image("stager:1");
+        let mut jobs: Vec<Job> = workers.iter().map(|w| build_job(&pull, &plan, w, &workers, 1, &defaults)).collect();
+        // c's Job is being deleted already; a claim's worker has no node.
+        jobs[2].metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        let recorded: Vec<WorkerStatus> = serde_json::from_value(json!([
+            {"name": "a", "node": "a"}, {"name": "b", "node": "b"}, {"name": "c", "node": "c"}]))
+        .unwrap();
+        let exists = |node: &str| node == "a";
+        assert_eq!(
+            jobs_on_deleted_nodes(&recorded, &jobs, exists),
+            [(jobs[1].name_any(), "b".to_owned())],
+            "b is gone; a exists; c's Job is going already"
+        );
+        assert!(jobs_on_deleted_nodes(&[], &jobs, exists).is_empty(), "no recorded node, no retirement");
+        assert!(jobs_on_deleted_nodes(&recorded, &jobs, |_| true).is_empty(), "cordoned or relabelled: left alone");
     }
 
     #[test]

@@ -492,6 +492,103 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
     assert!(lists_of_children < 30.0, "{lists_of_children} lists of Jobs, Pods and Nodes for {count} DataStages");
 }
 
+/// A node deleted for good mid-staging, as an administrator removes a dead
+/// machine (`kubectl delete node`), then a node of that name registering
+/// again, as a replacement machine does. The placement policy
+/// (docs/reliability.md): a deleted node stops matching.
+/// - A DataStage spread over every node finishes on the nodes left: the
+///   deleted node's worker is kept in the status, marked as no longer
+///   matching, and not counted.
+/// - A DataStage pinned to that node waits with `NoMatchingNodes`, saying
+///   what to do, and is staged, byte for byte, once the node is back.
+///
+/// With either, no Job is left behind for a node that is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_staged() {
+    const BANDWIDTH: u64 = 3 << 20;
+    let mut files = small_dataset();
+    for i in 0..48u64 {
+        files.insert(format!("shards/{i:03}.bin"), pattern(500 + i, (256 << 10) + i as usize));
+    }
+    let mut bench = Bench::start(files).await;
+    bench.namespace("gone").await;
+    let api: Api<DataStage> = Api::namespaced(bench.client.clone(), "gone");
+    let pinned = bench.slow_pull("gone", "pinned", "node-b", "/mnt/ferry/gone/pinned", BANDWIDTH);
+    let mut spread = bench.slow_pull("gone", "spread", "node-b", "/mnt/ferry/gone/spread", BANDWIDTH);
+    spread.spec.placement = None;
+    for ds in [&pinned, &spread] {
+        api.create(&PostParams::default(), ds).await.unwrap();
+    }
+    // Both copy onto node-b (and the spread one onto node-a too) when it dies.
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "gone");
+    wait_for(&bench.cluster, "three workers running", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let listed = pods.list(&ListParams::default().labels(DATASTAGE_LABEL)).await.ok()?;
+            (listed.items.iter().filter(|p| is_running(p)).count() == 3).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(bench.cluster.crash_node("node-b"));
+    Api::<k8s_openapi::api::core::v1::Node>::all(bench.client.clone())
+        .delete("node-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+
+    // The pinned one waits, and says why and what to do.
+    let message = bench.wait_progressing_reason("gone", "pinned", "NoMatchingNodes", Duration::from_secs(60)).await;
+    assert!(message.contains("spec.placement"), "{message}");
+    // The spread one finishes on node-a alone.
+    let spread_done = bench.wait_finished(&[("gone".into(), "spread".into())], Duration::from_secs(180)).await;
+    let status = spread_done[0].status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{}", json!(status));
+    let departed = status.workers.iter().find(|w| w.node.as_deref() == Some("node-b")).expect("node-b's entry kept");
+    assert!(
+        departed.message.as_deref().is_some_and(|m| m.contains("no longer matches")),
+        "marked: {}",
+        json!(departed)
+    );
+    let spread_on_a = read_tree(&bench.cluster.node_dir("node-a").unwrap().join("mnt/ferry/gone/spread"));
+    assert!(spread_on_a == bench.files, "node-a holds the dataset byte for byte");
+    let spread_finished = deleted.elapsed();
+    // Nothing is left running or waiting for a node that does not exist.
+    let jobs: Api<Job> = Api::namespaced(bench.client.clone(), "gone");
+    let left_for_b = wait_for(&bench.cluster, "no Job left for node-b", Duration::from_secs(60), || {
+        let jobs = jobs.clone();
+        async move {
+            let listed = jobs.list(&ListParams::default().labels(DATASTAGE_LABEL)).await.ok()?;
+            let for_b: Vec<String> =
+                listed.items.iter().map(|j| j.name_any()).filter(|n| n.contains("node-b")).collect();
+            for_b.is_empty().then_some(for_b)
+        }
+    })
+    .await;
+    assert!(left_for_b.is_empty());
+
+    // A machine of that name registers: the pinned one is staged there,
+    // and the spread one stages it too, as a node that joined.
+    bench.cluster.restart_node("node-b").await.unwrap();
+    let stages = [("gone".to_owned(), "pinned".to_owned()), ("gone".to_owned(), "spread".to_owned())];
+    let finished = bench.wait_finished(&stages, Duration::from_secs(240)).await;
+    let pinned_done: Vec<DataStage> = finished.iter().filter(|d| d.name_any() == "pinned").cloned().collect();
+    bench.assert_staged_once(&pinned_done).await;
+    let spread = finished.iter().find(|d| d.name_any() == "spread").unwrap().status.clone().unwrap();
+    assert_eq!(spread.phase, Some(Phase::Succeeded));
+    for node in ["node-a", "node-b"] {
+        let staged = read_tree(&bench.cluster.node_dir(node).unwrap().join("mnt/ferry/gone/spread"));
+        assert!(staged == bench.files, "{node} holds the spread dataset byte for byte");
+        let entry = spread.workers.iter().find(|w| w.node.as_deref() == Some(node)).unwrap();
+        assert!(entry.message.is_none() && entry.phase == Some(Phase::Succeeded), "{}", json!(entry));
+    }
+    println!(
+        "reliability: {}",
+        json!({"scenario": "node deleted", "spread_finished_on_the_rest_seconds": spread_finished.as_secs_f64(),
+               "pinned_waited_with": message})
+    );
+}
+
 /// Stagings that go on while every component crashes: the operator killed
 /// five times at random moments, the API server and etcd killed and
 /// restarted, the object store killed mid-transfer, a worker pod deleted.
