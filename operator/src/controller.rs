@@ -915,15 +915,21 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     // A pod's termination message carries its worker's summary.
     let pod_changes =
         watcher(pods, owned).modify(crate::cache::slim_pod).default_backoff().reflect(writers.pods).touched_objects();
-    // A node's labels, taints, cordon and readiness decide whether it
-    // matches or can run a worker; its status heartbeats do not, so only
-    // those wake the DataStages.
+    // A node's labels, taints, cordon, readiness and existence decide
+    // whether it matches or can run a worker; its status heartbeats do not
+    // (see `node_wakes`).
+    let mut node_wakes = crate::node_wakes::NodeWakes::default();
     let node_changes = watcher(Api::<Node>::all(client), watches)
         .modify(crate::cache::slim_node)
         .default_backoff()
         .reflect(writers.nodes)
-        .touched_objects()
-        .predicate_filter(node_placement_fingerprint, Default::default());
+        .flat_map(move |event| {
+            let woken: Vec<Result<Node, watcher::Error>> = match event {
+                Ok(event) => node_wakes.on(event).into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error)],
+            };
+            futures::stream::iter(woken)
+        });
     controller
         .owns_stream(job_changes)
         .watches_stream(pod_changes, |pod| {
@@ -958,21 +964,6 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             }
         })
         .await;
-}
-
-/// What of a node decides whether a placement matches it (labels, taints,
-/// whether it is cordoned) and whether its workers can run (Ready).
-fn node_placement_fingerprint(node: &Node) -> Option<u64> {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    node.labels().hash(&mut hasher);
-    let spec = node.spec.as_ref();
-    spec.and_then(|s| s.unschedulable).hash(&mut hasher);
-    for taint in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
-        (&taint.key, &taint.value, &taint.effect).hash(&mut hasher);
-    }
-    crate::cache::ready_condition(node).map(|c| &c.status).hash(&mut hasher);
-    Some(hasher.finish())
 }
 
 /// Builds the context once at start-up, and the writers [`run`] fills its

@@ -5,6 +5,7 @@
 //! * [`cache`]: Nodes, and DataStages' Jobs and Pods, as watches last saw them.
 //! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
 //! * [`placement`]: which nodes a per-node DataStage stages onto.
+//! * [`node_wakes`]: which Node events wake DataStages (changes, deletions).
 //! * [`runs`]: which run is current (new spec, schedule) and its inputs.
 //! * [`schedule`]: cron schedules of re-syncs.
 //! * [`jobs`]: pure builders of worker Jobs.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;
+pub mod node_wakes;
 pub mod peers;
 pub mod placement;
 pub mod runs;
