@@ -81,11 +81,14 @@ struct PeerHealth {
     progressed: Instant,
     /// Known to have exited ([`Fleet::exited`]): neither asked nor waited for.
     exited: bool,
+    /// Bypassed because it did not answer or broke off, at the address it
+    /// had then: [`Fleet::linger`] does not wait for it again there.
+    unreachable_at: Option<Option<SocketAddr>>,
 }
 
 impl PeerHealth {
     fn new() -> Self {
-        Self { dropped: false, bytes_done: 0, progressed: Instant::now(), exited: false }
+        Self { dropped: false, bytes_done: 0, progressed: Instant::now(), exited: false, unreachable_at: None }
     }
 }
 
@@ -305,8 +308,12 @@ impl Fleet {
 
     /// Bypasses `peer` for the rest of the run (once).
     fn drop_peer(&self, peer: &str, failure: PeerFailure, why: &str) {
+        let addr = self.directory.borrow().get(peer).copied();
         let mut health = self.health.lock().expect("health lock poisoned");
         let entry = health.entry(peer.to_owned()).or_insert_with(PeerHealth::new);
+        if failure == PeerFailure::Unreachable {
+            entry.unreachable_at = Some(addr);
+        }
         if !entry.dropped {
             entry.dropped = true;
             self.peer_failures.fetch_add(1, Relaxed);
@@ -422,8 +429,15 @@ impl Fleet {
         self.health.lock().expect("health lock poisoned").get(peer).is_some_and(|h| h.exited)
     }
 
+    fn was_unreachable_at(&self, peer: &str, addr: Option<SocketAddr>) -> bool {
+        self.health.lock().expect("health lock poisoned").get(peer).is_some_and(|h| h.unreachable_at == Some(addr))
+    }
+
     /// Keeps this (finished) worker serving until every peer is complete,
-    /// has been unreachable for the timeout, or the linger time is up.
+    /// has been unreachable for the timeout, or the linger time is up. A
+    /// peer already bypassed as unreachable in the run (its node died or
+    /// was deleted) is not waited for again, unless it shows up at a new
+    /// address (a replaced pod).
     pub async fn linger(&self) {
         if self.alone.load(Relaxed) {
             return;
@@ -442,7 +456,13 @@ impl Fleet {
             for peer in self.group.members().iter().chain(directory.keys()) {
                 let at_same_address = settled.get(peer).is_some_and(|addr| *addr == directory.get(peer).copied());
                 let new = !waiting.contains_key(peer) && !at_same_address;
-                if new && *peer != self.me && !self.has_exited(peer) {
+                if !new || *peer == self.me || self.has_exited(peer) {
+                    continue;
+                }
+                let addr = directory.get(peer).copied();
+                if self.was_unreachable_at(peer, addr) {
+                    settled.insert(peer.clone(), addr);
+                } else {
                     waiting.insert(peer.clone(), (Instant::now(), false));
                 }
             }
