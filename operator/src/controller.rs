@@ -398,10 +398,11 @@ async fn carry_out(
     if let Some(error) = failed {
         return Err(error);
     }
+    let departed_entries = departed(ds, workers, plan, &existing);
     let observed = observe(ctx, ds, workers, existing, &run);
     let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
     let mut status = status::aggregate(ds, &inputs);
-    status.workers.extend(departed(ds, workers, plan));
+    status.workers.extend(departed_entries);
     if status.phase.is_some_and(Phase::is_finished) && status.run == Some(run.number) {
         let last = status.last_sync_time.as_ref().map_or(now.0, |t| t.0);
         status.next_sync_time =
@@ -613,8 +614,10 @@ fn is_finished(pod: &Pod) -> bool {
 
 /// Entries of nodes that staged earlier but no longer match the placement:
 /// kept (their data is still there, and `reclaimPolicy: Delete` removes it
-/// when the DataStage goes), marked, and not counted.
-pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>) -> Vec<WorkerStatus> {
+/// when the DataStage goes), marked, and not counted. A worker left to run
+/// there (its node cordoned or relabelled) shows how its Job, among the
+/// current run's `jobs`, ended.
+pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>, jobs: &[Job]) -> Vec<WorkerStatus> {
     if !plan.per_node() {
         return Vec::new();
     }
@@ -628,7 +631,12 @@ pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>) -> Vec<Work
         .flat_map(|s| &s.workers)
         .filter(|w| !workers.iter().any(|p| p.name == w.name))
         .map(|w| WorkerStatus {
-            phase: w.phase,
+            phase: jobs
+                .iter()
+                .find(|job| job.labels().get(WORKER_LABEL) == Some(&w.name))
+                .map(|job| status::job_phase(Some(job)))
+                .filter(|phase| phase.is_finished())
+                .or(w.phase),
             message: Some(format!("node no longer matches spec.placement; {fate}")),
             throughput_bytes_per_second: 0,
             // The worker's own field: the operator never applies it.
@@ -1099,9 +1107,24 @@ mod tests {
             .unwrap(),
         );
         let plan = pull.spec.plan().unwrap();
-        let departed = departed(&pull, &[Worker::on_node("a")], &plan);
-        assert_eq!((departed[0].name.as_str(), departed[0].bytes_done), ("gone", 5));
-        assert_eq!(departed[0].peer_address, None);
+        let departed_entries = departed(&pull, &[Worker::on_node("a")], &plan, &[]);
+        assert_eq!((departed_entries[0].name.as_str(), departed_entries[0].bytes_done), ("gone", 5));
+        assert_eq!(departed_entries[0].peer_address, None);
+        assert_eq!(departed_entries[0].phase, None, "as recorded, without a Job");
+
+        // A worker left to run on a node that stopped matching (cordoned):
+        // its entry follows its Job to the end, not before.
+        let job = |conditions: serde_json::Value| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "d-gone-r1", "labels": {WORKER_LABEL: "gone"}},
+                "status": {"active": 1, "startTime": "2026-01-01T00:00:00Z", "conditions": conditions}}))
+            .unwrap()
+        };
+        let running = departed(&pull, &[Worker::on_node("a")], &plan, &[job(json!([]))]);
+        assert_eq!(running[0].phase, None, "a running Job changes nothing");
+        let done = job(json!([{"type": "Complete", "status": "True"}]));
+        let finished = departed(&pull, &[Worker::on_node("a")], &plan, &[done]);
+        assert_eq!(finished[0].phase, Some(Phase::Succeeded));
+        assert!(finished[0].message.as_deref().is_some_and(|m| m.contains("no longer matches")), "still marked");
     }
 
     #[test]
