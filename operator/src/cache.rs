@@ -113,12 +113,14 @@ impl CreatedJobs {
     }
 
     /// How many Jobs are remembered, over all DataStages.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.0.lock().expect("created Jobs").by_datastage.values().map(Vec::len).sum()
     }
 
     /// Whether no Job is remembered.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

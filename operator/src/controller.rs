@@ -518,15 +518,21 @@ async fn retire_other_runs(api: &Api<Job>, jobs: &mut Vec<Job>, run: i64) -> Res
     let current = run.to_string();
     for job in jobs.iter().filter(|j| j.labels().get(RUN_LABEL) != Some(&current)) {
         if job.metadata.deletion_timestamp.is_none() {
-            match api.delete(&job.name_any(), &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => return Err(error.into()),
-            }
+            delete_job(api, &job.name_any()).await?;
         }
     }
     jobs.retain(|j| j.labels().get(RUN_LABEL) == Some(&current));
     Ok(())
+}
+
+/// Deletes Job `name` and, in the background, its pods. Returns whether this
+/// call deleted it: false when it was gone already.
+async fn delete_job(api: &Api<Job>, name: &str) -> Result<bool, Error> {
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Deletes, from `jobs` and the cluster, the worker Jobs pinned to nodes
@@ -547,15 +553,11 @@ async fn retire_jobs_of_deleted_nodes(ds: &DataStage, ctx: &Context, jobs: &mut 
     }
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
     for (job, node) in &gone {
-        match api.delete(job, &DeleteParams::background()).await {
-            Ok(_) => {
-                let note = format!(
-                    "deleted Job {job}: node {node} no longer exists; a node of that name that registers again gets a new one"
-                );
-                publish(ctx, ds, EventType::Normal, "WorkerDeleted", note, "Delete").await;
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error.into()),
+        if delete_job(&api, job).await? {
+            let note = format!(
+                "deleted Job {job}: node {node} no longer exists; a node of that name that registers again gets a new one"
+            );
+            publish(ctx, ds, EventType::Normal, "WorkerDeleted", note, "Delete").await;
         }
     }
     jobs.retain(|job| !gone.iter().any(|(name, _)| job.metadata.name.as_ref() == Some(name)));
@@ -856,11 +858,7 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
 
     // 3. Done: the clean-up Jobs go, then the DataStage.
     for job in &cleanups {
-        match jobs.delete(&job.name_any(), &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error.into()),
-        }
+        delete_job(&jobs, &job.name_any()).await?;
     }
     publish(
         ctx,

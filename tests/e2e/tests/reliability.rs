@@ -350,6 +350,20 @@ fn small_dataset() -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// [`small_dataset`] and `shards` more objects of 256 KiB and a few bytes
+/// (patterns from `seed` on), for stagings that run long enough at
+/// [`SLOW_BANDWIDTH`] for a fault to strike mid-transfer.
+fn sharded_dataset(shards: u64, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = small_dataset();
+    for i in 0..shards {
+        files.insert(format!("shards/{i:03}.bin"), pattern(seed + i, (256 << 10) + i as usize));
+    }
+    files
+}
+
+/// The bandwidth cap per worker of the stagings that faults strike.
+const SLOW_BANDWIDTH: u64 = 3 << 20;
+
 /// DataStages created at once, spread over namespaces and both nodes: every
 /// one completes with its data, one Job each, while the operator's memory,
 /// its reconcile latency, the time from create to Job and the API requests
@@ -505,16 +519,11 @@ async fn datastages_created_at_once_all_complete_with_bounded_operator_memory_an
 /// With either, no Job is left behind for a node that is gone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_staged() {
-    const BANDWIDTH: u64 = 3 << 20;
-    let mut files = small_dataset();
-    for i in 0..48u64 {
-        files.insert(format!("shards/{i:03}.bin"), pattern(500 + i, (256 << 10) + i as usize));
-    }
-    let mut bench = Bench::start(files).await;
+    let mut bench = Bench::start(sharded_dataset(48, 500)).await;
     bench.namespace("gone").await;
     let api: Api<DataStage> = Api::namespaced(bench.client.clone(), "gone");
-    let pinned = bench.slow_pull("gone", "pinned", "node-b", "/mnt/ferry/gone/pinned", BANDWIDTH);
-    let mut spread = bench.slow_pull("gone", "spread", "node-b", "/mnt/ferry/gone/spread", BANDWIDTH);
+    let pinned = bench.slow_pull("gone", "pinned", "node-b", "/mnt/ferry/gone/pinned", SLOW_BANDWIDTH);
+    let mut spread = bench.slow_pull("gone", "spread", "node-b", "/mnt/ferry/gone/spread", SLOW_BANDWIDTH);
     spread.spec.placement = None;
     for ds in [&pinned, &spread] {
         api.create(&PostParams::default(), ds).await.unwrap();
@@ -711,12 +720,7 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
     // 24 MiB in 96 objects at 3 MiB/s per worker: each transfer runs for
     // about eight seconds, and objects are still to start (and to reserve
     // their space) when the disk fills up.
-    const BANDWIDTH: u64 = 3 << 20;
-    let mut files = small_dataset();
-    for i in 0..96u64 {
-        files.insert(format!("shards/{i:03}.bin"), pattern(300 + i, (256 << 10) + i as usize));
-    }
-    let mut bench = Bench::start(files).await;
+    let mut bench = Bench::start(sharded_dataset(96, 300)).await;
     bench.namespace("faults").await;
     let api: Api<DataStage> = Api::namespaced(bench.client.clone(), "faults");
     let mut log = Vec::new();
@@ -727,7 +731,7 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
     // which resume.
     let lost: Vec<String> = (0..per_fault).map(|i| format!("lost-{i}")).collect();
     for name in &lost {
-        let ds = bench.slow_pull("faults", name, "node-b", &format!("/mnt/ferry/faults/{name}"), BANDWIDTH);
+        let ds = bench.slow_pull("faults", name, "node-b", &format!("/mnt/ferry/faults/{name}"), SLOW_BANDWIDTH);
         api.create(&PostParams::default(), &ds).await.unwrap();
     }
     for name in &lost {
@@ -763,7 +767,7 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
     let full: Vec<String> =
         if small.is_some() { (0..per_fault).map(|i| format!("full-{i}")).collect() } else { Vec::new() };
     for name in &full {
-        let ds = bench.slow_pull("faults", name, "node-a", &format!("/mnt/ferry/small/{name}"), BANDWIDTH);
+        let ds = bench.slow_pull("faults", name, "node-a", &format!("/mnt/ferry/small/{name}"), SLOW_BANDWIDTH);
         api.create(&PostParams::default(), &ds).await.unwrap();
     }
     if let Some(small) = &small {
