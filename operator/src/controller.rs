@@ -393,7 +393,7 @@ async fn carry_out(
     for (job_name, worker) in created {
         let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
         let note = format!("created Job {job_name}{node} for run {}", run.number);
-        publish(ctx, ds, EventType::Normal, "WorkerCreated", note, "Create").await;
+        publish(ctx, ds, EventType::Normal, reasons::WORKER_CREATED, note, "Create").await;
     }
     if let Some(error) = failed {
         return Err(error);
@@ -557,7 +557,7 @@ async fn retire_jobs_of_deleted_nodes(ds: &DataStage, ctx: &Context, jobs: &mut 
             let note = format!(
                 "deleted Job {job}: node {node} no longer exists; a node of that name that registers again gets a new one"
             );
-            publish(ctx, ds, EventType::Normal, "WorkerDeleted", note, "Delete").await;
+            publish(ctx, ds, EventType::Normal, reasons::WORKER_DELETED, note, "Delete").await;
         }
     }
     jobs.retain(|job| !gone.iter().any(|(name, _)| job.metadata.name.as_ref() == Some(name)));

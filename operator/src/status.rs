@@ -39,6 +39,11 @@ pub mod types {
 /// The operator's own CamelCase condition reasons; a stager's reasons
 /// ([`Reason`]) pass through as they are.
 pub mod reasons {
+    /// Event only: a worker's Job was created.
+    pub const WORKER_CREATED: &str = "WorkerCreated";
+    /// Event only: a worker's Job was deleted because its node no longer
+    /// exists.
+    pub const WORKER_DELETED: &str = "WorkerDeleted";
     /// All data is staged and verified.
     pub const STAGED: &str = "Staged";
     /// Workers are running.

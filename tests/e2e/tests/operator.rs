@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::{Cluster, create_namespace, install_crd, object_store, start_operator, wait_for};
+use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -188,11 +189,11 @@ async fn a_pull_stages_the_dataset_onto_every_node_and_reports_ready() {
 
     // Every transition left an Event.
     let client = setup.cluster.client().await.unwrap();
-    let reasons: Vec<String> = event_reasons(&client, "pull", "demo").await.into_iter().map(|(_, r)| r).collect();
-    for expected in ["WorkerCreated", "Staged"] {
-        assert!(reasons.iter().any(|r| r == expected), "no {expected} event in {reasons:?}");
+    let seen: Vec<String> = event_reasons(&client, "pull", "demo").await.into_iter().map(|(_, r)| r).collect();
+    for expected in [reasons::WORKER_CREATED, reasons::STAGED] {
+        assert!(seen.iter().any(|r| r == expected), "no {expected} event in {seen:?}");
     }
-    assert_eq!(reasons.iter().filter(|r| *r == "WorkerCreated").count(), 2, "one per node: {reasons:?}");
+    assert_eq!(seen.iter().filter(|r| *r == reasons::WORKER_CREATED).count(), 2, "one per node: {seen:?}");
 
     // The operator's own metrics tell the same story.
     let (code, metrics) = ferry_testkit::http_get(setup.operator_port, "/metrics").expect("the operator answers");

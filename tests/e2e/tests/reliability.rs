@@ -15,6 +15,7 @@ use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
 use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
 use ferry_operator::jobs::DATASTAGE_LABEL;
+use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
@@ -549,7 +550,8 @@ async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_
     // The pinned one waits, and says why and what to do. The deletion
     // itself wakes it: within 30 s, before the pod garbage collector (40 s)
     // or the periodic requeue (60 s) would.
-    let message = bench.wait_progressing_reason("gone", "pinned", "NoMatchingNodes", Duration::from_secs(30)).await;
+    let message =
+        bench.wait_progressing_reason("gone", "pinned", reasons::NO_MATCHING_NODES, Duration::from_secs(30)).await;
     assert!(message.contains("spec.placement"), "{message}");
     let pinned_reported = deleted.elapsed();
     // The spread one finishes on node-a alone.
@@ -578,6 +580,14 @@ async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_
     })
     .await;
     assert!(left_for_b.is_empty());
+    for name in ["pinned", "spread"] {
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "gone")
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .unwrap();
+        let deleted = events.items.iter().any(|e| e.reason.as_deref() == Some(reasons::WORKER_DELETED));
+        assert!(deleted, "{name}: an Event says its node-b Job was deleted");
+    }
 
     // A machine of that name registers: the pinned one is staged there,
     // and the spread one stages it too, as a node that joined.
@@ -741,14 +751,14 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
     assert!(bench.cluster.crash_node("node-b"));
     let crashed = Instant::now();
     let grace = ferry_e2e::control_plane::NODE_GRACE_PERIOD;
-    let message = bench.wait_progressing_reason("faults", &lost[0], "NodeNotReady", grace * 3).await;
+    let message = bench.wait_progressing_reason("faults", &lost[0], reasons::NODE_NOT_READY, grace * 3).await;
     assert!(message.contains("node node-b is not Ready"), "{message}");
     let reported = crashed.elapsed();
     let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "faults")
         .list(&ListParams::default().fields(&format!("involvedObject.name={}", lost[0])))
         .await
         .unwrap();
-    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("NodeNotReady")), "an Event says so too");
+    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some(reasons::NODE_NOT_READY)), "an Event says so too");
     bench.cluster.restart_node("node-b").await.unwrap();
     log.push(format!("node-b crashed; NodeNotReady reported after {:.1} s; node restarted", reported.as_secs_f64()));
 
