@@ -5,8 +5,17 @@
 //! rename into place) or the pull's finding that an earlier run's file is
 //! still the listed version; a partial or unverified file is never served.
 //! Waiters (a peer's long poll) are woken on every change.
+//!
+//! Memory does not grow with the object count: past [`MEMORY`] bytes of
+//! entries, those with the smallest keys go to disk in key order
+//! ([`super::spill`]), into the run's scratch directory
+//! ([`Catalog::spill_into`]). Peers ask for about the keys this worker
+//! staged last (every worker lists the store in the same order), which are
+//! still in memory; a peer that lags behind is answered from disk, one
+//! block read per lookup.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -14,6 +23,13 @@ use std::time::Duration;
 
 use ferry_contract::peers::wire::PeerState;
 use tokio::sync::watch;
+
+use super::spill::Run;
+
+/// Bytes of entries a catalog holds in memory before it writes some to
+/// disk. Enough for the thousands of objects a pull has in flight to
+/// commit out of order without starting a new run on disk.
+pub const MEMORY: usize = 2 << 20;
 
 /// One object a worker holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +56,7 @@ pub enum Holding {
 /// The objects a worker holds, keyed by object key.
 #[derive(Debug)]
 pub struct Catalog {
-    objects: Mutex<HashMap<String, Held>>,
+    entries: Mutex<Entries>,
     bytes_done: AtomicU64,
     finished: AtomicBool,
     complete: AtomicBool,
@@ -50,7 +66,7 @@ pub struct Catalog {
 impl Default for Catalog {
     fn default() -> Self {
         Self {
-            objects: Mutex::default(),
+            entries: Mutex::new(Entries::new(MEMORY)),
             bytes_done: AtomicU64::new(0),
             finished: AtomicBool::new(false),
             complete: AtomicBool::new(false),
@@ -60,12 +76,32 @@ impl Default for Catalog {
 }
 
 impl Catalog {
-    /// Records that version `etag` of `key` is in place at `path`.
+    /// A catalog that holds about `memory` bytes of entries in memory.
+    #[cfg(test)]
+    fn with_memory(memory: usize) -> Self {
+        let catalog = Self::default();
+        *catalog.lock() = Entries::new(memory);
+        catalog
+    }
+
+    /// Lets entries beyond [`MEMORY`] go to files in `dir` (a run's scratch
+    /// directory). Until then, and if `dir` cannot be written, they stay
+    /// in memory.
+    pub fn spill_into(&self, dir: PathBuf) {
+        self.lock().spill_dir = Some(dir);
+    }
+
+    /// Records that version `etag` of `key` is in place at `path`. Every
+    /// object is kept, not only this worker's share: a worker that joins
+    /// later sees a larger group, in which a key may have another owner.
     pub fn hold(&self, key: &str, path: PathBuf, etag: &str, size: u64) {
-        let held = Held { path, etag: etag.to_owned(), size };
-        self.objects.lock().expect("catalog lock poisoned").insert(key.to_owned(), held);
+        self.lock().insert(key, Held { path, etag: etag.to_owned(), size });
         self.bytes_done.fetch_add(size, Relaxed);
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().expect("catalog lock poisoned")
     }
 
     /// Records that the run ended: `complete` when every object is in place.
@@ -86,8 +122,16 @@ impl Catalog {
 
     /// Whether version `etag` of `key` is here, will be, or will not.
     pub fn holding(&self, key: &str, etag: &str) -> Holding {
-        match self.objects.lock().expect("catalog lock poisoned").get(key) {
-            Some(held) if held.etag == etag => Holding::Held(held.clone()),
+        let found = match self.lock().get(key) {
+            Ok(found) => found,
+            Err(error) => {
+                // The asker reads the store instead.
+                tracing::warn!(%error, %key, "the peer catalog cannot read its entries back");
+                return Holding::Never;
+            }
+        };
+        match found {
+            Some(held) if held.etag == etag => Holding::Held(held),
             // Another version: this worker listed the store at another
             // moment; the asker reads the store.
             Some(_) => Holding::Never,
@@ -115,6 +159,113 @@ impl Catalog {
     }
 }
 
+/// The entries: the newest in memory, the rest in sorted runs on disk.
+#[derive(Debug)]
+struct Entries {
+    recent: BTreeMap<String, Held>,
+    /// About how many bytes `recent` takes.
+    recent_bytes: usize,
+    /// How many bytes `recent` may take before some go to disk.
+    memory: usize,
+    spill_dir: Option<PathBuf>,
+    /// Oldest first; only the last one is still appended to.
+    runs: Vec<Run>,
+    /// A write to disk failed (told once; the entries stayed in memory).
+    spill_failed: bool,
+}
+
+impl Entries {
+    fn new(memory: usize) -> Self {
+        Self {
+            recent: BTreeMap::new(),
+            recent_bytes: 0,
+            memory,
+            spill_dir: None,
+            runs: Vec::new(),
+            spill_failed: false,
+        }
+    }
+
+    /// About what one entry held in memory takes: the key's and the
+    /// entry's allocations and its share of the tree's nodes.
+    fn resident(key: &str, held: &Held) -> usize {
+        key.len()
+            + held.path.as_os_str().len()
+            + held.etag.len()
+            + 3 * 16
+            + std::mem::size_of::<String>()
+            + std::mem::size_of::<Held>()
+            + 16
+    }
+
+    fn insert(&mut self, key: &str, held: Held) {
+        self.recent_bytes += Self::resident(key, &held);
+        if let Some(old) = self.recent.insert(key.to_owned(), held) {
+            self.recent_bytes -= Self::resident(key, &old);
+        }
+        if self.recent_bytes > self.memory {
+            self.spill();
+        }
+    }
+
+    /// Writes entries to disk until half the memory is free: each time the
+    /// smallest key above the current run's last, or, when none is left,
+    /// the smallest of all into a new run.
+    fn spill(&mut self) {
+        let Some(dir) = self.spill_dir.clone() else { return };
+        while self.recent_bytes > self.memory / 2 {
+            let next_in_run = self.runs.last().and_then(Run::last_key).and_then(|last| {
+                self.recent.range::<str, _>((Excluded(last), Unbounded)).next().map(|(key, _)| key.clone())
+            });
+            let key = match next_in_run {
+                Some(key) => key,
+                None => {
+                    match Run::create(&dir, self.runs.len()) {
+                        Ok(run) => self.runs.push(run),
+                        Err(error) => return self.spill_failed(&error),
+                    }
+                    self.recent.keys().next().expect("over its memory, so not empty").clone()
+                }
+            };
+            let (key, held) = self.recent.remove_entry(&key).expect("a key just found");
+            self.recent_bytes -= Self::resident(&key, &held);
+            let appended = self.runs.last_mut().expect("a run to append to").append(&key, &held);
+            if let Err(error) = appended {
+                return self.spill_failed(&error);
+            }
+        }
+    }
+
+    fn spill_failed(&mut self, error: &std::io::Error) {
+        if !self.spill_failed {
+            self.spill_failed = true;
+            tracing::warn!(%error, "the peer catalog cannot write to disk: it keeps its entries in memory");
+        }
+    }
+
+    /// The entry for `key`, the newest if there are several.
+    ///
+    /// # Errors
+    /// A run on disk cannot be read back.
+    fn get(&self, key: &str) -> std::io::Result<Option<Held>> {
+        if let Some(held) = self.recent.get(key) {
+            return Ok(Some(held.clone()));
+        }
+        for run in self.runs.iter().rev() {
+            if let Some(held) = run.get(key)? {
+                return Ok(Some(held));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Bytes held in memory.
+    #[cfg(test)]
+    fn resident_bytes(&self) -> usize {
+        self.recent_bytes + self.runs.iter().map(Run::resident_bytes).sum::<usize>()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +287,82 @@ mod tests {
         catalog.finish(false);
         assert_eq!(catalog.holding("b", "e"), Holding::Never);
         assert_eq!(catalog.state(), PeerState { complete: false, finished: true, bytes_done: 3 });
+    }
+
+    fn entry(n: u64) -> (String, PathBuf, String) {
+        let key = format!("imagenet/train/n{:08}/n{n:08}_{n}.JPEG", n / 1300);
+        (key.clone(), PathBuf::from(format!("/data/{key}")), format!("\"{n:032x}\""))
+    }
+
+    #[test]
+    fn past_its_memory_a_catalog_goes_to_disk_and_still_answers_for_every_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = 64 << 10;
+        let catalog = Catalog::with_memory(memory);
+        catalog.spill_into(dir.path().join("scratch"));
+        // Commits in about key order: objects in flight finish out of
+        // order within windows of 64, and a few stragglers (a large
+        // object) commit long after the keys around them.
+        let count = 20_000_u64;
+        let mut order: Vec<u64> = (0..count).filter(|n| n % 997 != 5).collect();
+        for window in order.chunks_mut(64) {
+            window.reverse();
+        }
+        order.extend((0..count).filter(|n| n % 997 == 5));
+        for &n in &order {
+            let (key, path, etag) = entry(n);
+            catalog.hold(&key, path, &etag, n);
+            // The entries, the write buffer and the index.
+            let resident = catalog.lock().resident_bytes();
+            assert!(resident <= memory + 2 * (64 << 10) + (8 << 10), "{resident} bytes resident after {n}");
+        }
+        let entries = catalog.lock();
+        assert!(entries.recent.len() < 1_000, "{} entries left in memory", entries.recent.len());
+        assert!(entries.runs.len() <= 2, "{} runs: commits in about key order make one", entries.runs.len());
+        drop(entries);
+        for n in 0..count {
+            let (key, path, etag) = entry(n);
+            assert_eq!(catalog.holding(&key, &etag), Holding::Held(Held { path, etag, size: n }), "{key}");
+            assert_eq!(catalog.holding(&key, "\"another\""), Holding::Never, "{key}");
+        }
+        assert_eq!(catalog.holding("imagenet/train/absent", "e"), Holding::NotYet);
+        assert_eq!(catalog.holding("zzz", "e"), Holding::NotYet);
+        catalog.finish(true);
+        assert_eq!(catalog.holding("imagenet/train/absent", "e"), Holding::Never);
+        assert_eq!(catalog.state().bytes_done, (0..count).sum::<u64>());
+    }
+
+    #[test]
+    fn a_catalog_that_cannot_write_to_disk_keeps_every_entry_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let catalog = Catalog::with_memory(4 << 10);
+        catalog.spill_into(not_a_dir.join("scratch"));
+        for n in 0..500 {
+            let (key, path, etag) = entry(n);
+            catalog.hold(&key, path, &etag, n);
+        }
+        assert!(catalog.lock().runs.is_empty());
+        for n in 0..500 {
+            let (key, _, etag) = entry(n);
+            assert!(matches!(catalog.holding(&key, &etag), Holding::Held(_)), "{key}");
+        }
+    }
+
+    #[test]
+    fn a_newer_version_held_in_memory_wins_over_an_older_one_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::with_memory(4 << 10);
+        catalog.spill_into(dir.path().to_path_buf());
+        for n in 0..200 {
+            let (key, path, etag) = entry(n);
+            catalog.hold(&key, path, &etag, n);
+        }
+        let (key, path, old) = entry(0);
+        assert!(!catalog.lock().recent.contains_key(&key), "the first entry went to disk");
+        catalog.hold(&key, path, "\"new\"", 7);
+        assert!(matches!(catalog.holding(&key, "\"new\""), Holding::Held(Held { size: 7, .. })));
+        assert_eq!(catalog.holding(&key, &old), Holding::Never);
     }
 }

@@ -23,6 +23,7 @@
 pub mod catalog;
 mod peer_store;
 pub mod server;
+mod spill;
 /// What a peer's state endpoint said.
 enum Heard {
     /// Its state.

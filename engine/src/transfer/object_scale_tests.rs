@@ -4,7 +4,9 @@
 //! several sizes), first run, re-run with nothing to copy, and a re-run
 //! after objects changed and left with `--delete-removed`; then pushes of
 //! the directory that made back to the store, first run and re-run (which
-//! finds everything in place).
+//! finds everything in place); and a fleet worker's first run into a
+//! directory of its own, in a group of one, so that every object is its
+//! own share and goes into the catalog it serves its peers from.
 //!
 //! The default run compares 20,000 and 100,000 objects (below about
 //! 20,000, the sort's 4 MiB and the adaptive concurrency have not filled up
@@ -14,14 +16,17 @@
 //! version of every object empty (10,000,000 files of a few bytes need
 //! 40 GB of 4 KiB blocks; empty ones need only their inodes).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ferry_contract::peers::PeerOptions;
 use serde::{Deserialize, Serialize};
 
 use super::{Engine, TransferConfig, pull::pull, push::push};
+use crate::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::store::synthetic::SyntheticStore;
 
@@ -40,6 +45,7 @@ struct Request {
     delete_removed: bool,
     push: bool,
     empty: bool,
+    fleet: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -80,7 +86,17 @@ fn object_scale_child() {
     let summary = runtime.block_on(async {
         let store = SyntheticStore::new(request.count, request.epoch);
         let store = Arc::new(if request.empty { store.empty() } else { store });
-        let engine = Engine::new(store as _, TransferConfig::default(), Arc::new(Metrics::new())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let engine = if request.fleet {
+            let options = PeerOptions { peer_group: vec!["worker".into()], ..PeerOptions::default() };
+            let (_, directory) = tokio::sync::watch::channel(BTreeMap::new());
+            let fleet = Fleet::new("worker", &options, Some("secret".into()), directory, Arc::clone(&metrics))
+                .unwrap()
+                .expect("a group");
+            Engine::in_fleet(store as _, TransferConfig::default(), metrics, fleet).unwrap()
+        } else {
+            Engine::new(store as _, TransferConfig::default(), metrics).unwrap()
+        };
         if request.push {
             push(engine, Path::new(&request.dir), "p/").await.unwrap()
         } else {
@@ -123,28 +139,30 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         .map(|v| v.split(',').map(|n| n.trim().parse().expect("FERRY_OBJECT_SCALE: counts, comma-separated")).collect())
         .unwrap_or_else(|_| vec![20_000, 100_000]);
     let empty = std::env::var("FERRY_OBJECT_SCALE_EMPTY").is_ok_and(|v| v == "1");
+    // (name, store version, --delete-removed, push, fleet worker)
     let phases = [
-        ("first run", 1, false, false),
-        ("re-run, nothing to copy", 1, false, false),
-        ("re-run, changed", 2, true, false),
-        ("push, first run", 2, false, true),
-        ("push, re-run", 2, false, true),
+        ("first run", 1, false, false, false),
+        ("re-run, nothing to copy", 1, false, false, false),
+        ("re-run, changed", 2, true, false, false),
+        ("push, first run", 2, false, true, false),
+        ("push, re-run", 2, false, true, false),
+        ("fleet worker, first run", 1, false, false, true),
     ];
     let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
     println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency | threads |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &count in &counts {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, fleet_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let changed_store = SyntheticStore::new(count, 2);
         let gone = (0..count).filter(|i| !changed_store.exists(*i)).count() as u64;
         let changed = (0..count).filter(|i| changed_store.exists(*i) && changed_store.changed(*i)).count() as u64;
-        for (phase, &(name, epoch, delete_removed, push)) in phases.iter().enumerate() {
-            let dir = dir.path().display().to_string();
-            let request = Request { count, epoch, dir, delete_removed, push, empty };
+        for (phase, &(name, epoch, delete_removed, push, fleet)) in phases.iter().enumerate() {
+            let dir = if fleet { fleet_dir.path() } else { dir.path() }.display().to_string();
+            let request = Request { count, epoch, dir, delete_removed, push, empty, fleet };
             let measured = run_child(&request);
             assert!(measured.complete, "{count} objects, {name}: {measured:?}");
             match phase {
-                0 => assert_eq!((measured.added, measured.transferred), (count, count), "{name}"),
+                0 | 5 => assert_eq!((measured.added, measured.transferred), (count, count), "{name}"),
                 1 => assert_eq!((measured.skipped, measured.transferred), (count, 0), "{name}"),
                 3 => assert_eq!((measured.skipped, measured.transferred), (0, count - gone), "{name}"),
                 4 => assert_eq!((measured.skipped, measured.transferred), (count - gone, 0), "{name}"),
@@ -166,13 +184,16 @@ fn resident_memory_does_not_grow_with_the_object_count() {
             );
             peaks[phase].push(measured.peak_rss_bytes);
         }
-        let files = walkdir::WalkDir::new(dir.path())
-            .into_iter()
-            .filter_entry(|e| e.file_name() != crate::local::STATE_DIR)
-            .flatten()
-            .filter(|e| e.file_type().is_file())
-            .count() as u64;
-        assert_eq!(files, count - gone, "exactly the objects in the store are on disk");
+        let files = |dir: &Path| {
+            walkdir::WalkDir::new(dir)
+                .into_iter()
+                .filter_entry(|e| e.file_name() != crate::local::STATE_DIR)
+                .flatten()
+                .filter(|e| e.file_type().is_file())
+                .count() as u64
+        };
+        assert_eq!(files(dir.path()), count - gone, "exactly the objects in the store are on disk");
+        assert_eq!(files(fleet_dir.path()), count, "the fleet worker staged every object of version 1");
     }
     for ((name, ..), peaks) in phases.iter().zip(&peaks) {
         let (smallest, largest) = (peaks[0], *peaks.last().unwrap());

@@ -175,6 +175,9 @@ pub async fn pull(
     // key order, so nothing of them is held in memory. Opening may sort a
     // manifest written before manifests were sorted, once.
     let scratch = staging.scratch_dir();
+    if let Some(fleet) = &engine.fleet {
+        fleet.catalog.spill_into(scratch.join("catalog"));
+    }
     let mut manifest = {
         let (root, scratch) = (destination.to_path_buf(), scratch.clone());
         tokio::task::spawn_blocking(move || ManifestCursor::open(&root, &scratch))
