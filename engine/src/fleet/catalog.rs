@@ -80,8 +80,21 @@ impl Catalog {
     #[cfg(test)]
     fn with_memory(memory: usize) -> Self {
         let catalog = Self::default();
-        *catalog.lock() = Entries::new(memory);
+        catalog.hold_in_memory(memory);
         catalog
+    }
+
+    /// Holds about `memory` bytes of entries in memory from now on (an
+    /// empty catalog: what it held is forgotten).
+    #[cfg(test)]
+    pub(crate) fn hold_in_memory(&self, memory: usize) {
+        *self.lock() = Entries::new(memory);
+    }
+
+    /// Sorted runs written to disk so far.
+    #[cfg(test)]
+    pub(crate) fn runs_on_disk(&self) -> usize {
+        self.lock().runs.len()
     }
 
     /// Lets entries beyond [`MEMORY`] go to files in `dir` (a run's scratch

@@ -282,6 +282,37 @@ async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waitin
     assert!(started.elapsed() < Duration::from_secs(5), "waited {:?} for peers that had exited", started.elapsed());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_catalog_went_to_disk_serves_a_node_that_joins_later() {
+    let (store, objects) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // node-a stages everything alone, keeping about four entries in memory.
+    let (engine_a, fleet_a) = worker(&store, "node-a", &["node-a"], &directory).await;
+    fleet_a.catalog.hold_in_memory(1 << 10);
+    assert!(pull(engine_a, "p/", dir_a.path(), false).await.unwrap().complete);
+    assert!(fleet_a.catalog.runs_on_disk() > 0, "most entries went to disk");
+    let lingering = tokio::spawn({
+        let fleet_a = Arc::clone(&fleet_a);
+        async move { fleet_a.linger().await }
+    });
+
+    let pair = ["node-a", "node-b"];
+    let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
+    let before = store.calls().get_bytes;
+    let summary = pull(engine_b, "p/", dir_b.path(), false).await.unwrap();
+    fleet_b.linger().await;
+    tokio::time::timeout(Duration::from_secs(10), lingering).await.expect("done once node-b is").unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
+    assert_staged(dir_b.path(), &objects);
+    let group = ferry_contract::PeerGroup::new(pair);
+    let from_a: u64 =
+        objects.iter().filter(|(key, _)| group.owner(key) == Some("node-a")).map(|(_, b)| b.len() as u64).sum();
+    assert_eq!(summary.peers.bytes_from_peers, from_a, "node-a's share came from node-a");
+    assert_eq!(store.calls().get_bytes - before, total(&objects) - from_a);
+}
+
 #[tokio::test]
 async fn the_peer_port_refuses_requests_without_the_secret() {
     let (store, _) = dataset();
