@@ -52,7 +52,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                     report.files_removed,
                     report.bytes_freed,
                     directory.display(),
-                    report.kept.len()
+                    report.kept.len() as u64 + report.kept_not_listed
                 );
                 ExitStatus::Success.into()
             }

@@ -13,7 +13,6 @@
 //! `--delete-removed` ([`super::prune`]) uses it too, so the two never
 //! disagree about what "unchanged since staged" means.
 
-use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -57,10 +56,21 @@ pub struct CleanReport {
     pub files_removed: u64,
     /// Their bytes.
     pub bytes_freed: u64,
-    /// Staged files kept because they changed since they were staged.
+    /// Staged files kept because they changed since they were staged: the
+    /// first [`KEPT_LISTED`] in path order.
     pub kept: Vec<String>,
+    /// Files kept that `kept` does not list.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub kept_not_listed: u64,
     /// Directories removed because the clean-up left them empty.
     pub directories_removed: u64,
+}
+
+/// How many kept files a [`CleanReport`] names; the rest are counted.
+pub const KEPT_LISTED: usize = 1000;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Removes what pulls staged into `root`.
@@ -73,7 +83,7 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
         return Err(CleanError::Busy(root.to_owned()));
     }
     let mut report = CleanReport::default();
-    let mut remover = Remover::new(root);
+    let mut remover = Remover::new(root, Directories::Remove);
     // Manifests from before they were sorted are sorted here first; the
     // scratch files go with the state directory below.
     let scratch = root.join(STATE_DIR).join("tmp").join(format!("clean-{}", std::process::id()));
@@ -85,7 +95,9 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
                 report.files_removed += 1;
                 report.bytes_freed += entry.size;
             }
-            Removal::Changed => report.kept.push(entry.path),
+            // In path order: the list is the first ones.
+            Removal::Changed if report.kept.len() < KEPT_LISTED => report.kept.push(entry.path),
+            Removal::Changed => report.kept_not_listed += 1,
             Removal::Missing | Removal::Unsafe => {}
         }
     }
@@ -95,8 +107,7 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(CleanError::Remove { path: state, source }),
     }
-    report.directories_removed = remover.remove_emptied_directories();
-    report.kept.sort();
+    report.directories_removed = remover.finish();
     Ok(report)
 }
 
@@ -115,20 +126,44 @@ pub enum Removal {
     Unsafe,
 }
 
+/// Whether a [`Remover`] removes the directories its removals leave empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Directories {
+    /// Always (a clean-up, which no transfer runs beside).
+    Remove,
+    /// Only while no run but the caller's own is staging into the root: a
+    /// run may be about to put a file into such a directory, and its cache
+    /// of the directories it made would not notice the directory going.
+    /// Asked before each one; once another run is seen, no more go.
+    UnlessAnotherRun,
+    /// Never (another run was seen).
+    Keep,
+}
+
 /// Removes staged files one manifest entry at a time, only while they are
-/// exactly what was staged, and remembers their directories so that those
-/// the removals leave empty can go too. Shared by `clean` and by a pull's
-/// `--delete-removed`, so both judge "unchanged since staged" the same way.
+/// exactly what was staged, and then the directories the removals leave
+/// empty. Shared by `clean` and by a pull's `--delete-removed`, so both
+/// judge "unchanged since staged" the same way.
+///
+/// Entries come in path order, in which every directory's files are
+/// contiguous (they share its path and a `/`), so the directories still to
+/// be tried are only those above the last file removed: a stack, not a set
+/// of every directory, and memory does not grow with the tree. When a
+/// removal leaves a directory's range, the directory is tried (it goes if
+/// it is empty), deepest first.
 #[derive(Debug)]
 pub struct Remover<'r> {
     root: &'r Path,
-    parents: BTreeSet<PathBuf>,
+    /// Directories above the last file removed, shallowest first.
+    open: Vec<PathBuf>,
+    directories: Directories,
+    directories_removed: u64,
 }
 
 impl<'r> Remover<'r> {
     /// A remover for files staged below `root`.
-    pub fn new(root: &'r Path) -> Self {
-        Self { root, parents: BTreeSet::new() }
+    pub fn new(root: &'r Path, directories: Directories) -> Self {
+        Self { root, open: Vec::new(), directories, directories_removed: 0 }
     }
 
     /// Removes the file `entry` records if it still has the size and mtime
@@ -151,7 +186,17 @@ impl<'r> Remover<'r> {
         match FileStamp::of(&path) {
             Ok(stamp) if stamp.size == entry.size && stamp.mtime_ns == entry.mtime_ns => {
                 std::fs::remove_file(&path).map_err(|source| CleanError::Remove { path: path.clone(), source })?;
-                self.parents.extend(path.ancestors().skip(1).take_while(|p| *p != root).map(Path::to_owned));
+                self.close_directories_not_above(&path);
+                // What is left open is above `path`; open the rest of its
+                // directories below the root.
+                let top = self.open.last().map(PathBuf::as_path);
+                let below_top: Vec<PathBuf> = path
+                    .ancestors()
+                    .skip(1)
+                    .take_while(|dir| *dir != root && Some(*dir) != top)
+                    .map(Path::to_owned)
+                    .collect();
+                self.open.extend(below_top.into_iter().rev());
                 Ok(Removal::Removed)
             }
             Ok(_) => Ok(Removal::Changed),
@@ -160,14 +205,34 @@ impl<'r> Remover<'r> {
         }
     }
 
-    /// Removes the directories that held removed files and are empty now,
-    /// never the root; returns how many went.
-    pub fn remove_emptied_directories(self) -> u64 {
-        // Deepest first, so a parent is tried after its children; a directory
-        // that still holds something is simply not empty and stays.
-        let mut parents: Vec<PathBuf> = self.parents.into_iter().collect();
-        parents.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        parents.into_iter().filter(|dir| std::fs::remove_dir(dir).is_ok()).count() as u64
+    /// Tries the directories left open that are not above `path`, deepest
+    /// first: removals have left their range for good.
+    fn close_directories_not_above(&mut self, path: &Path) {
+        while self.open.last().is_some_and(|dir| !path.starts_with(dir)) {
+            let dir = self.open.pop().expect("checked above");
+            self.try_directory(&dir);
+        }
+    }
+
+    /// Removes `dir` if it is empty and directories may go; a directory
+    /// that still holds something is simply not empty and stays.
+    fn try_directory(&mut self, dir: &Path) {
+        if self.directories == Directories::UnlessAnotherRun && super::staging::live_runs(self.root) > 1 {
+            tracing::info!("another run is staging into the directory: directories emptied by removals are kept");
+            self.directories = Directories::Keep;
+        }
+        if self.directories != Directories::Keep && std::fs::remove_dir(dir).is_ok() {
+            self.directories_removed += 1;
+        }
+    }
+
+    /// Tries the directories still open, never the root; returns how many
+    /// directories the removals emptied and removed.
+    pub fn finish(mut self) -> u64 {
+        while let Some(dir) = self.open.pop() {
+            self.try_directory(&dir);
+        }
+        self.directories_removed
     }
 }
 
@@ -183,7 +248,7 @@ fn through_a_symlink(root: &Path, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::manifest::ManifestWriter;
+    use crate::local::manifest::{ManifestCursor, ManifestWriter};
 
     fn manifest_writer(root: &Path) -> ManifestWriter {
         std::fs::create_dir_all(root.join(STATE_DIR)).unwrap();
@@ -227,6 +292,62 @@ mod tests {
         assert_eq!(std::fs::read(root.join("train/b/mine.txt")).unwrap(), b"user data");
         assert_eq!(std::fs::read(root.join("edited.bin")).unwrap(), b"after, longer");
         assert!(root.exists());
+    }
+
+    #[test]
+    fn directories_are_tried_as_removals_leave_them_and_only_empty_ones_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let writer = manifest_writer(root);
+        // Names around '/' in byte order ("a.b" < "a/..." < "a0"), deep
+        // chains, a directory with a user's file, one with a changed file.
+        for rel in ["a.b", "a/x/1", "a/x/y/z/2", "a/x2/3", "a0/4", "b/user/5", "b/kept/6", "c/d/e/f/g/7"] {
+            stage(root, &writer, rel, rel.as_bytes());
+        }
+        writer.finish(None).unwrap();
+        std::fs::write(root.join("b/user/mine"), b"user data").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(root.join("b/kept/6"), b"edited").unwrap();
+
+        let mut remover = Remover::new(root, Directories::Remove);
+        let mut deepest = 0;
+        for entry in ManifestCursor::open(root, &root.join(STATE_DIR).join("scratch")).unwrap() {
+            remover.remove(&entry).unwrap();
+            deepest = deepest.max(remover.open.len());
+        }
+        assert_eq!(deepest, 5, "only the directories above one file are held");
+        assert_eq!(remover.finish(), 11, "a/x/y/z a/x/y a/x a/x2 a a0, and c's five");
+        let mut left: Vec<String> = walkdir::WalkDir::new(root)
+            .min_depth(1)
+            .into_iter()
+            .filter_entry(|e| e.file_name() != STATE_DIR)
+            .flatten()
+            .map(|e| e.path().strip_prefix(root).unwrap().display().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["b", "b/kept", "b/kept/6", "b/user", "b/user/mine"]);
+    }
+
+    #[test]
+    fn a_report_names_the_first_thousand_files_kept_and_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let writer = manifest_writer(root);
+        let rels: Vec<String> = (0..KEPT_LISTED + 5).map(|n| format!("d/{n:05}")).collect();
+        for rel in &rels {
+            stage(root, &writer, rel, b"staged");
+        }
+        writer.finish(None).unwrap();
+        for rel in &rels {
+            std::fs::write(root.join(rel), b"edited since").unwrap();
+        }
+        let report = clean(root).unwrap();
+        assert_eq!(report.kept, rels[..KEPT_LISTED], "the first ones, in path order");
+        assert_eq!(report.kept_not_listed, 5);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["kept_not_listed"], 5);
+        let none_omitted = serde_json::to_value(CleanReport::default()).unwrap();
+        assert!(none_omitted.get("kept_not_listed").is_none(), "the report's shape is as before when all are listed");
     }
 
     #[test]

@@ -22,7 +22,7 @@
 use std::io;
 use std::path::Path;
 
-use super::clean::{Removal, Remover};
+use super::clean::{Directories, Removal, Remover};
 use super::manifest::ManifestEntry;
 use super::sorted::{RunWriter, SortedRun};
 use crate::selection::Selection;
@@ -101,10 +101,11 @@ pub struct Pruned {
     pub directories_removed: u64,
 }
 
-/// Removes the files of `departed` entries below `root` that are unchanged
-/// since they were staged, then the directories that left empty, unless
-/// another run is staging into `root` (the caller's own run holds one lock):
-/// it may be about to rename a file into such a directory, and its cache of
+/// Removes the files of `departed` entries (in path order) below `root`
+/// that are unchanged since they were staged, and the directories that
+/// leaves empty as the removals move past them, unless another run is
+/// staging into `root` (the caller's own run holds one lock): it may be
+/// about to rename a file into such a directory, and its cache of
 /// directories it made would not notice the directory going. Entries whose
 /// files cannot be examined or removed are written to `retained`.
 ///
@@ -116,7 +117,7 @@ pub fn prune(
     retained: &mut RunWriter<ManifestEntry>,
 ) -> io::Result<Pruned> {
     let mut pruned = Pruned::default();
-    let mut remover = Remover::new(root);
+    let mut remover = Remover::new(root, Directories::UnlessAnotherRun);
     for entry in departed {
         let entry = entry?;
         match remover.remove(&entry) {
@@ -137,9 +138,7 @@ pub fn prune(
             }
         }
     }
-    if super::staging::live_runs(root) <= 1 {
-        pruned.directories_removed = remover.remove_emptied_directories();
-    }
+    pruned.directories_removed = remover.finish();
     Ok(pruned)
 }
 
@@ -148,7 +147,7 @@ mod tests {
     use super::*;
     use crate::local::STATE_DIR;
     use crate::local::manifest::{ManifestCursor, ManifestWriter};
-    use crate::local::staging::FileStamp;
+    use crate::local::staging::{FileStamp, StagingArea};
     use crate::selection::Shard;
 
     /// Stages `files` (relative path → content) under `root` as a pull of
@@ -264,6 +263,24 @@ mod tests {
         assert_eq!(std::fs::read(root.join("shared/mine.txt")).unwrap(), b"user data");
         assert_eq!(std::fs::read(root.join("edited.bin")).unwrap(), b"after, longer");
         assert!(root.join(STATE_DIR).is_dir(), "pruning leaves Ferry's state alone");
+    }
+
+    #[test]
+    fn while_another_run_stages_beside_emptied_directories_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        staged(root, "", &[("a/1.bin", b"1"), ("b/2.bin", b"2")]);
+        let (own, other) = (StagingArea::open(root).unwrap(), StagingArea::open(root).unwrap());
+        let (beside, _) = pruned(root, departed(root, "", &Selection::all(), &[]));
+        assert_eq!((beside.files_removed, beside.directories_removed), (2, 0));
+        assert!(root.join("a").is_dir() && root.join("b").is_dir());
+        other.close();
+        // Alone again: a later pass removes what it empties.
+        staged(root, "", &[("c/3.bin", b"3")]);
+        let (alone, _) = pruned(root, departed(root, "", &Selection::all(), &[]));
+        assert_eq!((alone.files_removed, alone.directories_removed), (1, 1));
+        assert!(!root.join("c").exists());
+        own.close();
     }
 
     #[test]
