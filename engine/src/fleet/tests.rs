@@ -41,6 +41,12 @@ fn total(objects: &BTreeMap<String, Vec<u8>>) -> u64 {
     objects.values().map(|d| d.len() as u64).sum()
 }
 
+/// The bytes of the objects `member` of the group of `members` owns.
+fn share(objects: &BTreeMap<String, Vec<u8>>, members: &[&str], member: &str) -> u64 {
+    let group = ferry_contract::PeerGroup::new(members.iter().copied());
+    objects.iter().filter(|(key, _)| group.owner(key) == Some(member)).map(|(_, b)| b.len() as u64).sum()
+}
+
 fn config() -> TransferConfig {
     TransferConfig {
         concurrency: 4,
@@ -258,9 +264,7 @@ async fn a_node_that_joins_later_is_fed_by_peers_that_linger_and_not_kept_waitin
     assert!(summary.complete, "{summary:?}");
     assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
     assert_staged(dir_c.path(), &objects);
-    let group = ferry_contract::PeerGroup::new(trio);
-    let own: u64 =
-        objects.iter().filter(|(key, _)| group.owner(key) == Some("node-c")).map(|(_, b)| b.len() as u64).sum();
+    let own = share(&objects, &trio, "node-c");
     assert_eq!(store.calls().get_bytes - before, own, "node-c read only its own share from the store");
     assert_eq!(summary.peers.bytes_from_peers, total(&objects) - own);
 
@@ -306,9 +310,7 @@ async fn a_worker_whose_catalog_went_to_disk_serves_a_node_that_joins_later() {
     assert!(summary.complete, "{summary:?}");
     assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
     assert_staged(dir_b.path(), &objects);
-    let group = ferry_contract::PeerGroup::new(pair);
-    let from_a: u64 =
-        objects.iter().filter(|(key, _)| group.owner(key) == Some("node-a")).map(|(_, b)| b.len() as u64).sum();
+    let from_a = share(&objects, &pair, "node-a");
     assert_eq!(summary.peers.bytes_from_peers, from_a, "node-a's share came from node-a");
     assert_eq!(store.calls().get_bytes - before, total(&objects) - from_a);
 }
