@@ -146,7 +146,7 @@ pub struct PushState {
     upload_keys: HashSet<String>,
     inner: Mutex<Inner>,
     /// Held for its `Drop`: the sorted records go when the state does.
-    _scratch: Scratch,
+    scratch: Scratch,
 }
 
 #[derive(Debug)]
@@ -214,7 +214,7 @@ impl PushState {
             current: SortedWriter::new(&scratch.0, "current", SORT_MEMORY),
             current_failed: None,
         };
-        Ok(Self { path, earlier, earlier_count, upload_keys, inner: Mutex::new(inner), _scratch: scratch })
+        Ok(Self { path, earlier, earlier_count, upload_keys, inner: Mutex::new(inner), scratch })
     }
 
     /// Replays the records in order: what is open at the end (in memory),
@@ -256,6 +256,13 @@ impl PushState {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("push state lock poisoned")
+    }
+
+    /// A directory of this run's own for temporary files, removed when the
+    /// state is dropped and, should the process be killed, when the next
+    /// run opens the state.
+    pub fn scratch_dir(&self) -> &Path {
+        &self.scratch.0
     }
 
     /// Whether an earlier run recorded any pushed file.
@@ -530,7 +537,7 @@ mod tests {
         let state = PushState::open(dir.path(), "s3://b/p/").unwrap();
         assert_eq!(state.earlier_count, sorted.len().div_ceil(7) as u64, "what was kept, once each");
         assert!(sorted.iter().step_by(7).all(|path| state.pushed(path).is_some()));
-        let scratch = state._scratch.0.clone();
+        let scratch = state.scratch.0.clone();
         assert!(scratch.is_dir());
         drop(state);
         assert!(!scratch.exists(), "scratch files go with the run");

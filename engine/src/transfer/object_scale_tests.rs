@@ -133,31 +133,54 @@ fn run_child(request: &Request) -> Measured {
     serde_json::from_str(line).unwrap()
 }
 
+/// Which directory a run stages into or pushes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tree {
+    /// What the plain pulls made, in directories of 1,000 files.
+    Pulled,
+    /// The fleet worker's own.
+    Fleet,
+    /// One directory of as many files as objects, made by the test.
+    Flat,
+}
+
 #[test]
 fn resident_memory_does_not_grow_with_the_object_count() {
     let counts: Vec<u64> = std::env::var("FERRY_OBJECT_SCALE")
         .map(|v| v.split(',').map(|n| n.trim().parse().expect("FERRY_OBJECT_SCALE: counts, comma-separated")).collect())
         .unwrap_or_else(|_| vec![20_000, 100_000]);
     let empty = std::env::var("FERRY_OBJECT_SCALE_EMPTY").is_ok_and(|v| v == "1");
-    // (name, store version, --delete-removed, push, fleet worker)
+    // (name, store version, --delete-removed, push, directory)
     let phases = [
-        ("first run", 1, false, false, false),
-        ("re-run, nothing to copy", 1, false, false, false),
-        ("re-run, changed", 2, true, false, false),
-        ("push, first run", 2, false, true, false),
-        ("push, re-run", 2, false, true, false),
-        ("fleet worker, first run", 1, false, false, true),
+        ("first run", 1, false, false, Tree::Pulled),
+        ("re-run, nothing to copy", 1, false, false, Tree::Pulled),
+        ("re-run, changed", 2, true, false, Tree::Pulled),
+        ("push, first run", 2, false, true, Tree::Pulled),
+        ("push, re-run", 2, false, true, Tree::Pulled),
+        ("fleet worker, first run", 1, false, false, Tree::Fleet),
+        ("push, one flat directory", 1, false, true, Tree::Flat),
     ];
     let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
     println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency | threads |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &count in &counts {
-        let (dir, fleet_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (dir, fleet_dir, flat_dir) =
+            (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for i in 0..count {
+            std::fs::write(flat_dir.path().join(format!("{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))), b"")
+                .unwrap();
+        }
         let changed_store = SyntheticStore::new(count, 2);
         let gone = (0..count).filter(|i| !changed_store.exists(*i)).count() as u64;
         let changed = (0..count).filter(|i| changed_store.exists(*i) && changed_store.changed(*i)).count() as u64;
-        for (phase, &(name, epoch, delete_removed, push, fleet)) in phases.iter().enumerate() {
-            let dir = if fleet { fleet_dir.path() } else { dir.path() }.display().to_string();
+        for (phase, &(name, epoch, delete_removed, push, tree)) in phases.iter().enumerate() {
+            let fleet = tree == Tree::Fleet;
+            let dir = match tree {
+                Tree::Pulled => dir.path(),
+                Tree::Fleet => fleet_dir.path(),
+                Tree::Flat => flat_dir.path(),
+            };
+            let dir = dir.display().to_string();
             let request = Request { count, epoch, dir, delete_removed, push, empty, fleet };
             let measured = run_child(&request);
             assert!(measured.complete, "{count} objects, {name}: {measured:?}");
@@ -166,6 +189,7 @@ fn resident_memory_does_not_grow_with_the_object_count() {
                 1 => assert_eq!((measured.skipped, measured.transferred), (count, 0), "{name}"),
                 3 => assert_eq!((measured.skipped, measured.transferred), (0, count - gone), "{name}"),
                 4 => assert_eq!((measured.skipped, measured.transferred), (count - gone, 0), "{name}"),
+                6 => assert_eq!((measured.skipped, measured.transferred), (0, count), "{name}"),
                 _ => assert_eq!(
                     (measured.updated, measured.removed, measured.skipped),
                     (changed, gone, count - gone - changed),

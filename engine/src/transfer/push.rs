@@ -73,11 +73,13 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
     preflight(&engine, prefix).await?;
     let resume = Resume::prepare(&engine, source, &destination_uri, prefix).await;
     tracing::info!(source = %source.display(), destination = %destination_uri, "push started");
+    let walk_scratch = resume.walk_scratch();
     let run = Arc::new(PushRun { engine: Arc::clone(&engine), resume });
 
     let (files_tx, mut files) = mpsc::channel(1024);
     let root = source.to_path_buf();
-    let walker = tokio::task::spawn_blocking(move || walk(&root, |item| files_tx.blocking_send(item).is_ok()));
+    let walker =
+        tokio::task::spawn_blocking(move || walk(&root, walk_scratch, |item| files_tx.blocking_send(item).is_ok()));
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
     let mut tasks = ObjectTasks::new();
 

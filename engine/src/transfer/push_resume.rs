@@ -22,7 +22,7 @@
 //! the clean-up after a successful push still runs for the keys it wrote.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -86,6 +86,13 @@ impl Resume {
             _ => None,
         };
         Self { state, in_store: tokio::sync::Mutex::new(in_store), multipart_keys: Mutex::default(), started }
+    }
+
+    /// Where the walk may sort directories too large for memory: in the
+    /// push state's scratch directory, so that a killed run's files go when
+    /// the next run starts. `None` for a source that cannot hold a state.
+    pub fn walk_scratch(&self) -> Option<PathBuf> {
+        self.state.as_ref().map(|state| state.scratch_dir().join("walk"))
     }
 
     /// A file this run does not select keeps what earlier runs recorded of it.
