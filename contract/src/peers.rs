@@ -148,18 +148,23 @@ pub mod wire {
 
     /// `GET`: the serving worker's [`PeerState`] as JSON.
     pub const STATE_PATH: &str = "/v1/state";
-    /// `GET ?key=K&etag=E`: answers 200 once the worker holds version `E`
-    /// of `K`, verified and in place; 404 when it will not (it finished
-    /// without it, or holds another version); 202 with its [`PeerState`]
-    /// when it does not yet and the long poll ([`WAIT_SECONDS`]) ended: ask
-    /// again (and judge from `bytes_done` whether it is still making progress).
+    /// `POST` a [`WaitRequest`] as JSON: the asker waits for the objects it
+    /// reads from this worker, many per request, so two workers keep one
+    /// long poll between them, not one per object. Answered 200 with a
+    /// [`WaitAnswer`] once the worker holds, or will never hold, any of
+    /// them, or when the long poll ([`WAIT_SECONDS`]) ends with none (ask
+    /// again, and judge from `bytes_done` whether it is still making
+    /// progress); 413 when the request names more than [`WAIT_MAX_OBJECTS`].
     pub const WAIT_PATH: &str = "/v1/wait";
     /// `GET ?key=K&etag=E` with an optional `Range: bytes=A-B`: the bytes
     /// of version `E` of `K` (200 or 206), or 404 when the worker does not
     /// hold that version.
     pub const OBJECT_PATH: &str = "/v1/object";
-    /// The longest a wait request is held before it is answered 204.
+    /// The longest a wait request is held before it is answered with
+    /// nothing ready.
     pub const WAIT_SECONDS: u64 = 5;
+    /// The most objects one wait request may name.
+    pub const WAIT_MAX_OBJECTS: usize = 512;
 
     /// What a worker tells its peers about itself.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,7 +180,40 @@ pub mod wire {
         pub bytes_done: u64,
     }
 
-    /// The query of [`WAIT_PATH`] and [`OBJECT_PATH`].
+    /// The body of a [`WAIT_PATH`] request.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct WaitRequest {
+        /// The objects waited for, each at the version the asker lists.
+        pub objects: Vec<ObjectQuery>,
+    }
+
+    /// The answer to a [`WAIT_PATH`] request: which of the objects asked
+    /// about are settled, by their index in [`WaitRequest::objects`].
+    /// Objects in neither list are not held yet: ask again.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct WaitAnswer {
+        /// Held at the version asked for, verified and in place: read them
+        /// from this worker.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub held: Vec<u32>,
+        /// Never held in this run (it finished without them, or holds
+        /// another version): read them from the store.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub never: Vec<u32>,
+        /// The worker's state when it answered.
+        pub state: PeerState,
+    }
+
+    impl WaitAnswer {
+        /// Whether anything asked about is settled.
+        pub fn settles_any(&self) -> bool {
+            !self.held.is_empty() || !self.never.is_empty()
+        }
+    }
+
+    /// An object asked about: the query of [`OBJECT_PATH`], and an entry of
+    /// a [`WaitRequest`].
     #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
     pub struct ObjectQuery {
         /// The object's key in the store.
@@ -229,6 +267,33 @@ mod tests {
         let json = serde_json::to_string(&state).unwrap();
         assert_eq!(json, r#"{"complete":true,"finished":true,"bytesDone":42}"#);
         assert_eq!(serde_json::from_str::<wire::PeerState>(&json).unwrap(), state);
+    }
+
+    #[test]
+    fn wait_requests_and_answers_round_trip_as_json() {
+        let request = wire::WaitRequest {
+            objects: vec![
+                wire::ObjectQuery { key: "p/a".into(), etag: "\"e1\"".into() },
+                wire::ObjectQuery { key: "p/é b".into(), etag: "e2-3".into() },
+            ],
+        };
+        let json = serde_json::to_string(&request).unwrap();
+        assert_eq!(json, r#"{"objects":[{"key":"p/a","etag":"\"e1\""},{"key":"p/é b","etag":"e2-3"}]}"#);
+        assert_eq!(serde_json::from_str::<wire::WaitRequest>(&json).unwrap(), request);
+
+        let state = wire::PeerState { complete: false, finished: false, bytes_done: 7 };
+        let answer = wire::WaitAnswer { held: vec![1], never: vec![0], state };
+        let json = serde_json::to_string(&answer).unwrap();
+        assert_eq!(json, r#"{"held":[1],"never":[0],"state":{"complete":false,"finished":false,"bytesDone":7}}"#);
+        assert_eq!(serde_json::from_str::<wire::WaitAnswer>(&json).unwrap(), answer);
+        assert!(answer.settles_any());
+
+        // Nothing settled: only the state goes over the wire.
+        let waiting = wire::WaitAnswer { state, ..wire::WaitAnswer::default() };
+        let json = serde_json::to_string(&waiting).unwrap();
+        assert_eq!(json, r#"{"state":{"complete":false,"finished":false,"bytesDone":7}}"#);
+        assert_eq!(serde_json::from_str::<wire::WaitAnswer>(&json).unwrap(), waiting);
+        assert!(!waiting.settles_any());
     }
 
     proptest! {

@@ -183,6 +183,8 @@ pub struct Metrics {
     peer_bytes: Family<DirectionLabels, Counter>,
     peer_failures: Family<ReasonLabels, Counter>,
     peer_refused: Counter,
+    peer_waits: Counter,
+    peer_waits_open: Gauge,
     concurrency_limit: Gauge,
     /// What adaptive concurrency judges a limit by, readable without the
     /// label lookups of the families above.
@@ -217,6 +219,8 @@ impl Metrics {
         let peer_bytes = Family::<DirectionLabels, Counter>::default();
         let peer_failures = Family::<ReasonLabels, Counter>::default();
         let peer_refused = Counter::default();
+        let peer_waits = Counter::default();
+        let peer_waits_open = Gauge::default();
         let concurrency_limit = Gauge::default();
         registry.register_with_unit(
             "transferred",
@@ -265,6 +269,16 @@ impl Metrics {
             "Fleet staging: requests to the peer port without the DataStage's secret",
             peer_refused.clone(),
         );
+        registry.register(
+            "peer_wait_requests",
+            "Fleet staging: long polls sent to peers, each about many objects waited for",
+            peer_waits.clone(),
+        );
+        registry.register(
+            "peer_waits_open",
+            "Fleet staging: peers' long polls this worker holds open now (one per peer waiting for it)",
+            peer_waits_open.clone(),
+        );
         // Pre-create label sets so every series exists from the first scrape.
         for result in [ObjectResult::Transferred, ObjectResult::Skipped, ObjectResult::Failed, ObjectResult::Refused] {
             let _ = objects.get_or_create(&ResultLabels { result: result.as_str() });
@@ -296,6 +310,8 @@ impl Metrics {
             peer_bytes,
             peer_failures,
             peer_refused,
+            peer_waits,
+            peer_waits_open,
             concurrency_limit,
             flow: Flow::default(),
         }
@@ -314,6 +330,27 @@ impl Metrics {
     /// Counts a peer bypassed.
     pub fn peer_failure(&self, failure: PeerFailure) {
         self.peer_failures.get_or_create(&ReasonLabels { reason: failure.as_str() }).inc();
+    }
+
+    /// Counts a wait request sent to a peer.
+    pub fn peer_wait_request(&self) {
+        self.peer_waits.inc();
+    }
+
+    /// Wait requests sent to peers so far.
+    pub fn peer_wait_requests(&self) -> u64 {
+        self.peer_waits.get()
+    }
+
+    /// Counts a peer's long poll held open until the guard is dropped.
+    pub fn peer_wait_open(self: &Arc<Self>) -> OpenWaitGuard {
+        self.peer_waits_open.inc();
+        OpenWaitGuard { metrics: Arc::clone(self) }
+    }
+
+    /// Peers' long polls held open now.
+    pub fn peer_waits_open(&self) -> i64 {
+        self.peer_waits_open.get()
     }
 
     /// Counts a request to the peer port without the secret.
@@ -408,6 +445,18 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// Closes a peer's long poll in the gauge on drop.
+#[derive(Debug)]
+pub struct OpenWaitGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for OpenWaitGuard {
+    fn drop(&mut self) {
+        self.metrics.peer_waits_open.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,6 +491,8 @@ mod tests {
             "ferry_stager_peer_bytes_total{direction=\"received\"} 5",
             "ferry_stager_peer_bytes_total{direction=\"served\"} 0",
             "ferry_stager_peer_failures_total{reason=\"mismatch\"} 1",
+            "ferry_stager_peer_wait_requests_total 0",
+            "ferry_stager_peer_waits_open 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use ferry_contract::peers::wire::PeerState;
+use ferry_contract::peers::wire::{ObjectQuery, PeerState, WaitAnswer};
 use tokio::sync::watch;
 
 use super::spill::Run;
@@ -135,38 +135,61 @@ impl Catalog {
 
     /// Whether version `etag` of `key` is here, will be, or will not.
     pub fn holding(&self, key: &str, etag: &str) -> Holding {
-        let found = match self.lock().get(key) {
-            Ok(found) => found,
+        // Read before the lookup: a run that had finished then committed
+        // everything it ever will, so a miss is final.
+        let finished = self.finished.load(Relaxed);
+        Self::judge(key, etag, self.lock().get(key), finished)
+    }
+
+    /// What a lookup of `key` says about version `etag`.
+    fn judge(key: &str, etag: &str, found: std::io::Result<Option<Held>>, finished: bool) -> Holding {
+        match found {
+            Ok(Some(held)) if held.etag == etag => Holding::Held(held),
+            // Another version: this worker listed the store at another
+            // moment; the asker reads the store.
+            Ok(Some(_)) => Holding::Never,
+            Ok(None) if finished => Holding::Never,
+            Ok(None) => Holding::NotYet,
             Err(error) => {
                 // The asker reads the store instead.
                 tracing::warn!(%error, %key, "the peer catalog cannot read its entries back");
-                return Holding::Never;
+                Holding::Never
             }
-        };
-        match found {
-            Some(held) if held.etag == etag => Holding::Held(held),
-            // Another version: this worker listed the store at another
-            // moment; the asker reads the store.
-            Some(_) => Holding::Never,
-            None if self.finished.load(Relaxed) => Holding::Never,
-            None => Holding::NotYet,
         }
     }
 
-    /// Waits up to `patience` for version `etag` of `key` to be held or
-    /// known never to be.
-    pub async fn wait_for(&self, key: &str, etag: &str, patience: Duration) -> Holding {
+    /// Which of `objects` are settled (held, or never to be), by index.
+    fn settled(&self, objects: &[ObjectQuery]) -> WaitAnswer {
+        let finished = self.finished.load(Relaxed);
+        let mut answer = WaitAnswer { state: self.state(), ..WaitAnswer::default() };
+        let entries = self.lock();
+        for (index, object) in (0u32..).zip(objects) {
+            match Self::judge(&object.key, &object.etag, entries.get(&object.key), finished) {
+                Holding::Held(_) => answer.held.push(index),
+                Holding::Never => answer.never.push(index),
+                Holding::NotYet => {}
+            }
+        }
+        answer
+    }
+
+    /// Waits up to `patience` until any of `objects` is held or known never
+    /// to be; answers which are settled. It answers at once rather than
+    /// gather more: the asker's next request follows within a round trip,
+    /// and a fleet of small objects ran 2.6 times longer with a 10 ms
+    /// gathering delay (each worker's listing waits on its peers' answers).
+    pub async fn wait_for_any(&self, objects: &[ObjectQuery], patience: Duration) -> WaitAnswer {
         let mut changes = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + patience;
         loop {
-            let holding = self.holding(key, etag);
-            if holding != Holding::NotYet {
-                return holding;
+            let answer = self.settled(objects);
+            if answer.settles_any() {
+                return answer;
             }
             match tokio::time::timeout_at(deadline, changes.changed()).await {
                 Ok(Ok(())) => {}
                 // Timed out, or the catalog is gone with the run.
-                _ => return self.holding(key, etag),
+                _ => return self.settled(objects),
             }
         }
     }
@@ -284,22 +307,41 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn query(key: &str, etag: &str) -> ObjectQuery {
+        ObjectQuery { key: key.into(), etag: etag.into() }
+    }
+
     #[tokio::test]
-    async fn a_waiter_is_answered_when_the_object_lands_or_the_run_ends() {
+    async fn a_waiter_is_answered_when_any_object_lands_or_the_run_ends() {
         let catalog = Arc::new(Catalog::default());
         assert_eq!(catalog.holding("a", "e1"), Holding::NotYet);
+        let asked = vec![query("b", "e"), query("a", "e1"), query("c", "e")];
         let waiting = tokio::spawn({
-            let catalog = Arc::clone(&catalog);
-            async move { catalog.wait_for("a", "e1", Duration::from_secs(10)).await }
+            let (catalog, asked) = (Arc::clone(&catalog), asked.clone());
+            async move { catalog.wait_for_any(&asked, Duration::from_secs(10)).await }
         });
         tokio::task::yield_now().await;
         catalog.hold("a", "/d/a".into(), "e1", 3);
-        assert!(matches!(waiting.await.unwrap(), Holding::Held(Held { size: 3, .. })));
+        let answer = waiting.await.unwrap();
+        assert_eq!((answer.held, answer.never), (vec![1], vec![]));
+        assert_eq!(answer.state.bytes_done, 3);
+        catalog.hold("c", "/d/c".into(), "e", 1);
+        let answer = catalog.wait_for_any(&asked, Duration::from_secs(10)).await;
+        assert_eq!((answer.held, answer.never), (vec![1, 2], vec![]), "everything settled, in one answer");
+        assert!(matches!(catalog.holding("a", "e1"), Holding::Held(Held { size: 3, .. })));
         assert_eq!(catalog.holding("a", "e2"), Holding::Never, "another version is never served");
-        assert_eq!(catalog.wait_for("b", "e", Duration::from_millis(10)).await, Holding::NotYet);
+
+        let nothing = catalog.wait_for_any(&[query("b", "e")], Duration::from_millis(10)).await;
+        assert!(!nothing.settles_any(), "the long poll ends with nothing settled");
+        let mixed = [query("b", "e"), query("a", "e2"), query("c", "e")];
+        let answer = catalog.wait_for_any(&mixed, Duration::from_secs(10)).await;
+        assert_eq!((answer.held, answer.never), (vec![2], vec![1]), "answered at once");
+
         catalog.finish(false);
         assert_eq!(catalog.holding("b", "e"), Holding::Never);
-        assert_eq!(catalog.state(), PeerState { complete: false, finished: true, bytes_done: 3 });
+        let answer = catalog.wait_for_any(&[query("b", "e")], Duration::from_secs(10)).await;
+        assert_eq!(answer.never, vec![0], "a finished run never will");
+        assert_eq!(catalog.state(), PeerState { complete: false, finished: true, bytes_done: 4 });
     }
 
     fn entry(n: u64) -> (String, PathBuf, String) {

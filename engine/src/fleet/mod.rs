@@ -24,6 +24,17 @@ pub mod catalog;
 mod peer_store;
 pub mod server;
 mod spill;
+mod waits;
+/// How one wait request to a peer went.
+enum Asked {
+    /// It answered (and is making progress).
+    Answer(WaitAnswer),
+    /// Nothing listens at its address yet: ask again shortly.
+    Again,
+    /// It was dropped.
+    Dropped,
+}
+
 /// What a peer's state endpoint said.
 enum Heard {
     /// Its state.
@@ -44,7 +55,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_contract::PeerCounts;
-use ferry_contract::peers::wire::{OBJECT_PATH, ObjectQuery, PeerState, STATE_PATH, WAIT_PATH, WAIT_SECONDS};
+use ferry_contract::peers::wire::{
+    OBJECT_PATH, ObjectQuery, PeerState, STATE_PATH, WAIT_PATH, WAIT_SECONDS, WaitAnswer, WaitRequest,
+};
 use ferry_contract::peers::{PEER_TOKEN_ENV, PeerGroup, PeerOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -111,6 +124,8 @@ pub struct Fleet {
     health: Mutex<HashMap<String, PeerHealth>>,
     /// Keys a peer has said it holds, and which peer.
     ready: Mutex<HashMap<String, String>>,
+    /// Objects waited for from peers.
+    waits: waits::Waits,
     serve_limit: Option<BandwidthLimit>,
     metrics: Arc<Metrics>,
     bytes_from_peers: AtomicU64,
@@ -160,6 +175,7 @@ impl Fleet {
             http,
             health: Mutex::default(),
             ready: Mutex::default(),
+            waits: waits::Waits::default(),
             serve_limit: options.peer_serve_bandwidth.as_ref().map(|b| BandwidthLimit::new(b.bytes())),
             metrics,
             bytes_from_peers: AtomicU64::new(0),
@@ -189,60 +205,94 @@ impl Fleet {
     /// holds version `etag`; returns whether it does, so the object is read
     /// from it. `false`: read it from the store (this worker owns it, the
     /// owner will not have it, or the owner was dropped).
-    pub async fn await_ready(&self, relative_key: &str, key: &str, etag: &str) -> bool {
+    pub async fn await_ready(self: &Arc<Self>, relative_key: &str, key: &str, etag: &str) -> bool {
         let Some(owner) = self.owner_elsewhere(relative_key).map(str::to_owned) else { return false };
-        let query = ObjectQuery { key: key.to_owned(), etag: etag.to_owned() };
-        loop {
-            if self.is_dropped(&owner) {
-                return false;
+        if self.is_dropped(&owner) {
+            return false;
+        }
+        let (told, start_asking) = self.waits.add(&owner, key, etag);
+        if start_asking {
+            tokio::spawn(Arc::clone(self).ask(owner));
+        }
+        // A sender dropped unanswered (the runtime shutting down): the store.
+        told.await.unwrap_or(false)
+    }
+
+    /// Asks `peer` about the objects waited for from it until nobody waits,
+    /// or it is dropped (then everyone waiting for it reads the store).
+    async fn ask(self: Arc<Self>, peer: String) {
+        while let Some(request) = self.waits.next_request(&peer) {
+            if self.is_dropped(&peer) {
+                break;
             }
-            let Some(addr) = self.address(&owner).await else {
-                self.drop_peer(&owner, PeerFailure::Unreachable, "its address was never published");
-                return false;
-            };
-            let asked = self
-                .http
-                .get(format!("http://{addr}{WAIT_PATH}"))
-                .bearer_auth(&self.token)
-                .query(&query)
-                .timeout(Duration::from_secs(WAIT_SECONDS) + self.timeout)
-                .send()
-                .await;
-            let response = match asked {
-                Ok(response) => response,
-                // Nothing listens there yet (a peer still starting) or any
-                // more (one being replaced, which publishes a new address):
-                // ask again until the peer has been silent for the timeout.
-                Err(error) if error.is_connect() && self.still_patient(&owner) => {
-                    tokio::time::sleep(CONNECT_RETRY).await;
-                    continue;
-                }
-                Err(error) => {
-                    self.drop_peer(&owner, PeerFailure::Unreachable, &error.to_string());
-                    return false;
-                }
-            };
-            match response.status().as_u16() {
-                200 => {
-                    self.heard_from(&owner, None);
-                    self.ready.lock().expect("ready lock poisoned").insert(key.to_owned(), owner);
-                    return true;
-                }
-                404 => return false,
-                202 => {
-                    let state = response.json::<PeerState>().await.ok();
-                    if !self.heard_from(&owner, state.map(|s| s.bytes_done)) {
-                        self.drop_peer(&owner, PeerFailure::Stalled, "it made no progress");
-                        return false;
+            match self.ask_once(&peer, &request).await {
+                Asked::Answer(answer) => {
+                    let object = |index: u32| request.objects.get(index as usize);
+                    for held in answer.held.into_iter().filter_map(object) {
+                        self.ready.lock().expect("ready lock poisoned").insert(held.key.clone(), peer.clone());
+                        self.waits.settle(&peer, &held.key, true);
+                    }
+                    for never in answer.never.into_iter().filter_map(object) {
+                        self.waits.settle(&peer, &never.key, false);
                     }
                 }
-                status => {
-                    let failure = if status == 401 { PeerFailure::Refused } else { PeerFailure::Unreachable };
-                    self.drop_peer(&owner, failure, &format!("it answered {status}"));
-                    return false;
-                }
+                Asked::Again => tokio::time::sleep(CONNECT_RETRY).await,
+                Asked::Dropped => break,
             }
         }
+        if self.is_dropped(&peer) {
+            self.waits.give_up(&peer);
+        }
+    }
+
+    /// One wait request to `peer`.
+    async fn ask_once(&self, peer: &str, request: &WaitRequest) -> Asked {
+        let Some(addr) = self.address(peer).await else {
+            self.drop_peer(peer, PeerFailure::Unreachable, "its address was never published");
+            return Asked::Dropped;
+        };
+        self.metrics.peer_wait_request();
+        let asked = self
+            .http
+            .post(format!("http://{addr}{WAIT_PATH}"))
+            .bearer_auth(&self.token)
+            .json(request)
+            .timeout(Duration::from_secs(WAIT_SECONDS) + self.timeout)
+            .send()
+            .await;
+        let response = match asked {
+            Ok(response) => response,
+            // Nothing listens there yet (a peer still starting) or any
+            // more (one being replaced, which publishes a new address):
+            // ask again until the peer has been silent for the timeout.
+            Err(error) if error.is_connect() && self.still_patient(peer) => return Asked::Again,
+            Err(error) => {
+                self.drop_peer(peer, PeerFailure::Unreachable, &error.to_string());
+                return Asked::Dropped;
+            }
+        };
+        match response.status().as_u16() {
+            200 => {}
+            status => {
+                let failure = if status == 401 { PeerFailure::Refused } else { PeerFailure::Unreachable };
+                self.drop_peer(peer, failure, &format!("it answered {status}"));
+                return Asked::Dropped;
+            }
+        }
+        let answer = match response.json::<WaitAnswer>().await {
+            Ok(answer) => answer,
+            Err(error) => {
+                self.drop_peer(peer, PeerFailure::Unreachable, &format!("its answer did not read: {error}"));
+                return Asked::Dropped;
+            }
+        };
+        // An object settled is progress; otherwise its bytes must grow.
+        let progress = if answer.settles_any() { None } else { Some(answer.state.bytes_done) };
+        if !self.heard_from(peer, progress) {
+            self.drop_peer(peer, PeerFailure::Stalled, "it made no progress");
+            return Asked::Dropped;
+        }
+        Asked::Answer(answer)
     }
 
     /// The peer that said it holds `key`, and where it is, unless dropped since.

@@ -15,7 +15,9 @@ use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use ferry_contract::peers::wire::{OBJECT_PATH, ObjectQuery, STATE_PATH, WAIT_PATH, WAIT_SECONDS};
+use ferry_contract::peers::wire::{
+    OBJECT_PATH, ObjectQuery, STATE_PATH, WAIT_MAX_OBJECTS, WAIT_PATH, WAIT_SECONDS, WaitRequest,
+};
 use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 
@@ -34,7 +36,7 @@ pub async fn serve(fleet: Arc<Fleet>, addr: SocketAddr) -> std::io::Result<Socke
     let bound = listener.local_addr()?;
     let app = axum::Router::new()
         .route(STATE_PATH, axum::routing::get(state))
-        .route(WAIT_PATH, axum::routing::get(wait))
+        .route(WAIT_PATH, axum::routing::post(wait))
         .route(OBJECT_PATH, axum::routing::get(object))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&fleet), authorized))
         .with_state(fleet);
@@ -74,12 +76,13 @@ async fn state(State(fleet): State<Arc<Fleet>>) -> Response {
     axum::Json(fleet.catalog.state()).into_response()
 }
 
-async fn wait(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery>) -> Response {
-    match fleet.catalog.wait_for(&query.key, &query.etag, Duration::from_secs(WAIT_SECONDS)).await {
-        Holding::Held(_) => StatusCode::OK.into_response(),
-        Holding::Never => StatusCode::NOT_FOUND.into_response(),
-        Holding::NotYet => (StatusCode::ACCEPTED, axum::Json(fleet.catalog.state())).into_response(),
+async fn wait(State(fleet): State<Arc<Fleet>>, axum::Json(request): axum::Json<WaitRequest>) -> Response {
+    if request.objects.len() > WAIT_MAX_OBJECTS {
+        return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     }
+    let _open = fleet.metrics.peer_wait_open();
+    let patience = Duration::from_secs(WAIT_SECONDS);
+    axum::Json(fleet.catalog.wait_for_any(&request.objects, patience).await).into_response()
 }
 
 async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery>, headers: HeaderMap) -> Response {

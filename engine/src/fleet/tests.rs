@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_contract::peers::PeerOptions;
+use ferry_contract::peers::{PeerOptions, wire};
 use tokio::sync::watch;
 
 use super::{Fleet, server};
@@ -323,15 +323,22 @@ async fn the_peer_port_refuses_requests_without_the_secret() {
     fleet.catalog.hold("p/x", "/nonexistent".into(), "e", 1);
     let addr = directory.borrow()["node-a"];
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let url = format!("http://{addr}{}?key=p/x&etag=e", ferry_contract::peers::wire::WAIT_PATH);
+    let url = format!("http://{addr}{}", wire::WAIT_PATH);
+    let asked = wire::WaitRequest { objects: vec![wire::ObjectQuery { key: "p/x".into(), etag: "e".into() }] };
     for token in [None, Some("wrong"), Some("the-datastage-secre")] {
-        let mut request = client.get(&url);
+        let mut request = client.post(&url).json(&asked);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         assert_eq!(request.send().await.unwrap().status(), 401, "{token:?}");
     }
-    assert_eq!(client.get(&url).bearer_auth(TOKEN).send().await.unwrap().status(), 200);
+    let response = client.post(&url).json(&asked).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.json::<wire::WaitAnswer>().await.unwrap().held, vec![0]);
+    // A request over the limit is refused, not served.
+    let too_many = wire::WaitRequest { objects: vec![asked.objects[0].clone(); wire::WAIT_MAX_OBJECTS + 1] };
+    let response = client.post(&url).json(&too_many).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(response.status(), 413);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -370,4 +377,60 @@ async fn an_object_a_peer_served_that_then_fails_to_land_is_forgotten_with_the_f
     assert!(summary_b.peers.objects_from_peers > 0, "{:?}", summary_b.peers);
     let left = fleet_b.ready.lock().unwrap().clone();
     assert!(left.is_empty(), "node-b still remembers peers for {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_waits_for_hundreds_of_objects_with_a_few_requests() {
+    let store = Arc::new(MemoryStore::default());
+    let mut objects = BTreeMap::new();
+    for i in 0..600u32 {
+        let data = format!("small object {i}").into_bytes();
+        store.insert(&format!("p/d{}/o{i:04}", i % 7), data.clone());
+        objects.insert(format!("d{}/o{i:04}", i % 7), data);
+    }
+    let pair = ["node-a", "node-b"];
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (mut runs, mut dirs, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    for me in pair {
+        let (engine, fleet) = worker(&store, me, &pair, &directory).await;
+        servers.push(Arc::clone(&fleet));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        dirs.push(dir);
+        runs.push(tokio::spawn(async move {
+            let summary = pull(engine, "p/", &path, false).await.unwrap();
+            fleet.linger().await;
+            (summary, fleet.metrics.peer_wait_requests())
+        }));
+    }
+    // The most long polls each worker held open at once, sampled.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampling = tokio::spawn({
+        let done = Arc::clone(&done);
+        async move {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for fleet in &servers {
+                    most = most.max(fleet.metrics.peer_waits_open());
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            most
+        }
+    });
+    for (run, dir) in runs.into_iter().zip(&dirs) {
+        let (summary, wait_requests) = run.await.unwrap();
+        assert!(summary.complete, "{summary:?}");
+        assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
+        assert_staged(dir.path(), &objects);
+        let from_peer = summary.peers.objects_from_peers;
+        assert!(from_peer >= 200, "about half the objects came from the peer: {from_peer}");
+        // Each answer carries what settled close together (how much
+        // depends on the machine's speed, so only printed).
+        println!("{wait_requests} wait requests for {from_peer} objects from the peer");
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    // One long poll per object would hold hundreds open at once.
+    let most_open = sampling.await.unwrap();
+    assert!((1..=1).contains(&most_open), "a worker held {most_open} long polls open at once for its one peer");
 }
