@@ -6,7 +6,6 @@
 //! per-object or per-key labels, so cardinality does not grow with the
 //! dataset. The CLI serves the exposition at `--metrics-addr` on `/metrics`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -343,9 +342,8 @@ impl Metrics {
     }
 
     /// Counts a peer's long poll held open until the guard is dropped.
-    pub fn peer_wait_open(self: &Arc<Self>) -> OpenWaitGuard {
-        self.peer_waits_open.inc();
-        OpenWaitGuard { metrics: Arc::clone(self) }
+    pub fn peer_wait_open(&self) -> GaugeGuard {
+        GaugeGuard::up(&self.peer_waits_open)
     }
 
     /// Peers' long polls held open now.
@@ -415,9 +413,8 @@ impl Metrics {
     }
 
     /// Marks a request as in flight until the guard is dropped.
-    pub fn request_started(self: &Arc<Self>) -> InFlightGuard {
-        self.in_flight.inc();
-        InFlightGuard { metrics: Arc::clone(self) }
+    pub fn request_started(&self) -> GaugeGuard {
+        GaugeGuard::up(&self.in_flight)
     }
 
     /// The registry every metric is in, for a server that exposes it.
@@ -433,33 +430,31 @@ impl Metrics {
     }
 }
 
-/// Decrements the in-flight gauge on drop.
+/// One unit of a gauge (a request in flight, a long poll open), taken
+/// back when dropped.
 #[derive(Debug)]
-pub struct InFlightGuard {
-    metrics: Arc<Metrics>,
+pub struct GaugeGuard {
+    gauge: Gauge,
 }
 
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.metrics.in_flight.dec();
+impl GaugeGuard {
+    fn up(gauge: &Gauge) -> Self {
+        gauge.inc();
+        // A clone shares the gauge's value.
+        Self { gauge: gauge.clone() }
     }
 }
 
-/// Closes a peer's long poll in the gauge on drop.
-#[derive(Debug)]
-pub struct OpenWaitGuard {
-    metrics: Arc<Metrics>,
-}
-
-impl Drop for OpenWaitGuard {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
-        self.metrics.peer_waits_open.dec();
+        self.gauge.dec();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn exposition_uses_base_units_and_the_stager_prefix() {

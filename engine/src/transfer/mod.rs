@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::local::staging::StagingError;
-use crate::metrics::{InFlightGuard, Metrics, Operation};
+use crate::metrics::{GaugeGuard, Metrics, Operation};
 use crate::selection::Selection;
 use crate::store::{ObjectStore, StoreError};
 use capacity::{CapacityCheck, CapacityError, is_disk_full};
@@ -306,7 +306,7 @@ pub struct Budget {
 pub struct RequestSlot {
     permit: Option<OwnedSemaphorePermit>,
     limit: Arc<adaptive::RequestLimit>,
-    _in_flight: InFlightGuard,
+    _in_flight: GaugeGuard,
 }
 
 impl Drop for RequestSlot {
