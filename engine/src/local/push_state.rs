@@ -21,8 +21,15 @@
 //! The file sits in a subdirectory so that a pull into the same directory,
 //! whose manifest loader reads every `*.jsonl` directly in `.ferry/`, never
 //! reads it. This module only remembers: every record is checked against the
-//! store before it is acted on (see `transfer::push`), and it does not
-//! guard against two pushes of one directory to one destination at once.
+//! store before it is acted on (see `transfer::push`).
+//!
+//! One push of a directory to a destination at a time: the state holds an
+//! exclusive lock on `<hash>.lock` beside the file for as long as it lives.
+//! Two pushes sharing one journal would claim each other's open uploads,
+//! sweep them as an earlier run's, and remove each other's scratch files;
+//! a second one is refused with [`PushStateError::Busy`] (the push waits and
+//! tries again). The lock is a file of its own because the state file is
+//! replaced at the end of a run, and the kernel drops it with a killed run.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -42,6 +49,12 @@ const PUSH_STATE_DIR: &str = "push";
 /// Why the push state cannot be kept.
 #[derive(Debug, thiserror::Error)]
 pub enum PushStateError {
+    /// Another push of this directory to this destination holds the state.
+    #[error("another push of this directory to this destination is running (it holds '{path}')")]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+    },
     /// The state file cannot be created or opened (e.g. a read-only source).
     #[error("cannot open the push state '{path}': {source}")]
     Open {
@@ -147,6 +160,9 @@ pub struct PushState {
     inner: Mutex<Inner>,
     /// Held for its `Drop`: the sorted records go when the state does.
     scratch: Scratch,
+    /// Held for its lock: no other push opens this state while it lives.
+    /// Declared last, so it is released after the scratch files are gone.
+    _lock: File,
 }
 
 #[derive(Debug)]
@@ -178,16 +194,26 @@ impl PushState {
     /// its journal for appending, creating the state directory if needed.
     ///
     /// # Errors
-    /// [`PushStateError::Open`] when the state directory or file cannot be
-    /// created or opened, e.g. because the source directory is read-only,
-    /// or the earlier records cannot be sorted.
+    /// [`PushStateError::Busy`] while another push of `source` to
+    /// `destination` holds the state. [`PushStateError::Open`] when the
+    /// state directory or file cannot be created or opened, e.g. because
+    /// the source directory is read-only, or the earlier records cannot be
+    /// sorted.
     pub fn open(source: &Path, destination: &str) -> Result<Self, PushStateError> {
         let dir = source.join(STATE_DIR).join(PUSH_STATE_DIR);
         let path = dir.join(Self::file_name(destination));
+        let lock_path = path.with_extension("lock");
+        let lock = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path))
+            .map_err(|source| PushStateError::Open { path: lock_path.clone(), source })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(PushStateError::Busy { path: lock_path }),
+            Err(std::fs::TryLockError::Error(source)) => return Err(PushStateError::Open { path: lock_path, source }),
+        }
         let open_error = |source| PushStateError::Open { path: path.clone(), source };
-        let mut file = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path))
-            .map_err(open_error)?;
+        let mut file =
+            std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(open_error)?;
         // A killed run's scratch files are of no use to this one.
         let scratch = Scratch(path.with_extension("scratch"));
         let _ = std::fs::remove_dir_all(&scratch.0);
@@ -214,7 +240,7 @@ impl PushState {
             current: SortedWriter::new(&scratch.0, "current", SORT_MEMORY),
             current_failed: None,
         };
-        Ok(Self { path, earlier, earlier_count, upload_keys, inner: Mutex::new(inner), scratch })
+        Ok(Self { path, earlier, earlier_count, upload_keys, inner: Mutex::new(inner), scratch, _lock: lock })
     }
 
     /// Replays the records in order: what is open at the end (in memory),
@@ -457,6 +483,29 @@ mod tests {
             etag: "e".into(),
             crc32c: 0xdead_beef,
         }
+    }
+
+    #[test]
+    fn one_push_at_a_time_holds_a_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        first.file_pushed(pushed("a"));
+        let sorting = first.scratch_dir().join("sorting");
+        std::fs::write(&sorting, b"runs").unwrap();
+
+        let second = PushState::open(dir.path(), "s3://b/p/").unwrap_err();
+        assert!(
+            matches!(&second, PushStateError::Busy { path } if path.extension() == Some("lock".as_ref())),
+            "{second:?}"
+        );
+        assert!(second.to_string().contains("another push of this directory to this destination"), "{second}");
+        assert!(sorting.exists(), "the refused open leaves the first push's scratch files alone");
+        // Another destination is another state.
+        drop(PushState::open(dir.path(), "s3://b/q/").unwrap());
+
+        first.finish().unwrap();
+        let after = PushState::open(dir.path(), "s3://b/p/").unwrap();
+        assert_eq!(after.pushed("a"), Some(pushed("a")));
     }
 
     #[test]

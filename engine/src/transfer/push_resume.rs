@@ -17,6 +17,9 @@
 //!   the uploads still pending under the destination are listed and those
 //!   that are Ferry's are aborted (see [`Resume::finish`]).
 //!
+//! One push of a directory to a destination at a time: a second one waits
+//! for the first to end (see [`PushState`]'s lock), then skips what it sent.
+//!
 //! Aborts that fail are warnings: a push never fails for its clean-up.
 //! Without a state (a read-only source) nothing is skipped or resumed, and
 //! the clean-up after a successful push still runs for the keys it wrote.
@@ -30,12 +33,16 @@ use tokio::sync::mpsc;
 
 use super::pull::ObjectError;
 use super::{Engine, dooms_the_run};
-use crate::local::push_state::{PushState, PushedFile, StartedUpload};
+use crate::local::push_state::{PushState, PushStateError, PushedFile, StartedUpload};
 use crate::local::sorted::Ascending;
 use crate::local::staging::FileStamp;
 use crate::local::walk::LocalFile;
 use crate::metrics::Operation;
 use crate::store::{ListPage, ListedPart, ObjectMeta, StoreError};
+
+/// How often a push waiting for another push of its directory to the same
+/// destination tries the state's lock again.
+const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The multipart upload a file's parts go to.
 #[derive(Debug)]
@@ -68,13 +75,7 @@ impl Resume {
     /// once and pushed without resume.
     pub async fn prepare(engine: &Arc<Engine>, source: &Path, destination: &str, prefix: &str) -> Self {
         let started = SystemTime::now();
-        let opened = {
-            let (source, destination) = (source.to_path_buf(), destination.to_owned());
-            tokio::task::spawn_blocking(move || PushState::open(&source, &destination))
-                .await
-                .expect("opening the push state panicked")
-        };
-        let state = match opened {
+        let state = match Self::open_state(source, destination).await {
             Ok(state) => Some(state),
             Err(error) => {
                 tracing::warn!(%error, "pushing without resume: a killed push will send its files again");
@@ -86,6 +87,30 @@ impl Resume {
             _ => None,
         };
         Self { state, in_store: tokio::sync::Mutex::new(in_store), multipart_keys: Mutex::default(), started }
+    }
+
+    /// Opens the push state, waiting while another push of `source` to
+    /// `destination` holds it: that one's end is this one's start, and
+    /// what it pushed this one then skips. Waiting is polling, so a push
+    /// cancelled while it waits leaves nothing behind.
+    async fn open_state(source: &Path, destination: &str) -> Result<PushState, PushStateError> {
+        let mut told = false;
+        loop {
+            let (source, destination) = (source.to_path_buf(), destination.to_owned());
+            let opened = tokio::task::spawn_blocking(move || PushState::open(&source, &destination))
+                .await
+                .expect("opening the push state panicked");
+            match opened {
+                Err(PushStateError::Busy { path }) => {
+                    if !told {
+                        tracing::warn!(lock = %path.display(), "another push of this directory to this destination is running: waiting for it to end");
+                        told = true;
+                    }
+                    tokio::time::sleep(BUSY_POLL).await;
+                }
+                opened => return opened,
+            }
+        }
     }
 
     /// Where the walk may sort directories too large for memory: in the

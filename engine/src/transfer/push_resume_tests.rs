@@ -206,3 +206,25 @@ async fn a_source_that_cannot_hold_state_is_pushed_without_resume() {
     assert!(!store.upload_is_open(&unrecorded), "the clean-up of its own keys needs no state");
     assert_eq!(store.object("p/big").unwrap(), data(14, 2 * PART));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pushes_of_one_directory_at_once_send_it_once() {
+    let store = Arc::new(MemoryStore::default());
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..40u8 {
+        std::fs::write(dir.path().join(format!("f{i:02}")), data(i, 64 << 10)).unwrap();
+    }
+    std::fs::write(dir.path().join("big"), data(99, 2 * PART + 3)).unwrap();
+
+    let (first, second) = tokio::join!(push(engine(&store), dir.path(), "p/"), push(engine(&store), dir.path(), "p/"));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert!(first.complete && second.complete, "{first:?} {second:?}");
+    // The second waits for the first to end, then finds everything sent.
+    let mut sent = [first.objects.transferred, second.objects.transferred];
+    sent.sort_unstable();
+    assert_eq!(sent, [0, 41], "{first:?} {second:?}");
+    assert_eq!(first.objects.skipped + second.objects.skipped, 41);
+    assert_eq!(store.calls().creates, 1, "one multipart upload for the big file");
+    assert_eq!(store.open_uploads(), 0);
+    assert_eq!(store.object("p/big").unwrap(), data(99, 2 * PART + 3));
+}
