@@ -66,6 +66,9 @@ pub enum StagerCommand {
         source: PathBuf,
         /// Destination, e.g. s3://checkpoints/run-42
         destination: ObjectLocation,
+        /// Fail (reason SourceEmpty, exit 4) when no file below the source is selected, instead of succeeding with nothing pushed.
+        #[arg(long)]
+        require_files: bool,
         /// How to copy.
         #[command(flatten)]
         options: TransferOptions,
@@ -126,8 +129,9 @@ impl StagerCli {
                 options.write_args(&mut args);
                 vec![source.to_string(), destination.display().to_string()]
             }
-            StagerCommand::Push { source, destination, options } => {
+            StagerCommand::Push { source, destination, require_files, options } => {
                 args.push("push".to_owned());
+                switch(&mut args, "--require-files", *require_files);
                 options.write_args(&mut args);
                 vec![source.display().to_string(), destination.to_string()]
             }
@@ -347,9 +351,14 @@ mod tests {
             (location(), "/[a-z0-9/]{1,20}", options()).prop_map(|(source, destination, options)| {
                 StagerCommand::Pull { source, destination: destination.into(), options }
             }),
-            ("/[a-z0-9/]{1,20}", location(), options()).prop_map(|(source, destination, options)| {
-                StagerCommand::Push { source: source.into(), destination, options }
-            }),
+            ("/[a-z0-9/]{1,20}", location(), any::<bool>(), options()).prop_map(
+                |(source, destination, require_files, options)| StagerCommand::Push {
+                    source: source.into(),
+                    destination,
+                    require_files,
+                    options
+                }
+            ),
             (
                 "[a-z0-9-]{1,10}/[a-z0-9-]{1,10}",
                 proptest::option::of("[a-z0-9-]{1,20}"),

@@ -31,6 +31,10 @@ pub enum Reason {
     InsufficientCapacity,
     /// The source directory of a push cannot be read.
     SourceUnreadable,
+    /// The source directory of a push holds no file to push, where the
+    /// run was told to require one (the operator's pushes: a hostPath that
+    /// does not exist is created empty by the node).
+    SourceEmpty,
     /// The run's options do not make sense together.
     InvalidConfiguration,
     /// An object's bytes did not match the store's checksum (or size) on
@@ -43,7 +47,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a stager reports, `Unknown` excepted.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::BucketNotFound,
         Reason::ObjectNotFound,
         Reason::AccessDenied,
@@ -55,6 +59,7 @@ impl Reason {
         Reason::DestinationUnusable,
         Reason::InsufficientCapacity,
         Reason::SourceUnreadable,
+        Reason::SourceEmpty,
         Reason::InvalidConfiguration,
         Reason::ChecksumMismatch,
     ];
@@ -73,6 +78,7 @@ impl Reason {
             Reason::DestinationUnusable => "DestinationUnusable",
             Reason::InsufficientCapacity => "InsufficientCapacity",
             Reason::SourceUnreadable => "SourceUnreadable",
+            Reason::SourceEmpty => "SourceEmpty",
             Reason::InvalidConfiguration => "InvalidConfiguration",
             Reason::ChecksumMismatch => "ChecksumMismatch",
             Reason::Unknown => "Unknown",

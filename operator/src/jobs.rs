@@ -183,7 +183,11 @@ pub fn stager_cli(
     });
     let command = match plan.direction {
         Direction::Pull => StagerCommand::Pull { source: location, destination: DATA_MOUNT.into(), options },
-        Direction::Push => StagerCommand::Push { source: DATA_MOUNT.into(), destination: location, options },
+        // The node creates a hostPath that does not exist (DirectoryOrCreate,
+        // which a pull needs): pushing it must fail, not succeed with nothing.
+        Direction::Push => {
+            StagerCommand::Push { source: DATA_MOUNT.into(), destination: location, require_files: true, options }
+        }
     };
     StagerCli { command, log_format: LogFormat::Json, progress: ProgressMode::Always }
 }
@@ -835,7 +839,10 @@ mod tests {
         }));
         let plan = ds.spec.plan().unwrap();
         let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
-        let StagerCommand::Push { source, destination, options } = parsed(&pod).command else { panic!("a push") };
+        let StagerCommand::Push { source, destination, require_files, options } = parsed(&pod).command else {
+            panic!("a push")
+        };
+        assert!(require_files, "a push from a volume that may have been created empty must push something");
         assert_eq!((source, destination.to_string()), (DATA_MOUNT.into(), "s3://checkpoints/run-1/".to_owned()));
         assert!(!options.delete_removed);
     }

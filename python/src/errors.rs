@@ -25,6 +25,7 @@ pyo3::create_exception!(
     "The destination filesystem has no room for the data."
 );
 pyo3::create_exception!(ferry, SourceUnreadable, FerryError, "The local source cannot be read.");
+pyo3::create_exception!(ferry, SourceEmpty, FerryError, "The local source holds no file to push.");
 pyo3::create_exception!(ferry, InvalidConfiguration, FerryError, "The options do not make sense together.");
 pyo3::create_exception!(ferry, ChecksumMismatch, FerryError, "The bytes read did not match the store's checksum.");
 pyo3::create_exception!(ferry, UnknownReason, FerryError, "A failure this build has no name for.");
@@ -50,6 +51,7 @@ pub fn error(py: Python<'_>, reason: Reason, message: String) -> PyErr {
         Reason::DestinationUnusable => DestinationUnusable::new_err(message.clone()),
         Reason::InsufficientCapacity => InsufficientCapacity::new_err(message.clone()),
         Reason::SourceUnreadable => SourceUnreadable::new_err(message.clone()),
+        Reason::SourceEmpty => SourceEmpty::new_err(message.clone()),
         Reason::InvalidConfiguration => InvalidConfiguration::new_err(message.clone()),
         Reason::ChecksumMismatch => ChecksumMismatch::new_err(message.clone()),
         Reason::Unknown => UnknownReason::new_err(message.clone()),
@@ -89,6 +91,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("DestinationUnusable", py.get_type::<DestinationUnusable>())?;
     module.add("InsufficientCapacity", py.get_type::<InsufficientCapacity>())?;
     module.add("SourceUnreadable", py.get_type::<SourceUnreadable>())?;
+    module.add("SourceEmpty", py.get_type::<SourceEmpty>())?;
     module.add("InvalidConfiguration", py.get_type::<InvalidConfiguration>())?;
     module.add("ChecksumMismatch", py.get_type::<ChecksumMismatch>())?;
     module.add("UnknownReason", py.get_type::<UnknownReason>())?;

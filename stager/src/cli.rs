@@ -28,12 +28,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Pull { source, destination, options } => {
             transfer(&cli, Transfer::Pull { source, destination }, options).await
         }
-        Command::Push { source, destination, options } => {
+        Command::Push { source, destination, require_files, options } => {
             if let Err(error) = options::check_push(options) {
                 eprintln!("ferry-stager: push failed: {error}");
                 return ExitStatus::Usage.into();
             }
-            transfer(&cli, Transfer::Push { source, destination }, options).await
+            transfer(&cli, Transfer::Push { source, destination, require_files: *require_files }, options).await
         }
         Command::Wait { target, node, snapshot, timeout } => {
             match crate::wait::wait(target, node.as_deref(), snapshot.as_deref(), *timeout).await {
@@ -68,7 +68,7 @@ pub async fn run(cli: Cli) -> ExitCode {
 #[derive(Clone, Copy, Debug)]
 enum Transfer<'a> {
     Pull { source: &'a ObjectLocation, destination: &'a Path },
-    Push { source: &'a Path, destination: &'a ObjectLocation },
+    Push { source: &'a Path, destination: &'a ObjectLocation, require_files: bool },
 }
 
 impl Transfer<'_> {
@@ -84,7 +84,7 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
     let operation = job.operation();
     let (source, destination) = match job {
         Transfer::Pull { source, destination } => (source.to_string(), destination.display().to_string()),
-        Transfer::Push { source, destination } => (source.display().to_string(), destination.to_string()),
+        Transfer::Push { source, destination, .. } => (source.display().to_string(), destination.to_string()),
     };
     let (summary, status) = match execute(cli, job, options).await {
         Ok(summary) => {
@@ -161,7 +161,16 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         Transfer::Pull { source, destination } => {
             pull::pull(engine, &source.prefix, destination, options.delete_removed).await
         }
-        Transfer::Push { source, destination } => push::push(engine, source, &destination.prefix).await,
+        Transfer::Push { source, destination, require_files } => {
+            push::push(engine, source, &destination.prefix).await.and_then(|summary| {
+                // Refused files make the run incomplete on their own.
+                if require_files && summary.objects.selected == 0 && summary.objects.failed == 0 {
+                    Err(TransferError::SourceEmpty { path: source.to_path_buf() })
+                } else {
+                    Ok(summary)
+                }
+            })
+        }
     };
     if let Some(progress) = progress {
         progress.finish();

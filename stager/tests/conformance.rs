@@ -880,6 +880,32 @@ async fn a_missing_bucket_ends_quickly_with_a_clear_message(backend: Backend) {
     }
 }
 
+async fn a_push_that_requires_files_fails_when_it_finds_none(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("required").await;
+    let empty = tempfile::tempdir().unwrap();
+    let one = tempfile::tempdir().unwrap();
+    std::fs::write(one.path().join("f.bin"), b"x").unwrap();
+    let destination = server.uri("required/out");
+    let (empty, one) = (empty.path().to_str().unwrap(), one.path().to_str().unwrap());
+
+    for args in [
+        vec!["push", "--require-files", empty, destination.as_str()],
+        vec!["push", "--require-files", "--include", "*.txt", one, destination.as_str()],
+    ] {
+        let run = stager(&server, &args);
+        assert_eq!(run.code(), 4, "nothing to push is not worth another attempt: {args:?}: {}", run.stderr);
+        assert_eq!(run.summary["reason"], "SourceEmpty", "{:#}", run.summary);
+        assert!(run.stderr.contains("holds no file to push"), "{}", run.stderr);
+    }
+    // Without the flag an empty push succeeds, as it always did.
+    let run = stager(&server, &["push", empty, destination.as_str()]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let run = stager(&server, &["push", "--require-files", one, destination.as_str()]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    assert_eq!(run.summary["objects"]["transferred"], 1, "{:#}", run.summary);
+}
+
 async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message(backend: Backend) {
     let server = Store::start(backend);
     let dead_endpoint = format!("http://127.0.0.1:{}", ferry_testkit::free_port());
@@ -1010,6 +1036,7 @@ conformance!(
     a_pull_killed_inside_a_large_object_fetches_only_the_rest,
     keys_that_would_escape_the_destination_are_refused,
     a_missing_bucket_ends_quickly_with_a_clear_message,
+    a_push_that_requires_files_fails_when_it_finds_none,
     an_unreachable_endpoint_ends_quickly_with_a_clear_message,
     a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind,
     a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs,

@@ -180,6 +180,14 @@ pub enum TransferError {
         #[source]
         source: std::io::Error,
     },
+    /// A push that must push something found no file to select.
+    #[error(
+        "'{path}' holds no file to push (a directory the node created because it did not exist looks like this: check the path)"
+    )]
+    SourceEmpty {
+        /// The source directory.
+        path: PathBuf,
+    },
     /// The manifest cannot be written.
     #[error("cannot write the manifest: {0}")]
     Manifest(#[source] std::io::Error),
@@ -205,13 +213,14 @@ impl TransferError {
             }
             TransferError::Staging(_) | TransferError::Manifest(_) => Reason::DestinationUnusable,
             TransferError::Source { .. } => Reason::SourceUnreadable,
+            TransferError::SourceEmpty { .. } => Reason::SourceEmpty,
         }
     }
 
     /// Whether another attempt without a change cannot succeed.
     pub fn is_permanent(&self) -> bool {
         match self {
-            TransferError::Config(_) => true,
+            TransferError::Config(_) | TransferError::SourceEmpty { .. } => true,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.is_permanent(),
             // Space may be freed, or the volume replaced, without a change to the run.
             TransferError::Staging(_)
