@@ -25,6 +25,7 @@ mod peer_store;
 pub mod server;
 mod spill;
 mod waits;
+
 /// How one wait request to a peer went.
 enum Asked {
     /// It answered (and is making progress).
@@ -227,12 +228,16 @@ impl Fleet {
             }
             match self.ask_once(&peer, &request).await {
                 Asked::Answer(answer) => {
-                    let object = |index: u32| request.objects.get(index as usize);
-                    for held in answer.held.into_iter().filter_map(object) {
-                        self.ready.lock().expect("ready lock poisoned").insert(held.key.clone(), peer.clone());
+                    let object = |index: &u32| request.objects.get(*index as usize);
+                    // Recorded before any waiter is told, under one lock.
+                    self.ready
+                        .lock()
+                        .expect("ready lock poisoned")
+                        .extend(answer.held.iter().filter_map(object).map(|held| (held.key.clone(), peer.clone())));
+                    for held in answer.held.iter().filter_map(object) {
                         self.waits.settle(&peer, &held.key, true);
                     }
-                    for never in answer.never.into_iter().filter_map(object) {
+                    for never in answer.never.iter().filter_map(object) {
                         self.waits.settle(&peer, &never.key, false);
                     }
                 }

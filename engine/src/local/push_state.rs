@@ -230,7 +230,7 @@ impl PushState {
         for upload in open.values() {
             unclaimed.entry(upload.key.clone()).or_default().push(upload.clone());
         }
-        let cursor = Some(Self::stream(&earlier).map_err(open_error)?);
+        let cursor = Some(Merged::of_runs(&earlier).map_err(open_error)?);
         let inner = Inner {
             journal: Some(BufWriter::new(file)),
             cursor,
@@ -276,10 +276,6 @@ impl PushState {
         Ok((open, pushed.into_few_runs()?, count, upload_keys))
     }
 
-    fn stream(runs: &[SortedRun<PushedFile>]) -> io::Result<Merged<PushedFile>> {
-        Merged::new(runs.iter().map(SortedRun::stream).collect::<io::Result<Vec<_>>>()?)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("push state lock poisoned")
     }
@@ -305,7 +301,7 @@ impl PushState {
         if !same {
             let behind = inner.sought.as_ref().is_some_and(|(last, _)| path < last.as_str());
             if behind {
-                inner.cursor = Self::stream(&self.earlier)
+                inner.cursor = Merged::of_runs(&self.earlier)
                     .inspect_err(|error| tracing::warn!(%error, "cannot read the push state again"))
                     .ok();
             }
@@ -367,7 +363,7 @@ impl PushState {
         if unknown.is_empty() {
             return known;
         }
-        match Self::stream(&self.earlier) {
+        match Merged::of_runs(&self.earlier) {
             Ok(records) => {
                 for record in records.map_while(Result::ok) {
                     if let Some(key) = unknown.take(&record.key) {

@@ -230,8 +230,7 @@ impl<T: Keyed> SortedWriter<T> {
     /// # Errors
     /// Fails when a run cannot be written or read back.
     pub fn into_sorted(self) -> io::Result<Merged<T>> {
-        let runs = self.into_few_runs()?;
-        Merged::new(runs.iter().map(SortedRun::stream).collect::<io::Result<Vec<_>>>()?)
+        Merged::of_runs(&self.into_few_runs()?)
     }
 }
 
@@ -452,6 +451,15 @@ impl<T: Keyed> std::fmt::Debug for Merged<T> {
 }
 
 impl<T: Keyed> Merged<T> {
+    /// Merges the records of `runs`, read from their files, oldest (lowest
+    /// precedence) first.
+    ///
+    /// # Errors
+    /// Fails when a run cannot be opened or its first record read.
+    pub fn of_runs(runs: &[SortedRun<T>]) -> io::Result<Self> {
+        Self::new(runs.iter().map(SortedRun::stream).collect::<io::Result<Vec<_>>>()?)
+    }
+
     /// Merges `streams`, lowest precedence first.
     ///
     /// # Errors

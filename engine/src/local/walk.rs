@@ -174,11 +174,13 @@ enum ScratchState {
 
 impl Scratch {
     /// A sort on disk of its own that holds `memory` bytes, if the scratch
-    /// directory is there or can be made.
+    /// directory is there or can be made. When it is unavailable this is
+    /// asked for every entry past `memory`, so it answers `None` before
+    /// doing anything else.
     fn sorter(&mut self, memory: usize) -> Option<SortedWriter<Entry>> {
+        let dir = self.dir()?.to_path_buf();
         self.sorts += 1;
-        let name = format!("directory-{}", self.sorts);
-        self.dir().map(|dir| SortedWriter::new(dir, &name, memory))
+        Some(SortedWriter::new(&dir, &format!("directory-{}", self.sorts), memory))
     }
 
     fn dir(&mut self) -> Option<&Path> {
@@ -369,7 +371,7 @@ fn read_directory(
         return Ok(Listing::Memory(held.into_iter()));
     };
     let runs = sorter.into_few_runs()?;
-    match runs.iter().map(SortedRun::stream).collect::<std::io::Result<Vec<_>>>().and_then(Merged::new) {
+    match Merged::of_runs(&runs) {
         Ok(merged) => Ok(Listing::Disk { merged, runs }),
         Err(error) => {
             for run in runs {
