@@ -25,6 +25,7 @@ pub mod md5;
 pub mod memory;
 #[cfg(test)]
 mod object_scale_tests;
+mod prefault;
 pub mod pull;
 pub mod push;
 pub mod push_resume;
