@@ -281,6 +281,17 @@ def reset_peak_rss():
         return False
 
 
+def process_cpu_seconds(pid):
+    """Another process's user + sys CPU seconds so far (the store's), or None."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def nbytes(buffer):
     with memoryview(buffer) as view:
         return view.nbytes
@@ -331,6 +342,7 @@ def run_row(spec, ctx, objects, data, cmd):
         result["baseline_rss_bytes"] = proc_status("VmRSS")
         got = None
         wall0, cpu0 = time.perf_counter(), time.process_time()
+        store0 = process_cpu_seconds(spec.get("store_pid"))
         try:
             if reading and not threads:
                 got = client.read_many(keys)
@@ -343,6 +355,9 @@ def run_row(spec, ctx, objects, data, cmd):
             result["error"] = f"{type(e).__name__}: {e}"
         result["seconds"] = time.perf_counter() - wall0
         result["cpu_seconds"] = time.process_time() - cpu0
+        store1 = process_cpu_seconds(spec.get("store_pid"))
+        # The store's work for this client's requests (MinIO shares the CPUs).
+        result["store_cpu_seconds"] = None if store0 is None or store1 is None else store1 - store0
         result["peak_rss_bytes"] = proc_status("VmHWM") or 0
         if result["peak_rss_scope"] == "process" or not result["peak_rss_bytes"]:
             import resource
@@ -712,7 +727,8 @@ def one_worker(t, workload, name, direction, rep, rows, source, objects, warmup_
     """Runs tool t's rows of one workload and repetition in one worker; the runs' records."""
     spec = {"tool": t, "workload": workload, "direction": direction, "large": name == "large", "bucket": BUCKET,
             "read_prefix": f"{name}/", "source": str(source), "objects": objects, "warmup_key": warmup_key,
-            "part_size": args.part_size, "part_concurrency": args.part_concurrency, "ferry_opts": ferry_opts}
+            "part_size": args.part_size, "part_concurrency": args.part_concurrency, "ferry_opts": ferry_opts,
+            "store_pid": checker.minio.proc.pid}
     spec_path = base / f"worker-{t}.json"
     spec_path.write_text(json.dumps(spec))
     log.write(f"\n== {t} {workload} rep {rep}: rows {[row_label(r) for r in rows]}\n".encode())
@@ -748,8 +764,11 @@ def one_worker(t, workload, name, direction, rep, rows, source, objects, warmup_
         records.append(record)
         status = "ok" if record["ok"] else f"FAILED: {record['error']}"
         if "seconds" in record:
+            store = record.get("store_cpu_seconds")
+            store = "?" if store is None else f"{store:.2f}"
             print(f"   {workload:12} {t:8} {row_label(threads):>9} {record['seconds']:7.2f} s "
-                  f"{record['cpu_seconds']:6.2f} CPU-s {record['peak_rss_bytes'] / MIB:6.0f} MiB {status}",
+                  f"{record['cpu_seconds']:6.2f} CPU-s (MinIO {store}) {record['peak_rss_bytes'] / MIB:6.0f} MiB "
+                  f"{status}",
                   flush=True)
         else:
             print(f"   {workload:12} {t:8} {row_label(threads):>9} {status}", flush=True)
@@ -775,10 +794,12 @@ def summarise(runs, workloads):
             secs = [r["seconds"] for r in ok]
             median = statistics.median(secs)
             size = total[workload]
+            store = median_or_none(r.get("store_cpu_seconds") for r in ok)
             entry.update(median_seconds=median, min_seconds=min(secs), max_seconds=max(secs),
                          mib_per_second=size / MIB / median, objects_per_second=ok[0]["objects"] / median,
                          cpu_seconds_per_gib=statistics.median(r["cpu_seconds"] for r in ok) / (size / GIB),
                          peak_rss_mib=max(r["peak_rss_bytes"] for r in ok) / MIB,
+                         store_cpu_seconds_per_gib=None if store is None else store / (size / GIB),
                          baseline_rss_mib=max(r.get("baseline_rss_bytes") or 0 for r in ok) / MIB)
         rows.append(entry)
     for workload in total:
@@ -788,6 +809,11 @@ def summarise(runs, workloads):
                     and entry is best(rows, workload, entry["tool"]):
                 entry["ferry_speedup"] = entry["median_seconds"] / ferry["median_seconds"]
     return rows
+
+
+def median_or_none(values):
+    values = list(values)
+    return None if not values or None in values else statistics.median(values)
 
 
 def best(rows, workload, t):
@@ -821,7 +847,8 @@ def markdown(meta, settings, skipped, workloads, summary, runs, argv):
         f"read or write ({', '.join(map(str, threads))} threads; for ferry also one `ferry.read_many` call with "
         f"every key). Medians of {settings['reps']} repetition{'s' if settings['reps'] != 1 else ''} (min–max in "
         "brackets), tool order alternating. "
-        "CPU is the worker process's user + sys time per GiB; peak RSS is the worker's during that run, the "
+        "CPU is the worker process's user + sys time per GiB, MinIO CPU the store's in the same timed "
+        "window; peak RSS is the worker's during that run, the "
         "objects it holds included (reads keep every object read; writes start from the source objects in "
         f"memory). Large objects: {human(settings['part_size'])} parts, {settings['part_concurrency']} in flight "
         "per object for every peer; ferry " + (
@@ -839,19 +866,20 @@ def markdown(meta, settings, skipped, workloads, summary, runs, argv):
         if not rows:
             continue
         lines += [f"## {name} ({w['objects']:,} × {human(w['object_bytes'])} = {human(w['bytes'])})", "",
-                  "| tool | best threads | median s (min–max) | MiB/s | objects/s | CPU s/GiB | peak RSS MiB "
-                  "| ferry speed-up |", "|---|---|---|---|---|---|---|---|"]
+                  "| tool | best threads | median s (min–max) | MiB/s | objects/s | CPU s/GiB | MinIO CPU s/GiB "
+                  "| peak RSS MiB | ferry speed-up |", "|---|---|---|---|---|---|---|---|---|"]
         tools = sorted({r["tool"] for r in rows},
                        key=lambda t: best(rows, name, t)["median_seconds"] if best(rows, name, t) else 1e18)
         for t in tools:
             b = best(rows, name, t)
             if not b:
-                lines.append(f"| {t} | | failed | | | | | |")
+                lines.append(f"| {t} | | failed | | | | | | |")
                 continue
             speedup = f"{b['ferry_speedup']:.2f}×" if "ferry_speedup" in b else ""
+            store_cpu = "" if b.get("store_cpu_seconds_per_gib") is None else f"{b['store_cpu_seconds_per_gib']:.2f}"
             lines.append(f"| {t} | {b['row']} | {b['median_seconds']:.2f} ({b['min_seconds']:.2f}–"
                          f"{b['max_seconds']:.2f}) | {b['mib_per_second']:.0f} | {b['objects_per_second']:.0f} | "
-                         f"{b['cpu_seconds_per_gib']:.2f} | {b['peak_rss_mib']:.0f} | {speedup} |")
+                         f"{b['cpu_seconds_per_gib']:.2f} | {store_cpu} | {b['peak_rss_mib']:.0f} | {speedup} |")
         ferry = best(rows, name, "ferry")
         peers = [best(rows, name, t) for t in tools if t != "ferry" and best(rows, name, t)]
         lines.append("")
