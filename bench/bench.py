@@ -120,6 +120,16 @@ def describe(placement):
             f"MinIO on CPU {cpu_list(placement['server_cpus'])}")
 
 
+def process_cpu_seconds(pid):
+    """A process's user + sys CPU seconds so far, all its threads (from
+    /proc/PID/stat: utime and stime, fields 14 and 15); None if unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,13 +169,8 @@ class Minio:
         raise SystemExit("MinIO did not become healthy")
 
     def cpu_seconds(self):
-        """MinIO's user + sys CPU seconds so far, all its threads (from
-        /proc/PID/stat: utime and stime, fields 14 and 15); None if unreadable."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return None
+        """MinIO's user + sys CPU seconds so far, all its threads; None if unreadable."""
+        return process_cpu_seconds(self.proc.pid)
 
     def empty_trash(self):
         """MinIO moves deleted objects into a trash directory and frees it in

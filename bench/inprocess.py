@@ -281,17 +281,6 @@ def reset_peak_rss():
         return False
 
 
-def process_cpu_seconds(pid):
-    """Another process's user + sys CPU seconds so far (the store's), or None."""
-    if not pid:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def nbytes(buffer):
     with memoryview(buffer) as view:
         return view.nbytes
@@ -342,7 +331,7 @@ def run_row(spec, ctx, objects, data, cmd):
         result["baseline_rss_bytes"] = proc_status("VmRSS")
         got = None
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        store0 = process_cpu_seconds(spec.get("store_pid"))
+        store0 = suite.process_cpu_seconds(spec["store_pid"])
         try:
             if reading and not threads:
                 got = client.read_many(keys)
@@ -355,7 +344,7 @@ def run_row(spec, ctx, objects, data, cmd):
             result["error"] = f"{type(e).__name__}: {e}"
         result["seconds"] = time.perf_counter() - wall0
         result["cpu_seconds"] = time.process_time() - cpu0
-        store1 = process_cpu_seconds(spec.get("store_pid"))
+        store1 = suite.process_cpu_seconds(spec["store_pid"])
         # The store's work for this client's requests (MinIO shares the CPUs).
         result["store_cpu_seconds"] = None if store0 is None or store1 is None else store1 - store0
         result["peak_rss_bytes"] = proc_status("VmHWM") or 0
