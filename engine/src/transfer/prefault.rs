@@ -42,9 +42,6 @@ pub(super) async fn prefaulted(piece: BytesMut) -> BytesMut {
 
 /// Maps every whole page of `buffer` now. Its bytes are left as they are.
 fn prefault(buffer: &mut [u8]) {
-    if buffer.len() < AT_LEAST {
-        return;
-    }
     let Some((first, len)) = whole_pages(buffer.as_mut_ptr() as usize, buffer.len()) else { return };
     // SAFETY: [first, first + len) lies inside `buffer`, which this function
     // borrows mutably; populating for write maps those pages writable and
