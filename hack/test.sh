@@ -30,10 +30,15 @@ export PYO3_BUILD_EXTENSION_MODULE=1
 cargo build --release --workspace --locked --bins --lib
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
+# Every crate the tests need, dev-dependencies included, is fetched here,
+# where the crate registry is reachable: the test run below happens in a
+# network namespace with no route out, so it runs --offline and a missing
+# crate fails at once with cargo's own message instead of a DNS error.
+cargo fetch --locked
 # A hung test must fail CI, not stall it. hack/netns.sh gives the run a
 # network namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
-hack/netns.sh timeout --kill-after=60 45m cargo test --release --workspace --locked "$@"
+hack/netns.sh timeout --kill-after=60 45m cargo test --release --workspace --locked --offline "$@"
 
 # The `ferry` Python package from this checkout, its tests against MinIO
 # and fake-gcs-server (python/tests) in the pinned test environment.
