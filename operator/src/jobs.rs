@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use ferry_contract::cli::{
-    Concurrency, LogFormat, MAX_CONCURRENCY, ProgressMode, StagerCli, StagerCommand, TransferOptions,
+    Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
 };
 use ferry_contract::{ExitStatus, ObjectLocation};
 use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
@@ -48,6 +48,15 @@ pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// The name of the stager container in every pod the operator creates.
 pub const STAGER_CONTAINER: &str = "stager";
+/// The init container that readies a hostPath for the worker user
+/// ([`prepare_container`]).
+pub const PREPARE_CONTAINER: &str = "prepare";
+/// Who worker pods run as: the images' non-root user. What a pull stages
+/// belongs to it (files 0644, directories 0755: any user reads them).
+pub const WORKER_USER: Owner = Owner { uid: 65532, gid: 65532 };
+/// The only capabilities of the one step that runs as root: changing an
+/// entry's owner, and reaching entries whatever their mode while doing so.
+pub const PREPARE_CAPABILITIES: [&str; 2] = ["CHOWN", "DAC_OVERRIDE"];
 /// Name of the worker container port that serves the stager's metrics
 /// (what a PodMonitor selects).
 pub const METRICS_PORT_NAME: &str = "metrics";
@@ -315,6 +324,48 @@ pub fn pinned_to(node: &str) -> NodeAffinity {
     }
 }
 
+/// The command line of the init container that readies a hostPath.
+pub fn prepare_cli(plan: &Plan<'_>) -> StagerCli {
+    let purpose = match plan.direction {
+        Direction::Pull => Purpose::Pull,
+        Direction::Push => Purpose::Push,
+    };
+    StagerCli {
+        command: StagerCommand::Prepare { directory: DATA_MOUNT.into(), purpose, owner: WORKER_USER },
+        log_format: LogFormat::Json,
+        progress: ProgressMode::Never,
+    }
+}
+
+/// The init container of a hostPath worker. A kubelet creates a missing
+/// hostPath as root (0755) and `fsGroup` does not apply to hostPaths, so
+/// the unprivileged worker could not write its first file there. This one
+/// step runs as root with [`PREPARE_CAPABILITIES`] only, hands the
+/// directory to [`WORKER_USER`] (a pull: the whole tree; a push: its state
+/// directory, the files keep their owners) and exits.
+fn prepare_container(plan: &Plan<'_>, image: &str, mount: VolumeMount) -> Container {
+    Container {
+        name: PREPARE_CONTAINER.into(),
+        image: Some(image.to_owned()),
+        args: Some(literal(prepare_cli(plan).to_args())),
+        volume_mounts: Some(vec![mount]),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            run_as_non_root: Some(false),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: Some(PREPARE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
 /// A pod spec running the stager with `args` on `worker`'s node (or where
 /// the placement allows), the data volume mounted, locked down.
 fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, args: Vec<String>) -> PodSpec {
@@ -332,11 +383,14 @@ fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, arg
         node_selector,
         affinity,
         tolerations: placement.tolerations.clone(),
+        init_containers: matches!(plan.volume, PlanVolume::HostPath(_))
+            .then(|| vec![prepare_container(plan, image, mount.clone())]),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(65532),
-            run_as_group: Some(65532),
-            fs_group: Some(65532),
+            run_as_user: Some(i64::from(WORKER_USER.uid)),
+            run_as_group: Some(i64::from(WORKER_USER.gid)),
+            // Claims: the kubelet hands the volume to this group.
+            fs_group: Some(i64::from(WORKER_USER.gid)),
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
             ..PodSecurityContext::default()
         }),
@@ -446,6 +500,17 @@ fn failure_policy() -> PodFailurePolicy {
                 action: "FailJob".into(),
                 on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
                     container_name: Some(STAGER_CONTAINER.into()),
+                    operator: "In".into(),
+                    values: ExitStatus::permanent_codes(),
+                }),
+                on_pod_conditions: None,
+            },
+            // The prepare step fails for good when it lacks its capabilities
+            // or finds a link where the state directory belongs.
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(PREPARE_CONTAINER.into()),
                     operator: "In".into(),
                     values: ExitStatus::permanent_codes(),
                 }),
@@ -753,7 +818,11 @@ mod tests {
         assert_eq!(rules[0].action, "FailJob");
         let codes = rules[0].on_exit_codes.as_ref().unwrap();
         assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some(STAGER_CONTAINER), &[2, 4][..]));
-        assert_eq!(rules[1].action, "Ignore");
+        // A prepare step without its capabilities cannot succeed on a retry.
+        let codes = rules[1].on_exit_codes.as_ref().unwrap();
+        assert_eq!(rules[1].action, "FailJob");
+        assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some(PREPARE_CONTAINER), &[2, 4][..]));
+        assert_eq!(rules[2].action, "Ignore");
     }
 
     #[test]
@@ -782,6 +851,55 @@ mod tests {
         assert_ne!(one, two);
     }
 
+    /// The prepare init container's command line, parsed as the stager would.
+    fn prepare_step(pod: &PodSpec) -> (StagerCli, SecurityContext) {
+        let init = pod.init_containers.as_ref().expect("a hostPath worker has an init container");
+        assert_eq!(init.len(), 1);
+        assert_eq!(init[0].name, PREPARE_CONTAINER);
+        assert_eq!(init[0].image, pod.containers[0].image, "the stager image does it");
+        assert_eq!(init[0].volume_mounts, pod.containers[0].volume_mounts.as_ref().map(|m| vec![m[0].clone()]));
+        let args = init[0].args.clone().unwrap();
+        let cli = StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args)).unwrap();
+        (cli, init[0].security_context.clone().unwrap())
+    }
+
+    #[test]
+    fn a_host_path_is_handed_to_the_worker_by_a_root_step_with_two_capabilities() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let pull_pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let (cli, context) = prepare_step(&pull_pod);
+        assert_eq!(
+            cli.command,
+            StagerCommand::Prepare { directory: DATA_MOUNT.into(), purpose: Purpose::Pull, owner: WORKER_USER }
+        );
+        assert_eq!((context.run_as_user, context.run_as_non_root), (Some(0), Some(false)));
+        assert_eq!(context.allow_privilege_escalation, Some(false));
+        assert_eq!(context.read_only_root_filesystem, Some(true));
+        let capabilities = context.capabilities.unwrap();
+        assert_eq!(
+            (capabilities.drop.unwrap(), capabilities.add.unwrap()),
+            (vec!["ALL".to_owned()], vec!["CHOWN".to_owned(), "DAC_OVERRIDE".to_owned()])
+        );
+        assert_eq!(context.privileged, None);
+        // The worker itself stays the unprivileged user the step handed the directory to.
+        let pod_context = pull_pod.security_context.clone().unwrap();
+        assert_eq!(
+            (pod_context.run_as_user, pod_context.run_as_group),
+            (Some(i64::from(WORKER_USER.uid)), Some(i64::from(WORKER_USER.gid)))
+        );
+        assert_eq!(pull_pod.containers[0].security_context.clone().unwrap().run_as_user, None);
+
+        let push = datastage(json!({
+            "source": {"volume": {"hostPath": "/mnt/ckpt"}},
+            "destination": {"uri": "s3://checkpoints/run-1"},
+        }));
+        let plan = push.spec.plan().unwrap();
+        let push_pod = pod(&build_job(&push, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let StagerCommand::Prepare { purpose, .. } = prepare_step(&push_pod).0.command else { panic!("prepare") };
+        assert_eq!(purpose, Purpose::Push, "a push's files keep their owners");
+    }
+
     #[test]
     fn a_claim_gets_one_indexed_job_sharded_by_completion_index() {
         let ds = datastage(json!({
@@ -800,6 +918,7 @@ mod tests {
         let pod = pod(&job);
         assert_eq!(pod.node_selector.clone().unwrap()["pool"], "storage");
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
+        assert_eq!(pod.init_containers, None, "the kubelet applies fsGroup to a claim: no root step");
         let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(options.shards, Some(3));
         let env = pod.containers[0].env.clone().unwrap_or_default();

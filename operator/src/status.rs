@@ -19,7 +19,7 @@ use ferry_crds::{
     DataStage, DataStageStatus, Fanout, ObjectsAndBytes, Phase, SnapshotStatus, SyncChanges, Totals, WorkerStatus,
 };
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt as _;
 
@@ -143,13 +143,7 @@ pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
     let own = || pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
     let mut latest: BTreeMap<Option<&String>, (&Time, String)> = BTreeMap::new();
     for pod in own() {
-        let Some(terminated) = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref()?.first()?.state.as_ref()?.terminated.as_ref())
-        else {
-            continue;
-        };
+        let Some(terminated) = finished(pod) else { continue };
         let Some(at) = terminated.finished_at.as_ref() else { continue };
         let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX));
         if latest.get(&index).is_none_or(|(seen, _)| seen.0 < at.0) {
@@ -171,6 +165,19 @@ pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
         }
     }
     Summary::combine(summaries).map_or(Report::Nothing, |summary| Report::Summary(Box::new(summary)))
+}
+
+/// How a worker pod ended: its stager container's end, or, when an init
+/// container (the hostPath prepare step) failed and the stager never ran,
+/// that one's.
+fn finished(pod: &Pod) -> Option<&ContainerStateTerminated> {
+    let status = pod.status.as_ref()?;
+    let failed_init = status.init_container_statuses.iter().flatten().filter_map(ended).find(|t| t.exit_code != 0);
+    failed_init.or_else(|| ended(status.container_statuses.as_ref()?.first()?))
+}
+
+fn ended(status: &ContainerStatus) -> Option<&ContainerStateTerminated> {
+    status.state.as_ref()?.terminated.as_ref()
 }
 
 /// Formats bytes per second for `kubectl get`.
@@ -920,6 +927,24 @@ mod tests {
         assert_eq!(
             pod_report(&pods, "shared"),
             Report::Message("error: invalid value 'x' for '--shard' / For more information, try '--help'.".into())
+        );
+    }
+
+    #[test]
+    fn a_failed_prepare_step_explains_a_worker_whose_stager_never_ran() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {WORKER_LABEL: "shared"}},
+            "status": {
+                "initContainerStatuses": [{"name": "prepare", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 4, "finishedAt": "2026-01-01T00:00:01Z",
+                        "message": "ferry-stager: prepare failed: cannot change the owner of '/ferry/data'"}}}],
+                "containerStatuses": [{"name": "stager", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}}}]},
+        }))
+        .unwrap();
+        assert_eq!(
+            pod_report(&[pod], "shared"),
+            Report::Message("ferry-stager: prepare failed: cannot change the owner of '/ferry/data'".into())
         );
     }
 

@@ -61,6 +61,25 @@ pub async fn run(cli: Cli) -> ExitCode {
                 ExitStatus::Incomplete.into()
             }
         },
+        Command::Prepare { directory, purpose, owner } => {
+            match ferry_engine::local::ownership::prepare(directory, *purpose, *owner) {
+                Ok(prepared) => {
+                    eprintln!(
+                        "ferry-stager: '{}' ready for the worker ({owner}) to {purpose:?}: {} of {} entries handed over",
+                        directory.display(),
+                        prepared.changed,
+                        prepared.entries
+                    );
+                    ExitStatus::Success.into()
+                }
+                // Without the capabilities, or with a link where the state
+                // belongs, another attempt cannot help.
+                Err(error) => {
+                    eprintln!("ferry-stager: prepare failed: {}", ferry_engine::error_chain(&error));
+                    ExitStatus::RunRefused.into()
+                }
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod clean;
 pub mod manifest;
+pub mod ownership;
 pub mod partial;
 pub mod paths;
 pub mod prune;

@@ -1,0 +1,278 @@
+//! Handing a node-local directory to the unprivileged worker user.
+//!
+//! A kubelet creates a missing hostPath directory as root, mode 0755, and
+//! does not apply `fsGroup` to hostPath volumes, so a worker running as a
+//! non-root user cannot write its first file there; a push's source may
+//! belong to whichever user the training job ran as. The worker Job's init
+//! container runs [`prepare`] as root with only `CAP_CHOWN` and
+//! `CAP_DAC_OVERRIDE`, and the worker then runs unprivileged:
+//!
+//! * for a pull, every entry of the tree becomes the worker's (ownership
+//!   only: contents and modes are left as they are), so it can replace,
+//!   verify and remove what it staged;
+//! * for a push, only the state directory (`.ferry`) becomes the worker's;
+//!   the files to push keep their owners and the worker reads them as any
+//!   other user would.
+//!
+//! The walk never follows a symbolic link: every step is relative to an
+//! open directory (`openat` with `O_NOFOLLOW`, `fchownat` with
+//! `AT_SYMLINK_NOFOLLOW`), so a link planted in the tree, or a directory
+//! swapped for one during the walk, cannot make a root process change
+//! anything outside it. Not for: permissions (modes are never changed) or
+//! volumes whose ownership the kubelet already manages (`fsGroup`).
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use ferry_contract::cli::{Owner, Purpose};
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Gid, Mode, OFlags, Uid};
+use rustix::io::Errno;
+
+use super::STATE_DIR;
+
+/// What [`prepare`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Prepared {
+    /// Entries looked at (the directory itself included).
+    pub entries: u64,
+    /// Entries whose owner was changed.
+    pub changed: u64,
+}
+
+/// Why a directory could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnershipError {
+    /// The directory could not be created.
+    #[error("cannot create '{path}'")]
+    Create {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry could not be read or handed over.
+    #[error("cannot {action} '{path}' (this step needs CAP_CHOWN and CAP_DAC_OVERRIDE)")]
+    Entry {
+        /// What was being done.
+        action: &'static str,
+        /// The entry.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state directory is a symbolic link (or not a directory): it is
+    /// refused rather than followed.
+    #[error("'{0}' is not a directory; remove it (Ferry keeps its state there and never follows a link)")]
+    StateNotDirectory(PathBuf),
+}
+
+/// Makes `directory` usable by a worker running as `owner` for `purpose`
+/// (see the module documentation). Creates the directory when it is
+/// missing.
+///
+/// # Errors
+/// When the directory cannot be created or an entry cannot be read or
+/// handed over (typically: run without the capabilities it needs). An
+/// entry that disappears during the walk is not an error.
+pub fn prepare(directory: &Path, purpose: Purpose, owner: Owner) -> Result<Prepared, OwnershipError> {
+    std::fs::create_dir_all(directory)
+        .map_err(|source| OwnershipError::Create { path: directory.to_owned(), source })?;
+    let mut walk = Walk { owner, prepared: Prepared::default() };
+    // The directory itself is the volume's mount point, which the caller
+    // names: following it is intended.
+    let root =
+        open_directory(CWD, directory, OFlags::empty()).map_err(|errno| entry_error("open", directory, errno))?;
+    match purpose {
+        Purpose::Pull => {
+            walk.own_open(&root, directory)?;
+            walk.tree(&root, directory)?;
+        }
+        Purpose::Push => {
+            let state = directory.join(STATE_DIR);
+            match rustix::fs::mkdirat(&root, STATE_DIR, Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(errno) => return Err(entry_error("create", &state, errno)),
+            }
+            let state_fd = match open_directory(&root, STATE_DIR, OFlags::NOFOLLOW) {
+                Ok(fd) => fd,
+                Err(Errno::LOOP | Errno::NOTDIR) => return Err(OwnershipError::StateNotDirectory(state)),
+                Err(errno) => return Err(entry_error("open", &state, errno)),
+            };
+            walk.own_open(&state_fd, &state)?;
+            walk.tree(&state_fd, &state)?;
+        }
+    }
+    Ok(walk.prepared)
+}
+
+struct Walk {
+    owner: Owner,
+    prepared: Prepared,
+}
+
+impl Walk {
+    fn wanted(&self) -> (Uid, Gid) {
+        (Uid::from_raw(self.owner.uid), Gid::from_raw(self.owner.gid))
+    }
+
+    /// Hands an open directory over, unless it already is the owner's.
+    fn own_open(&mut self, fd: &OwnedFd, path: &Path) -> Result<(), OwnershipError> {
+        self.prepared.entries += 1;
+        let stat = rustix::fs::fstat(fd).map_err(|errno| entry_error("inspect", path, errno))?;
+        if (stat.st_uid, stat.st_gid) != (self.owner.uid, self.owner.gid) {
+            let (uid, gid) = self.wanted();
+            rustix::fs::fchown(fd, Some(uid), Some(gid))
+                .map_err(|errno| entry_error("change the owner of", path, errno))?;
+            self.prepared.changed += 1;
+        }
+        Ok(())
+    }
+
+    /// Hands every entry below the open directory `dir` over, depth first.
+    fn tree(&mut self, dir: &OwnedFd, path: &Path) -> Result<(), OwnershipError> {
+        let names = entry_names(dir).map_err(|errno| entry_error("list", path, errno))?;
+        for name in names {
+            let child = path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.as_bytes()));
+            let stat = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(Errno::NOENT) => continue,
+                Err(errno) => return Err(entry_error("inspect", &child, errno)),
+            };
+            self.prepared.entries += 1;
+            if (stat.st_uid, stat.st_gid) != (self.owner.uid, self.owner.gid) {
+                let (uid, gid) = self.wanted();
+                match rustix::fs::chownat(dir, name.as_c_str(), Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(()) => self.prepared.changed += 1,
+                    Err(Errno::NOENT) => continue,
+                    Err(errno) => return Err(entry_error("change the owner of", &child, errno)),
+                }
+            }
+            if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+                // Swapped for a link (or removed) since the stat: not followed.
+                let sub = match open_directory(dir, name.as_c_str(), OFlags::NOFOLLOW) {
+                    Ok(fd) => fd,
+                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => continue,
+                    Err(errno) => return Err(entry_error("open", &child, errno)),
+                };
+                self.tree(&sub, &child)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The entry names of an open directory, without `.` and `..`. Read
+/// whole before any is visited, so a directory open at each level is all
+/// the walk holds.
+fn entry_names(dir: &OwnedFd) -> Result<Vec<std::ffi::CString>, Errno> {
+    let mut names = Vec::new();
+    for entry in Dir::read_from(dir)? {
+        let entry = entry?;
+        let name: &CStr = entry.file_name();
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+fn open_directory<Fd: AsFd, P: rustix::path::Arg>(dir: Fd, path: P, extra: OFlags) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(dir, path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | extra, Mode::empty())
+}
+
+fn entry_error(action: &'static str, path: &Path, errno: Errno) -> OwnershipError {
+    OwnershipError::Entry { action, path: path.to_owned(), source: errno.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use super::*;
+
+    /// Who the tests hand entries to: the worker's user when they run as
+    /// root (as CI does), so the change of owner is real; otherwise the
+    /// test's own user, which needs no privilege.
+    fn worker() -> Owner {
+        // What a file this process creates gets: its effective user and group.
+        let probe = tempfile::NamedTempFile::new().unwrap();
+        let me = owner_of(probe.path());
+        if me.uid == 0 { Owner { uid: 65532, gid: 65532 } } else { me }
+    }
+
+    fn owner_of(path: &Path) -> Owner {
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        Owner { uid: meta.uid(), gid: meta.gid() }
+    }
+
+    #[test]
+    fn a_missing_directory_is_created_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("a/b");
+        let prepared = prepare(&target, Purpose::Pull, worker()).unwrap();
+        assert!(target.is_dir());
+        assert_eq!(prepared.entries, 1);
+        assert_eq!(owner_of(&target), worker());
+        assert_eq!(prepare(&target, Purpose::Pull, worker()).unwrap(), Prepared { entries: 1, changed: 0 });
+    }
+
+    #[test]
+    fn a_pull_walks_the_whole_tree_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("x/y")).unwrap();
+        std::fs::write(dir.path().join("x/y/file"), b"1").unwrap();
+        std::fs::write(outside.path().join("secret"), b"2").unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("x/link")).unwrap();
+        std::fs::write(outside.path().join("inside-link-target"), b"3").unwrap();
+        let before = owner_of(&outside.path().join("secret"));
+        let prepared = prepare(dir.path(), Purpose::Pull, worker()).unwrap();
+        // root, x, x/y, x/y/file, x/link: the link's target is not entered.
+        assert_eq!(prepared.entries, 5);
+        for entry in ["", "x", "x/y", "x/y/file", "x/link"] {
+            assert_eq!(owner_of(&dir.path().join(entry)), worker(), "{entry}");
+        }
+        assert_eq!(owner_of(&outside.path().join("secret")), before, "nothing behind the link changes");
+        assert_eq!(owner_of(outside.path()), before);
+        assert_eq!(prepare(dir.path(), Purpose::Pull, worker()).unwrap().changed, 0, "a second run changes nothing");
+    }
+
+    #[test]
+    fn a_push_creates_and_walks_only_the_state_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ckpt")).unwrap();
+        std::fs::write(dir.path().join("ckpt/model.bin"), b"weights").unwrap();
+        let file_owner = owner_of(&dir.path().join("ckpt/model.bin"));
+        let prepared = prepare(dir.path(), Purpose::Push, worker()).unwrap();
+        assert!(dir.path().join(STATE_DIR).is_dir());
+        assert_eq!(prepared.entries, 1, "only .ferry itself");
+        assert_eq!(prepare(dir.path(), Purpose::Push, worker()).unwrap().changed, 0);
+        assert_eq!(owner_of(&dir.path().join(STATE_DIR)), worker());
+        assert_eq!(owner_of(&dir.path().join("ckpt/model.bin")), file_owner, "the files to push keep their owner");
+        assert_eq!(owner_of(&dir.path().join("ckpt")), file_owner);
+    }
+
+    #[test]
+    fn a_state_directory_that_is_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(STATE_DIR)).unwrap();
+        let error = prepare(dir.path(), Purpose::Push, worker()).unwrap_err();
+        assert!(matches!(error, OwnershipError::StateNotDirectory(_)), "{error}");
+        assert!(error.to_string().contains("never follows a link"));
+    }
+
+    #[test]
+    fn handing_over_to_another_user_without_privilege_says_what_it_needs() {
+        if worker().uid == 65532 {
+            return; // root may: the other tests cover that side
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"1").unwrap();
+        let error = prepare(dir.path(), Purpose::Pull, Owner { uid: 65532, gid: 65532 }).unwrap_err();
+        assert!(error.to_string().contains("CAP_CHOWN"), "{error}");
+    }
+}
