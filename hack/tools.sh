@@ -7,7 +7,9 @@
 #
 # TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python, python-test,
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm,
-# prometheus, promtool.
+# prometheus, promtool, and for real nodes: kubelet, containerd,
+# containerd-shim-runc-v2, ctr, runc, cni-plugins (prints the plugin directory),
+# busybox.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
 set -euo pipefail
@@ -99,6 +101,17 @@ build_etcd() {
 # main module's own replace directives do. The version is stamped into the
 # binaries so clients that check it (helm) work.
 build_kubernetes() {
+  build_kubernetes_commands kube-apiserver kube-controller-manager kube-scheduler kubectl
+}
+
+# The node's agent, in a cache directory of its own so that a machine which
+# only runs the control plane never builds it.
+build_kubelet() {
+  build_kubernetes_commands kubelet
+}
+
+# build_kubernetes_commands CMD...: k8s.io/kubernetes/cmd/CMD, each.
+build_kubernetes_commands() {
   local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
   local staging_version="v0.${KUBERNETES_VERSION#v1.}"
   local gomod
@@ -108,8 +121,7 @@ build_kubernetes() {
     grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
       awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
   } >>go.mod
-  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  local pkgs=("${@/#/k8s.io/kubernetes/cmd/}")
   # Each package at the pinned version: a bare `go get` would move
   # k8s.io/kubernetes to the newest release, whose packages the pinned
   # staging modules do not have.
@@ -131,6 +143,45 @@ build_prometheus() {
     -o "$out/" github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool >&2
 }
 
+# containerd 2 and its runc shim (the kubelet of 1.36 still speaks to
+# containerd 1.7, but 1.37 drops it, and Debian's is 1.6). The btrfs
+# snapshotter needs cgo; nodes here use overlayfs.
+build_containerd() {
+  GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -tags no_btrfs,no_devmapper,no_zfs \
+    "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" >&2
+}
+
+# The CNI plugins a node's pod network needs: a bridge per node with
+# addresses from a fixed range, and the pod's loopback.
+build_cni_plugins() {
+  GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install \
+    "github.com/containernetworking/plugins/plugins/main/bridge@$CNI_PLUGINS_VERSION" \
+    "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION" \
+    "github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_PLUGINS_VERSION" >&2
+}
+
+# deb_tool NAME PACKAGE VERSION PATH: one program from a Debian package,
+# unpacked into the cache (nothing is installed on the machine).
+deb_tool() {
+  local name=$1 package=$2 version=$3 path=$4 binary=${4##*/}
+  local dir="$cache/$name/$version"
+  if [[ ! -x "$dir/bin/$binary" ]]; then
+    log "unpacking Debian's $package $version (first run only)"
+    local work; work="$(mktemp -d)"
+    if ! (cd "$work" && apt-get download "$package=$version" >&2); then
+      apt-get update >&2
+      (cd "$work" && apt-get download "$package=$version" >&2)
+    fi
+    dpkg-deb -x "$work"/*.deb "$work/root"
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial/bin"
+    cp "$work/root$path" "$dir.partial/bin/$binary"
+    rm -rf "$work" "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir/bin/$binary"
+}
+
 tool_path() {
   case "$1" in
     minio) go_tool minio github.com/minio/minio "$MINIO_VERSION" minio ;;
@@ -145,6 +196,16 @@ tool_path() {
     etcd)  wrapper_tool "$cache/etcd/$ETCD_VERSION" etcd "etcd $ETCD_VERSION" build_etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)
       wrapper_tool "$cache/kubernetes/$KUBERNETES_VERSION" "$1" "the Kubernetes $KUBERNETES_VERSION control plane" build_kubernetes ;;
+    kubelet) wrapper_tool "$cache/kubelet/$KUBERNETES_VERSION" kubelet "the Kubernetes $KUBERNETES_VERSION kubelet" build_kubelet ;;
+    containerd|containerd-shim-runc-v2|ctr)
+      wrapper_tool "$cache/containerd/$CONTAINERD_VERSION" "$1" "containerd $CONTAINERD_VERSION" build_containerd ;;
+    cni-plugins)
+      dirname "$(wrapper_tool "$cache/cni-plugins/$CNI_PLUGINS_VERSION" bridge "CNI plugins $CNI_PLUGINS_VERSION" build_cni_plugins)" ;;
+    # runc needs cgo and libseccomp to build; Debian's links the system's
+    # libseccomp2.
+    runc) deb_tool runc runc "$RUNC_DEB_VERSION" /usr/sbin/runc ;;
+    # The shell of the e2e tests' own image (hack/images.sh --test-images).
+    busybox) deb_tool busybox busybox-static "$BUSYBOX_DEB_VERSION" /bin/busybox ;;
     *) log "unknown tool '$1' (see the header of $0)"; exit 2 ;;
   esac
 }
@@ -159,5 +220,5 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   install) for t in "$@"; do with_lock tool_path "$t" >/dev/null; done ;;
   path)    [[ $# -eq 1 ]] || { log "usage: $0 path TOOL"; exit 2; }; with_lock tool_path "$1" ;;
-  *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
 esac
