@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::location::ObjectLocation;
 pub use crate::options::*;
+pub use crate::ownership::{Owner, Purpose};
 
 /// Parallel, verified, resumable copies between object storage and local disks.
 #[derive(Clone, Debug, PartialEq, Parser)]
@@ -92,54 +93,17 @@ pub enum StagerCommand {
         /// The directory pulls staged into.
         directory: PathBuf,
     },
-    /// Make a node-local DIR usable by the unprivileged worker user before it runs (needs CAP_CHOWN and CAP_DAC_OVERRIDE, nothing else; symlinks are never followed).
+    /// Make a node-local DIR usable by the unprivileged worker user before it runs (needs CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER, nothing else; symlinks are never followed).
     Prepare {
         /// The directory (created if missing).
         directory: PathBuf,
-        /// What the worker will do there: pull hands it the whole tree; push only its state directory (.ferry), leaving the files to push as they are.
+        /// What the worker will do there: pull hands it the whole tree (directories readable by all); push only its state directory (.ferry), leaving the files to push as they are.
         #[arg(long = "for", value_enum)]
         purpose: Purpose,
         /// The worker's user and group.
         #[arg(long, value_name = "UID:GID")]
         owner: Owner,
     },
-}
-
-/// What a worker will do in a directory [`StagerCommand::Prepare`] readies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Purpose {
-    /// Write into it: every entry becomes the worker's.
-    Pull,
-    /// Read from it and keep its push state in `.ferry`: only that becomes the worker's.
-    Push,
-}
-
-/// A numeric user and group, written `UID:GID`: who a container runs as
-/// and who owns what it writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Owner {
-    /// User id.
-    pub uid: u32,
-    /// Group id.
-    pub gid: u32,
-}
-
-impl std::fmt::Display for Owner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.uid, self.gid)
-    }
-}
-
-impl std::str::FromStr for Owner {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (uid, gid) = text.split_once(':').ok_or_else(|| format!("'{text}' is not UID:GID"))?;
-        let number = |what: &str, value: &str| {
-            value.parse::<u32>().map_err(|_| format!("'{value}' in '{text}' is not a numeric {what} id"))
-        };
-        Ok(Self { uid: number("user", uid)?, gid: number("group", gid)? })
-    }
 }
 
 /// Adds `--flag=value` when there is a value; the `=` keeps a value that
@@ -263,15 +227,6 @@ mod tests {
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
     use std::net::SocketAddr;
-
-    #[test]
-    fn an_owner_is_two_numeric_ids() {
-        assert_eq!("65532:65532".parse::<Owner>(), Ok(Owner { uid: 65532, gid: 65532 }));
-        assert_eq!(Owner { uid: 0, gid: 1000 }.to_string(), "0:1000");
-        assert!("65532".parse::<Owner>().unwrap_err().contains("not UID:GID"));
-        assert!("nonroot:1".parse::<Owner>().unwrap_err().contains("numeric user id"));
-        assert!("1:-1".parse::<Owner>().unwrap_err().contains("numeric group id"));
-    }
 
     #[test]
     fn the_cli_definition_is_consistent() {

@@ -15,6 +15,7 @@ pub mod exit;
 pub mod hash;
 pub mod location;
 pub mod options;
+pub mod ownership;
 pub mod peers;
 pub mod reason;
 pub mod size;

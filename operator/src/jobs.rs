@@ -55,8 +55,10 @@ pub const PREPARE_CONTAINER: &str = "prepare";
 /// belongs to it (files 0644, directories 0755: any user reads them).
 pub const WORKER_USER: Owner = Owner { uid: 65532, gid: 65532 };
 /// The only capabilities of the one step that runs as root: changing an
-/// entry's owner, and reaching entries whatever their mode while doing so.
-pub const PREPARE_CAPABILITIES: [&str; 2] = ["CHOWN", "DAC_OVERRIDE"];
+/// entry's owner, reaching entries whatever their mode while doing so, and
+/// opening another user's directories to readers (all three are in the
+/// `baseline` Pod Security level's list).
+pub const PREPARE_CAPABILITIES: [&str; 3] = ["CHOWN", "DAC_OVERRIDE", "FOWNER"];
 /// Name of the worker container port that serves the stager's metrics
 /// (what a PodMonitor selects).
 pub const METRICS_PORT_NAME: &str = "metrics";
@@ -341,8 +343,9 @@ pub fn prepare_cli(plan: &Plan<'_>) -> StagerCli {
 /// hostPath as root (0755) and `fsGroup` does not apply to hostPaths, so
 /// the unprivileged worker could not write its first file there. This one
 /// step runs as root with [`PREPARE_CAPABILITIES`] only, hands the
-/// directory to [`WORKER_USER`] (a pull: the whole tree; a push: its state
-/// directory, the files keep their owners) and exits.
+/// directory to [`WORKER_USER`] (a pull: the whole tree, its directories
+/// readable by all; a push: its state directory, the files keep their
+/// owners) and exits.
 fn prepare_container(plan: &Plan<'_>, image: &str, mount: VolumeMount) -> Container {
     Container {
         name: PREPARE_CONTAINER.into(),
@@ -864,7 +867,7 @@ mod tests {
     }
 
     #[test]
-    fn a_host_path_is_handed_to_the_worker_by_a_root_step_with_two_capabilities() {
+    fn a_host_path_is_handed_to_the_worker_by_a_root_step_with_three_capabilities() {
         let ds = pull_to_host_path();
         let plan = ds.spec.plan().unwrap();
         let pull_pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));

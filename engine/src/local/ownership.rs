@@ -4,12 +4,15 @@
 //! does not apply `fsGroup` to hostPath volumes, so a worker running as a
 //! non-root user cannot write its first file there; a push's source may
 //! belong to whichever user the training job ran as. The worker Job's init
-//! container runs [`prepare`] as root with only `CAP_CHOWN` and
-//! `CAP_DAC_OVERRIDE`, and the worker then runs unprivileged:
+//! container runs [`prepare`] as root with only `CAP_CHOWN`,
+//! `CAP_DAC_OVERRIDE` and `CAP_FOWNER`, and the worker then runs
+//! unprivileged:
 //!
-//! * for a pull, every entry of the tree becomes the worker's (ownership
-//!   only: contents and modes are left as they are), so it can replace,
-//!   verify and remove what it staged;
+//! * for a pull, every entry of the tree becomes the worker's, so it can
+//!   replace, verify and remove what it staged, and every directory allows
+//!   at least `rwxr-xr-x`, so training pods of any user reach what it
+//!   stages (contents and file modes are left as they are: another user's
+//!   0600 file stays private);
 //! * for a push, only the state directory (`.ferry`) becomes the worker's;
 //!   the files to push keep their owners and the worker reads them as any
 //!   other user would.
@@ -18,14 +21,14 @@
 //! open directory (`openat` with `O_NOFOLLOW`, `fchownat` with
 //! `AT_SYMLINK_NOFOLLOW`), so a link planted in the tree, or a directory
 //! swapped for one during the walk, cannot make a root process change
-//! anything outside it. Not for: permissions (modes are never changed) or
-//! volumes whose ownership the kubelet already manages (`fsGroup`).
+//! anything outside it. Not for: volumes whose ownership the kubelet
+//! already manages (`fsGroup`).
 
 use std::ffi::CStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use ferry_contract::cli::{Owner, Purpose};
+use ferry_contract::ownership::{Owner, Purpose};
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 
@@ -53,7 +56,7 @@ pub enum OwnershipError {
         source: std::io::Error,
     },
     /// An entry could not be read or handed over.
-    #[error("cannot {action} '{path}' (this step needs CAP_CHOWN and CAP_DAC_OVERRIDE)")]
+    #[error("cannot {action} '{path}' (this step needs CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER)")]
     Entry {
         /// What was being done.
         action: &'static str,
@@ -80,7 +83,10 @@ pub enum OwnershipError {
 pub fn prepare(directory: &Path, purpose: Purpose, owner: Owner) -> Result<Prepared, OwnershipError> {
     std::fs::create_dir_all(directory)
         .map_err(|source| OwnershipError::Create { path: directory.to_owned(), source })?;
-    let mut walk = Walk { owner, prepared: Prepared::default() };
+    // What a pull stages is read by training pods of any user: directories
+    // that hide it from them (another user's 0700) are opened to readers.
+    let open_to_readers = purpose == Purpose::Pull;
+    let mut walk = Walk { owner, open_to_readers, prepared: Prepared::default() };
     // The directory itself is the volume's mount point, which the caller
     // names: following it is intended.
     let root =
@@ -110,24 +116,40 @@ pub fn prepare(directory: &Path, purpose: Purpose, owner: Owner) -> Result<Prepa
 
 struct Walk {
     owner: Owner,
+    /// Give every directory at least `rwxr-xr-x`.
+    open_to_readers: bool,
     prepared: Prepared,
 }
+
+/// The least a directory of a pull's destination allows: the worker
+/// writes, everyone reads and traverses.
+const READABLE_DIRECTORY: u32 = 0o755;
 
 impl Walk {
     fn wanted(&self) -> (Uid, Gid) {
         (Uid::from_raw(self.owner.uid), Gid::from_raw(self.owner.gid))
     }
 
-    /// Hands an open directory over, unless it already is the owner's.
+    /// Hands an open directory over (and opens it to readers when asked),
+    /// unless it already is as wanted. Through the descriptor: no path is
+    /// resolved again, so nothing swapped in meanwhile is touched.
     fn own_open(&mut self, fd: &OwnedFd, path: &Path) -> Result<(), OwnershipError> {
         self.prepared.entries += 1;
         let stat = rustix::fs::fstat(fd).map_err(|errno| entry_error("inspect", path, errno))?;
+        let mut changed = false;
         if (stat.st_uid, stat.st_gid) != (self.owner.uid, self.owner.gid) {
             let (uid, gid) = self.wanted();
             rustix::fs::fchown(fd, Some(uid), Some(gid))
                 .map_err(|errno| entry_error("change the owner of", path, errno))?;
-            self.prepared.changed += 1;
+            changed = true;
         }
+        let mode = stat.st_mode & 0o7777;
+        if self.open_to_readers && mode & READABLE_DIRECTORY != READABLE_DIRECTORY {
+            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode | READABLE_DIRECTORY))
+                .map_err(|errno| entry_error("open to readers", path, errno))?;
+            changed = true;
+        }
+        self.prepared.changed += u64::from(changed);
         Ok(())
     }
 
@@ -141,6 +163,17 @@ impl Walk {
                 Err(Errno::NOENT) => continue,
                 Err(errno) => return Err(entry_error("inspect", &child, errno)),
             };
+            if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+                // Swapped for a link (or removed) since the stat: not followed.
+                let sub = match open_directory(dir, name.as_c_str(), OFlags::NOFOLLOW) {
+                    Ok(fd) => fd,
+                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => continue,
+                    Err(errno) => return Err(entry_error("open", &child, errno)),
+                };
+                self.own_open(&sub, &child)?;
+                self.tree(&sub, &child)?;
+                continue;
+            }
             self.prepared.entries += 1;
             if (stat.st_uid, stat.st_gid) != (self.owner.uid, self.owner.gid) {
                 let (uid, gid) = self.wanted();
@@ -149,15 +182,6 @@ impl Walk {
                     Err(Errno::NOENT) => continue,
                     Err(errno) => return Err(entry_error("change the owner of", &child, errno)),
                 }
-            }
-            if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-                // Swapped for a link (or removed) since the stat: not followed.
-                let sub = match open_directory(dir, name.as_c_str(), OFlags::NOFOLLOW) {
-                    Ok(fd) => fd,
-                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => continue,
-                    Err(errno) => return Err(entry_error("open", &child, errno)),
-                };
-                self.tree(&sub, &child)?;
             }
         }
         Ok(())
@@ -238,6 +262,25 @@ mod tests {
         assert_eq!(owner_of(&outside.path().join("secret")), before, "nothing behind the link changes");
         assert_eq!(owner_of(outside.path()), before);
         assert_eq!(prepare(dir.path(), Purpose::Pull, worker()).unwrap().changed, 0, "a second run changes nothing");
+    }
+
+    #[test]
+    fn a_pull_opens_private_directories_to_readers_and_leaves_file_modes() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("private/deeper")).unwrap();
+        std::fs::write(dir.path().join("private/secret"), b"1").unwrap();
+        let set = |path: &str, mode: u32| {
+            std::fs::set_permissions(dir.path().join(path), std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        set("private/secret", 0o600);
+        set("private/deeper", 0o700);
+        set("private", 0o711);
+        prepare(dir.path(), Purpose::Pull, worker()).unwrap();
+        let mode = |path: &str| std::fs::metadata(dir.path().join(path)).unwrap().mode() & 0o7777;
+        assert_eq!((mode("private"), mode("private/deeper")), (0o755, 0o755));
+        assert_eq!(mode("private/secret"), 0o600, "a file's mode is its owner's business");
+        assert_eq!(prepare(dir.path(), Purpose::Pull, worker()).unwrap().changed, 0);
     }
 
     #[test]
