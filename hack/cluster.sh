@@ -3,7 +3,7 @@
 # kube-controller-manager, kube-scheduler) and node agents for node-a and
 # node-b that run pods as local processes. Runs until Ctrl-C.
 #
-#   hack/cluster.sh [--dir DIR]      then, in another shell:
+#   hack/cluster.sh [--dir DIR] [--real-nodes]     then, in another shell:
 #   nsenter --target <printed pid> --net   (when it prints one)
 #   export KUBECONFIG=<printed path>; kubectl get nodes
 #
@@ -15,5 +15,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 hack/tools.sh install etcd kube-apiserver kubectl
 cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
+# --real-nodes: kubelets with containerd and runc, running the images built here.
+if [[ " $* " == *" --real-nodes "* ]]; then
+  hack/tools.sh install kubelet containerd ctr runc cni-plugins busybox
+  hack/images.sh --no-build --test-images >&2
+fi
 echo "kubectl: $(hack/tools.sh path kubectl)" >&2
 exec hack/netns.sh "$CARGO_TARGET_DIR/release/ferry-cluster" up "$@"

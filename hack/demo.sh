@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # Ferry's main job, end to end on one machine, with nothing but this repo:
-# brings up a real Kubernetes control plane with two process-running nodes
-# (tests/e2e), a local MinIO with a sample dataset, and Ferry installed with
-# its Helm chart (the operator runs as a pod under the chart's RBAC);
-# applies examples/datastage-pull.yaml; watches the DataStage progress to
-# Ready; shows that each node's disk holds the dataset byte for byte; and
-# tears everything down. Pinned servers are built into the cache on the
+# brings up a real Kubernetes control plane with two nodes (process-running,
+# or with --real-nodes real kubelets running Ferry's images; tests/e2e), a
+# local MinIO with a sample dataset, and Ferry installed with its Helm chart
+# (the operator runs as a pod under the chart's RBAC); applies
+# examples/datastage-pull.yaml and examples/training-job.yaml; watches the
+# DataStage progress to Ready while the training pod waits for it, then runs
+# where the data is; shows that each node's disk holds the dataset byte for
+# byte; and tears everything down. Pinned servers are built into the cache on the
 # first run (about 20 minutes on 2 cores); later runs take about a minute.
 #
-#   hack/demo.sh            # FERRY_DEMO_KEEP=1 keeps the staged data
+#   hack/demo.sh                # FERRY_DEMO_KEEP=1 keeps the staged data
+#   hack/demo.sh --real-nodes   # the same on real nodes: kubelet, containerd and
+#                               # runc run the images hack/images.sh builds
+#                               # (needs root; a few minutes more on a cold machine)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+real_nodes=0
+[[ "${1:-}" == --real-nodes ]] && real_nodes=1
+# Real nodes' pods reach MinIO through an address of a network namespace of
+# the demo's own, where the pod bridges live too.
+if [[ "$real_nodes" == 1 && "${FERRY_IN_NETNS:-}" != 1 ]]; then
+  exec hack/netns.sh "$0" "$@"
+fi
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -23,6 +36,19 @@ helm="$(hack/tools.sh path helm)"
 cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
 bin="$CARGO_TARGET_DIR/release"
 stager="$bin/ferry-stager"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+if [[ "$real_nodes" == 1 ]]; then
+  say "Installing the kubelet, containerd, runc and CNI plugins (cached) and building the images"
+  hack/tools.sh install kubelet containerd ctr runc cni-plugins busybox
+  hack/images.sh --no-build --test-images
+  listen=10.250.0.1 shell_image="localhost/ferry-e2e-shell:$version"
+  image_values=()   # the chart's defaults name the images just built
+else
+  listen=127.0.0.1 shell_image=ghcr.io/ferry-dev/ferry-e2e-shell:dev
+  # The node agents map the images ferry-operator:dev and ferry-stager:dev
+  # to this checkout's binaries.
+  image_values=(--set image.tag=dev --set stager.image.tag=dev)
+fi
 
 work="$(mktemp -d -t ferry-demo.XXXXXX)"
 # helm keeps its caches and repository list with the demo, not in $HOME.
@@ -37,13 +63,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("'"$listen"'", 0)); print(s.getsockname()[1])')"
 export AWS_ACCESS_KEY_ID=ferry-demo AWS_SECRET_ACCESS_KEY=ferry-demo-secret AWS_REGION=us-east-1
-export FERRY_ENDPOINT_URL="http://127.0.0.1:$port"
+export FERRY_ENDPOINT_URL="http://$listen:$port"
 
 say "Starting MinIO on $FERRY_ENDPOINT_URL"
 MINIO_ROOT_USER="$AWS_ACCESS_KEY_ID" MINIO_ROOT_PASSWORD="$AWS_SECRET_ACCESS_KEY" MINIO_BROWSER=off \
-  "$minio" server "$work/minio" --address "127.0.0.1:$port" --console-address "127.0.0.1:0" --quiet \
+  "$minio" server "$work/minio" --address "$listen:$port" --console-address "127.0.0.1:0" --quiet \
   >"$work/minio.log" 2>&1 &
 minio_pid=$!
 for _ in $(seq 1 600); do
@@ -77,7 +103,9 @@ PY
 "$stager" push "$work/sample" s3://datasets/demo-v1
 
 say "Starting a Kubernetes control plane with nodes node-a and node-b"
-"$bin/ferry-cluster" up --dir "$work/cluster" --ready-file "$work/kubeconfig-path" >"$work/cluster.log" 2>&1 &
+node_kind=()
+[[ "$real_nodes" == 1 ]] && node_kind=(--real-nodes)
+"$bin/ferry-cluster" up --dir "$work/cluster" --ready-file "$work/kubeconfig-path" "${node_kind[@]}" >"$work/cluster.log" 2>&1 &
 cluster_pid=$!
 for _ in $(seq 1 1800); do
   [[ -s "$work/kubeconfig-path" ]] && break
@@ -88,23 +116,31 @@ export KUBECONFIG="$(cat "$work/kubeconfig-path")"
 "$kubectl" get nodes
 
 say "helm install ferry charts/ferry (CRD, operator Deployment, RBAC, metrics Service)"
-# The node agents map the images ferry-operator:dev and ferry-stager:dev to
-# this checkout's binaries.
 "$helm" install ferry charts/ferry --namespace ferry-system --create-namespace --wait --timeout 3m \
-  --set image.tag=dev --set stager.image.tag=dev \
-  --set allowedHostPaths='{/mnt/ferry}' --set dataStageNamespaces='{default}'
+  "${image_values[@]}" --set allowedHostPaths='{/mnt/ferry}' --set dataStageNamespaces='{default}'
 "$kubectl" -n ferry-system get pods -o wide
 "$kubectl" create secret generic s3 \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY"
 
 say "kubectl apply -f examples/datastage-pull.yaml (endpoint pointed at the local MinIO)"
 sed "s#http://minio.storage.svc:9000#$FERRY_ENDPOINT_URL#" examples/datastage-pull.yaml | "$kubectl" apply -f -
+say "kubectl apply -f examples/training-job.yaml: its pod waits, gated, until the data is on a node"
+sed "s#ghcr.io/ferry-dev/ferry-e2e-shell:dev#$shell_image#" examples/training-job.yaml | "$kubectl" apply -f -
 timeout 300 "$kubectl" get dstage -w &
 watch_pid=$!
 "$kubectl" wait --for=condition=Ready dstage/demo-v1 --timeout=300s >/dev/null
 sleep 1; kill "$watch_pid" 2>/dev/null || true; wait "$watch_pid" 2>/dev/null || true
 echo
 "$kubectl" get dstage demo-v1 -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+
+say "The training Job ran where the data is and read it"
+"$kubectl" wait --for=condition=Complete job/train --timeout=180s >/dev/null
+"$kubectl" get pods -l batch.kubernetes.io/job-name=train -o wide
+if [[ "$real_nodes" == 1 ]]; then
+  "$kubectl" logs job/train | tail -3
+else
+  tail -3 "$work"/cluster/nodes/*/pods/*/containers/trainer/output.log
+fi
 
 say "Verifying: each node's local disk holds the dataset, byte for byte"
 for node in node-a node-b; do

@@ -13,8 +13,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 # Pinned servers: MinIO, fake-gcs-server and moto for the stager, etcd and
-# Kubernetes for e2e, helm and Prometheus for the chart's e2e tests.
-hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver helm prometheus python-test
+# Kubernetes for e2e, helm and Prometheus for the chart's e2e tests, the
+# kubelet, containerd, runc and CNI plugins for the e2e tests' real nodes.
+hack/tools.sh install minio fake-gcs-server moto etcd kube-apiserver helm prometheus python-test \
+  kubelet containerd ctr runc cni-plugins busybox
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
 FERRY_FAKE_GCS_SERVER_BIN="$(hack/tools.sh path fake-gcs-server)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
@@ -28,6 +30,9 @@ cargo fmt --all --check
 # no-op); an extension module does not link libpython.
 export PYO3_BUILD_EXTENSION_MODULE=1
 cargo build --release --workspace --locked --bins --lib
+# The images real nodes run (tests/e2e/tests/real_nodes.rs), from the
+# binaries just built, with the e2e harness's pause and shell images.
+hack/images.sh --no-build --test-images
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
 # Every crate the tests need, dev-dependencies included, is fetched here,

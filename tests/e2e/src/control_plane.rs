@@ -120,6 +120,9 @@ impl ControlPlane {
             // through their endpoints, as clusters without ClusterIP
             // routing on the control plane do.
             .arg("--enable-aggregator-routing=true")
+            // Real nodes register by name only; reach their kubelets (logs)
+            // at the address they report.
+            .arg("--kubelet-preferred-address-types=InternalIP")
             .arg("--allow-privileged=false")
             .arg("--enable-priority-and-fairness=false")
             .arg("--profiling=false")

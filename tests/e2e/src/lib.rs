@@ -6,6 +6,8 @@
 pub mod agent;
 pub mod control_plane;
 pub mod process;
+pub mod real_node;
+pub mod tools;
 
 pub use agent::network::pod_network_routed;
 
@@ -43,6 +45,10 @@ pub struct Cluster {
 
 #[derive(Debug)]
 struct LocalCluster {
+    // Fields drop in this order: real nodes (their kubelets, then what they
+    // ran) before the control plane they report to.
+    real_nodes: Vec<real_node::RealNode>,
+    forwards: Vec<real_node::Forward>,
     control_plane: ControlPlane,
     agents: Vec<NodeAgent>,
     nodes_root: PathBuf,
@@ -83,8 +89,86 @@ impl Cluster {
         for node in NODES {
             agents.push(start_agent(&control_plane, &nodes_root, node).await?);
         }
+        Ok(Self::local(control_plane, agents, Vec::new(), Vec::new(), nodes_root))
+    }
+
+    /// Starts a local cluster whose nodes are real ([`real_node`]: a
+    /// kubelet, containerd and runc each, running the images
+    /// `hack/images.sh --test-images` built), in a fresh temporary
+    /// directory. Needs root and `hack/netns.sh` ([`real_node::supported`]).
+    ///
+    /// # Errors
+    /// Fails when a component or a node does not come up.
+    pub async fn start_with_real_nodes() -> Result<Self, ControlPlaneError> {
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-e2e-real-")
+            .tempdir()
+            .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })?;
+        let mut cluster = Self::start_with_real_nodes_in(dir.path()).await?;
+        if std::env::var_os("FERRY_E2E_KEEP_CLUSTER_DIR").is_some() {
+            eprintln!("keeping the cluster directory {}", dir.keep().display());
+        } else {
+            cluster._dir = Some(dir);
+        }
+        Ok(cluster)
+    }
+
+    /// [`Cluster::start_with_real_nodes`] with its state in `dir` (kept
+    /// after stop).
+    ///
+    /// # Errors
+    /// Fails when a component or a node does not come up.
+    pub async fn start_with_real_nodes_in(dir: &Path) -> Result<Self, ControlPlaneError> {
+        real_node::supported().map_err(|detail| ControlPlaneError::NotReady {
+            component: "real nodes".into(),
+            detail,
+            log: String::new(),
+        })?;
+        let images = real_node::image_archives()?;
+        let control_plane = ControlPlane::start(&dir.join("control-plane")).await?;
+        // Pods reach the API server at the `kubernetes` Service's address.
+        let api_port = control_plane.server.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).unwrap_or(443);
+        let api = real_node::Forward::start(
+            (real_node::API_SERVICE_ADDRESS, 443).into(),
+            (std::net::Ipv4Addr::LOCALHOST, api_port).into(),
+        )
+        .await
+        .map_err(|source| ControlPlaneError::Io { what: "forwarding the kubernetes Service".into(), source })?;
+        let nodes_root = dir.join("nodes");
+        let mut real_nodes = Vec::new();
+        for (index, node) in (1u8..).zip(NODES) {
+            real_nodes
+                .push(real_node::RealNode::start(&control_plane, &nodes_root.join(node), node, index, &images).await?);
+        }
+        Ok(Self::local(control_plane, Vec::new(), real_nodes, vec![api], nodes_root))
+    }
+
+    fn local(
+        control_plane: ControlPlane,
+        agents: Vec<NodeAgent>,
+        real_nodes: Vec<real_node::RealNode>,
+        forwards: Vec<real_node::Forward>,
+        nodes_root: PathBuf,
+    ) -> Self {
         let kubeconfig = control_plane.kubeconfig.clone();
-        Ok(Self { local: Some(LocalCluster { control_plane, agents, nodes_root }), kubeconfig, _dir: None })
+        let local = LocalCluster { control_plane, agents, real_nodes, forwards, nodes_root };
+        Self { local: Some(local), kubeconfig, _dir: None }
+    }
+
+    /// Makes a server this test started on loopback reachable from pods on
+    /// real nodes, at [`real_node::HOST_ADDRESS`] and the same port; returns
+    /// that address. `None` on an external cluster.
+    ///
+    /// # Errors
+    /// When the port is taken on that address.
+    pub async fn reachable_from_pods(
+        &mut self,
+        server: std::net::SocketAddr,
+    ) -> std::io::Result<Option<std::net::SocketAddr>> {
+        let Some(local) = self.local.as_mut() else { return Ok(None) };
+        let listen = (real_node::HOST_ADDRESS, server.port()).into();
+        local.forwards.push(real_node::Forward::start(listen, server).await?);
+        Ok(Some(listen))
     }
 
     /// Crashes `node`: its agent stops heartbeating and its pods' processes
@@ -145,7 +229,10 @@ impl Cluster {
     /// Logs of every component, for a failing test's report.
     pub fn diagnostics(&self) -> String {
         match &self.local {
-            Some(local) => format!("{}{}", local.control_plane.log_tails(30), pod_log_tails(&local.nodes_root, 20)),
+            Some(local) => {
+                let real: String = local.real_nodes.iter().map(|n| n.log_tails(20)).collect();
+                format!("{}{}{real}", local.control_plane.log_tails(30), pod_log_tails(&local.nodes_root, 20))
+            }
             None => format!("external cluster ({}): inspect it with kubectl", self.kubeconfig.display()),
         }
     }
@@ -224,10 +311,12 @@ impl Cluster {
     /// Stops the agents (killing their pods), then the control plane.
     pub async fn stop(self) {
         let Self { local, _dir, .. } = self;
-        if let Some(LocalCluster { control_plane, agents, .. }) = local {
+        if let Some(LocalCluster { control_plane, agents, real_nodes, forwards, .. }) = local {
             for agent in agents {
                 tokio::time::timeout(Duration::from_secs(20), agent.shutdown()).await.ok();
             }
+            drop(real_nodes);
+            drop(forwards);
             control_plane.stop();
         }
         drop(_dir);

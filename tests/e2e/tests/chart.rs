@@ -26,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
+use ferry_e2e::tools::{Tools, run_tool};
 use ferry_e2e::{Cluster, create_namespace, image, object_store, wait_for};
 use ferry_testkit::{free_port, pattern, read_tree, repo_root, tool_path};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -44,68 +45,6 @@ const RESTRICTED: [(&str, &str); 2] =
 
 fn chart_dir() -> PathBuf {
     repo_root().join("charts/ferry")
-}
-
-/// Runs a command-line tool; `Ok(stdout)` on success, `Err(stdout + stderr)`.
-fn run_tool(program: &Path, args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Result<String, String> {
-    let mut command = Command::new(program);
-    command.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    if let Some(input) = stdin {
-        use std::io::Write as _;
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-    }
-    let output = child.wait_with_output().expect("wait for the tool");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    if output.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)))
-    }
-}
-
-/// helm and kubectl against one cluster, with helm's state in a temporary
-/// directory rather than the user's home.
-struct Tools {
-    helm: PathBuf,
-    kubectl: PathBuf,
-    kubeconfig: PathBuf,
-    home: tempfile::TempDir,
-}
-
-impl Tools {
-    fn new(kubeconfig: &Path) -> Self {
-        Self {
-            helm: tool_path("helm"),
-            kubectl: tool_path("kubectl"),
-            kubeconfig: kubeconfig.to_owned(),
-            home: tempfile::tempdir().expect("helm home"),
-        }
-    }
-
-    fn env(&self) -> Vec<(&'static str, PathBuf)> {
-        let home = self.home.path();
-        vec![
-            ("KUBECONFIG", self.kubeconfig.clone()),
-            ("HELM_CACHE_HOME", home.join("cache")),
-            ("HELM_CONFIG_HOME", home.join("config")),
-            ("HELM_DATA_HOME", home.join("data")),
-        ]
-    }
-
-    fn helm(&self, args: &[&str]) -> Result<String, String> {
-        let env = self.env();
-        let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
-        run_tool(&self.helm, args, &env, None)
-    }
-
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        run_tool(&self.kubectl, args, &[("KUBECONFIG", &self.kubeconfig)], stdin)
-    }
 }
 
 /// `--set` arguments for the chart's images: the ones the node agent maps
@@ -246,22 +185,41 @@ fn the_committed_dashboard_is_the_one_hack_dashboard_py_generates() {
 }
 
 #[test]
-fn the_chart_runs_the_binaries_the_dockerfile_builds_with_flags_they_accept() {
+fn the_chart_runs_the_images_hack_images_sh_builds_with_flags_they_accept() {
     let tools = Tools::new(Path::new("/nonexistent"));
-    let dockerfile = std::fs::read_to_string(repo_root().join("images/Dockerfile")).expect("images/Dockerfile");
+    let images: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("images/images.json")).expect("images/images.json"),
+    )
+    .expect("images.json is JSON");
+    let image = |name: &str| images["images"][name].clone();
     let rendered = tools.helm(&["template", RELEASE, chart_dir().to_str().unwrap()]).expect("helm template");
     let objects = documents(&rendered);
     let deployment = objects.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     let command = container["command"][0].as_str().expect("a command");
-    assert!(
-        dockerfile.contains(&format!("ENTRYPOINT [\"{command}\"]")),
-        "the chart runs {command}, which the Dockerfile's operator image does not have as its entrypoint"
+    assert_eq!(
+        image("ferry-operator")["entrypoint"],
+        json!([command]),
+        "the chart runs the operator image's entrypoint"
     );
-    assert!(dockerfile.contains("ENTRYPOINT [\"/usr/local/bin/ferry-stager\"]"), "worker Jobs pass only arguments");
+    assert_eq!(
+        image("ferry-stager")["entrypoint"],
+        json!(["/usr/local/bin/ferry-stager"]),
+        "worker Jobs pass only arguments"
+    );
     let port = container["ports"][0]["containerPort"].as_u64().unwrap();
-    assert!(dockerfile.contains(&format!("EXPOSE {port}")), "the operator image exposes {port}");
-    assert!(dockerfile.contains("EXPOSE 9464"), "the stager image exposes its default metrics port");
+    assert!(
+        image("ferry-operator")["exposedPorts"].as_array().unwrap().contains(&json!(port)),
+        "the operator image exposes {port}"
+    );
+    assert!(
+        image("ferry-stager")["exposedPorts"].as_array().unwrap().contains(&json!(9464)),
+        "the stager's metrics port"
+    );
+    assert!(
+        container["image"].as_str().unwrap().starts_with(images["repositoryPrefix"].as_str().unwrap()),
+        "the chart's default image is the one hack/images.sh names"
+    );
     // The rendered arguments parse: clap rejects an unknown flag before it
     // honours --help.
     let mut args: Vec<String> =

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(about = "A local Kubernetes control plane with process-running node agents")]
+#[command(about = "A local Kubernetes control plane with process-running node agents or real nodes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,6 +23,11 @@ enum Command {
         /// Write the admin kubeconfig's path to this file once the cluster is ready.
         #[arg(long)]
         ready_file: Option<PathBuf>,
+        /// Real nodes (kubelet, containerd, runc) running the images of
+        /// `hack/images.sh --test-images`, instead of process-running node
+        /// agents. Needs root and `hack/netns.sh`.
+        #[arg(long)]
+        real_nodes: bool,
     },
 }
 
@@ -35,14 +40,18 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Up { dir, ready_file } = Cli::parse().command;
+    let Command::Up { dir, ready_file, real_nodes } = Cli::parse().command;
     // Without --dir, the state lives in a temporary directory removed on exit.
     let temporary = match dir {
         Some(_) => None,
         None => Some(tempfile::Builder::new().prefix("ferry-cluster-").tempdir()?),
     };
     let state = dir.as_deref().or(temporary.as_ref().map(tempfile::TempDir::path)).expect("one of them is set");
-    let cluster = ferry_e2e::Cluster::start_in(state).await?;
+    let cluster = if real_nodes {
+        ferry_e2e::Cluster::start_with_real_nodes_in(state).await?
+    } else {
+        ferry_e2e::Cluster::start_in(state).await?
+    };
     let control_plane = cluster.control_plane().expect("ferry-cluster always starts a local cluster");
     let kubeconfig = cluster.kubeconfig().display().to_string();
     eprintln!("cluster is up: {}", control_plane.server);

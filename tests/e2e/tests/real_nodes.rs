@@ -1,0 +1,297 @@
+//! Ferry in real containers on real nodes: two kubelets with containerd
+//! and runc ([`ferry_e2e::real_node`]) run the images `hack/images.sh`
+//! built, with their user ids, read-only roots, dropped capabilities,
+//! hostPath volumes, projected service-account tokens and pod networks.
+//!
+//! One cluster serves every step (starting one is the slow part), each step
+//! with its own DataStage and directories:
+//!
+//! 1. `helm install` with the chart's default images: the operator runs as
+//!    its Deployment's pod and the webhook answers the API server.
+//! 2. A pull onto a hostPath that does not exist on node-a, and that exists
+//!    on node-b owned by root with another user's files in it: both nodes
+//!    end byte-identical to the bucket, fed peer to peer between the two
+//!    pod networks; a re-run copies nothing.
+//! 3. A training Job wired by the label, running as a user of its own,
+//!    reads every staged file; a pod using the init-container form
+//!    (`ferry-stager wait` with its projected token) does too.
+//! 4. A push from a hostPath another user wrote.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_crds::{DataStage, Phase};
+use ferry_e2e::real_node::{self, ferry_image, test_image};
+use ferry_e2e::tools::Tools;
+use ferry_e2e::{Cluster, create_namespace, object_store, wait_for};
+use ferry_testkit::{pattern, read_tree, repo_root};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const SYSTEM_NS: &str = "ferry-system";
+const DATA_NS: &str = "ml";
+/// The training job's user: neither root nor the worker's.
+const TRAINER_UID: i64 = 1000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ferry_runs_in_real_containers_on_real_nodes() {
+    if let Err(why) = real_node::supported() {
+        panic!("{why}: run the e2e tests as root under hack/netns.sh (hack/test.sh does)");
+    }
+    let s3 = object_store();
+    s3.create_bucket("datasets").await;
+    s3.create_bucket("checkpoints").await;
+    let dataset = sample_dataset();
+    for (key, body) in &dataset {
+        s3.put("datasets", &format!("real/{key}"), body.clone()).await;
+    }
+
+    let mut cluster = Cluster::start_with_real_nodes().await.unwrap_or_else(|e| panic!("real nodes: {e}"));
+    let store: SocketAddr = s3.endpoint.trim_start_matches("http://").parse().expect("a loopback endpoint");
+    let seen_by_pods = cluster.reachable_from_pods(store).await.expect("forward the store").expect("a local cluster");
+    let endpoint = format!("http://{seen_by_pods}");
+    let client = cluster.client().await.unwrap();
+
+    // 1. The chart, as a user installs it, with the images built here.
+    let tools = Tools::new(cluster.kubeconfig());
+    create_namespace(&cluster, SYSTEM_NS, &[("pod-security.kubernetes.io/enforce", "restricted")]).await;
+    // Workers mount hostPaths, which only the privileged level admits.
+    create_namespace(&cluster, DATA_NS, &[("pod-security.kubernetes.io/enforce", "privileged")]).await;
+    let chart = repo_root().join("charts/ferry");
+    tools
+        .helm(&[
+            "install",
+            "ferry",
+            chart.to_str().unwrap(),
+            "--namespace",
+            SYSTEM_NS,
+            "--wait",
+            "--timeout",
+            "3m",
+            "--set",
+            "dataStageNamespaces={ml}",
+            "--set",
+            "allowedHostPaths={/mnt/ferry}",
+        ])
+        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
+    let operator = running_pod(&cluster, &client, SYSTEM_NS, "app.kubernetes.io/name=ferry-operator").await;
+    let container = &operator.spec.as_ref().unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some(ferry_image("ferry-operator").as_str()), "the chart's default image");
+    assert!(operator.spec.as_ref().unwrap().node_name.as_deref().is_some_and(|n| n.starts_with("node-")));
+    let secret: Secret =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &secret).await.unwrap();
+
+    // 2. A pull onto both nodes: nothing there on node-a; on node-b a
+    //    root-owned directory holding another user's files.
+    let b_dir = cluster.node_dir("node-b").unwrap().join("mnt/ferry/data");
+    std::fs::create_dir_all(b_dir.join("images")).unwrap();
+    std::fs::write(b_dir.join("notes-of-another-user.txt"), b"not Ferry's").unwrap();
+    std::fs::write(b_dir.join("images/000.jpg"), b"a stale copy another user left").unwrap();
+    for (path, mode) in [("images", 0o700), ("images/000.jpg", 0o600), ("notes-of-another-user.txt", 0o600)] {
+        let path = b_dir.join(path);
+        rustix::fs::chown(&path, Some(uid(TRAINER_UID)), Some(gid(TRAINER_UID))).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    assert!(!cluster.node_dir("node-a").unwrap().join("mnt/ferry/data").exists());
+    let stages: Api<DataStage> = Api::namespaced(client.clone(), DATA_NS);
+    let spec = json!({
+        "source": {"uri": "s3://datasets/real", "endpoint": endpoint, "credentials": {"name": "s3"}},
+        "destination": {"volume": {"hostPath": "/mnt/ferry/data"}},
+        "fanout": "PeerToPeer",
+        "transfer": {"partSize": "5MiB", "concurrency": 4},
+    });
+    stages.create(&PostParams::default(), &datastage("data", spec)).await.unwrap();
+    let status = finished(&cluster, &stages, "data", 1).await;
+    let totals = status.totals.clone().unwrap();
+    assert_eq!(totals.objects_done as usize, 2 * dataset.len(), "every object on both nodes: {status:?}");
+    assert!(totals.bytes_from_peers.unwrap_or(0) > 0, "the nodes fed each other between pod networks: {totals:?}");
+    for node in ["node-a", "node-b"] {
+        let dir = cluster.node_dir(node).unwrap().join("mnt/ferry/data");
+        let staged = read_tree(&dir);
+        for (key, body) in &dataset {
+            assert!(staged.get(key) == Some(body), "{node}: {key} differs from the bucket");
+        }
+        // What the worker wrote is its user's, readable by every user.
+        let meta = std::fs::metadata(dir.join("weights/model.bin")).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (65532, 0o644), "{node}");
+        assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 65532, "{node}: the directory was handed to the worker");
+    }
+    assert_eq!(std::fs::read(b_dir.join("notes-of-another-user.txt")).unwrap(), b"not Ferry's", "nothing is lost");
+
+    // A re-run (a new run input) copies nothing.
+    stages
+        .patch("data", &PatchParams::default(), &Patch::Merge(json!({"spec": {"transfer": {"concurrency": 8}}})))
+        .await
+        .unwrap();
+    let rerun = finished(&cluster, &stages, "data", 2).await;
+    let changes = rerun.last_sync.clone().unwrap();
+    assert_eq!((changes.added.objects, changes.updated.objects), (0, 0), "{rerun:?}");
+    assert_eq!(rerun.totals.unwrap().bytes_from_store.unwrap_or(0), 0, "nothing read from the store again");
+
+    // 3. Training pods read what was staged, as a user of their own.
+    let expected = checksums(&cluster.node_dir("node-a").unwrap().join("mnt/ferry/data"), &dataset);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), DATA_NS);
+    let trainer = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {"ferry.dev/datastage": "data"}},
+            "spec": training_pod(&expected, None)}}});
+    jobs.create(&PostParams::default(), &serde_json::from_value(trainer).unwrap()).await.unwrap();
+    job_succeeded(&cluster, &jobs, "train").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
+    let waiting = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waits"},
+        "spec": training_pod(&expected, Some("node-b"))});
+    pods.create(&PostParams::default(), &serde_json::from_value(waiting).unwrap()).await.unwrap();
+    wait_for(&cluster, "the pod with the wait init container to succeed", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let phase = pods.get("waits").await.ok()?.status?.phase?;
+            assert_ne!(phase, "Failed", "the pod that waits in its init container failed");
+            (phase == "Succeeded").then_some(())
+        }
+    })
+    .await;
+
+    // 4. A push of what another user wrote (0644 files in its 0755 directories).
+    let ckpt = cluster.node_dir("node-a").unwrap().join("mnt/ferry/ckpt");
+    let checkpoint: BTreeMap<String, Vec<u8>> =
+        [("step-1/model.bin", pattern(77, (6 << 20) + 3)), ("step-1/meta.json", b"{}".to_vec())]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    for (key, body) in &checkpoint {
+        std::fs::create_dir_all(ckpt.join(key).parent().unwrap()).unwrap();
+        std::fs::write(ckpt.join(key), body).unwrap();
+    }
+    for path in [ckpt.clone(), ckpt.join("step-1"), ckpt.join("step-1/model.bin"), ckpt.join("step-1/meta.json")] {
+        rustix::fs::chown(&path, Some(uid(TRAINER_UID)), Some(gid(TRAINER_UID))).unwrap();
+    }
+    let push = json!({
+        "source": {"volume": {"hostPath": "/mnt/ferry/ckpt"}},
+        "destination": {"uri": "s3://checkpoints/run-1", "endpoint": endpoint, "credentials": {"name": "s3"}},
+        "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+    });
+    stages.create(&PostParams::default(), &datastage("ckpt", push)).await.unwrap();
+    finished(&cluster, &stages, "ckpt", 1).await;
+    for (key, body) in &checkpoint {
+        assert!(s3.get("checkpoints", &format!("run-1/{key}")).await == *body, "{key} pushed whole");
+    }
+    let meta = std::fs::metadata(ckpt.join("step-1/model.bin")).unwrap();
+    assert_eq!(meta.uid(), TRAINER_UID as u32, "a push leaves the files' owner as it was");
+
+    cluster.stop().await;
+}
+
+/// Objects of odd sizes: one above the part size (ranged reads), small
+/// ones, an empty one, a deep one.
+fn sample_dataset() -> BTreeMap<String, Vec<u8>> {
+    let mut objects = BTreeMap::new();
+    objects.insert("weights/model.bin".to_owned(), pattern(1, (9 << 20) + 7));
+    for i in 0..12u64 {
+        objects.insert(format!("images/{i:03}.jpg"), pattern(10 + i, 1000 * i as usize + 13));
+    }
+    objects.insert("empty".to_owned(), Vec::new());
+    objects.insert("a/b/c/deep.txt".to_owned(), b"deep".to_vec());
+    objects
+}
+
+fn uid(id: i64) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(id as u32)
+}
+
+fn gid(id: i64) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(id as u32)
+}
+
+fn datastage(name: &str, spec: Value) -> DataStage {
+    serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+        "metadata": {"name": name}, "spec": spec}))
+    .unwrap()
+}
+
+/// The status of DataStage `name` once run `run` has Succeeded.
+async fn finished(cluster: &Cluster, stages: &Api<DataStage>, name: &str, run: i64) -> ferry_crds::DataStageStatus {
+    wait_for(cluster, &format!("DataStage {name} run {run} to succeed"), Duration::from_secs(240), || {
+        let stages = stages.clone();
+        async move {
+            let status = stages.get(name).await.ok()?.status?;
+            if status.run != Some(run) {
+                return None;
+            }
+            assert_ne!(status.phase, Some(Phase::Failed), "DataStage {name} failed: {status:?}");
+            (status.phase == Some(Phase::Succeeded)).then_some(status)
+        }
+    })
+    .await
+}
+
+async fn running_pod(cluster: &Cluster, client: &kube::Client, namespace: &str, selector: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    wait_for(cluster, &format!("a running pod {selector}"), Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&kube::api::ListParams::default().labels(selector)).await.ok()?;
+            list.items.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+    })
+    .await
+}
+
+async fn job_succeeded(cluster: &Cluster, jobs: &Api<Job>, name: &str) {
+    wait_for(cluster, &format!("Job {name} to succeed"), Duration::from_secs(180), || {
+        let jobs = jobs.clone();
+        async move {
+            let status = jobs.get(name).await.ok()?.status?;
+            assert_eq!(status.failed.unwrap_or(0), 0, "Job {name} failed: {status:?}");
+            (status.succeeded.unwrap_or(0) == 1).then_some(())
+        }
+    })
+    .await;
+}
+
+/// `sha256sum -c` input for every object, as a trainer finds it under
+/// `/data`, computed by this machine's sha256sum over node-a's copy (which
+/// the test has compared with the bucket byte for byte).
+fn checksums(dir: &Path, dataset: &BTreeMap<String, Vec<u8>>) -> String {
+    let keys: Vec<&str> = dataset.keys().map(String::as_str).collect();
+    let output = std::process::Command::new("sha256sum").args(&keys).current_dir(dir).output().expect("sha256sum");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap().lines().map(|l| l.replacen("  ", "  /data/", 1) + "\n").collect()
+}
+
+/// A trainer: user 1000, restricted-compliant, checking every staged file
+/// under `/data`. With `wait_on`, it is pinned there and mounts the
+/// hostPath itself, and an init container (`ferry-stager wait`, with the
+/// pod's projected token) holds it until the data is on its node; without,
+/// the webhook wires it by its label.
+fn training_pod(expected: &str, wait_on: Option<&str>) -> Value {
+    let trainer = json!({"name": "train", "image": test_image("shell"),
+        "command": ["/bin/busybox", "sh", "-c", "printf %s \"$EXPECTED\" | /bin/busybox sha256sum -c -"],
+        "env": [{"name": "EXPECTED", "value": expected}],
+        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": true}});
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": true, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [trainer],
+    });
+    if let Some(node) = wait_on {
+        spec["nodeSelector"] = json!({"ferry.dev/e2e-node": node});
+        spec["serviceAccountName"] = json!("ferry-stager");
+        spec["initContainers"] = json!([{"name": "wait", "image": ferry_image("ferry-stager"),
+            "args": ["wait", format!("{DATA_NS}/data"), "--timeout", "2m"],
+            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": true}}]);
+        spec["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/data", "readOnly": true}]);
+        spec["volumes"] = json!([{"name": "data", "hostPath": {"path": "/mnt/ferry/data"}}]);
+    }
+    spec
+}
