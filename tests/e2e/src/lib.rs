@@ -64,18 +64,20 @@ impl Cluster {
         if let Some(kubeconfig) = std::env::var_os("FERRY_E2E_KUBECONFIG") {
             return Ok(Self { local: None, kubeconfig: PathBuf::from(kubeconfig), _dir: None });
         }
-        let dir = tempfile::Builder::new()
-            .prefix("ferry-e2e-")
-            .tempdir()
-            .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })?;
-        let mut cluster = Self::start_in(dir.path()).await?;
+        let dir = temporary_dir("ferry-e2e-")?;
+        let cluster = Self::start_in(dir.path()).await?;
+        Ok(cluster.owning(dir))
+    }
+
+    /// Removes `dir` when the cluster goes, unless FERRY_E2E_KEEP_CLUSTER_DIR
+    /// asks to keep the logs of every component and pod for a post-mortem.
+    fn owning(mut self, dir: tempfile::TempDir) -> Self {
         if std::env::var_os("FERRY_E2E_KEEP_CLUSTER_DIR").is_some() {
-            // Logs of every component and pod stay for a post-mortem.
             eprintln!("keeping the cluster directory {}", dir.keep().display());
         } else {
-            cluster._dir = Some(dir);
+            self._dir = Some(dir);
         }
-        Ok(cluster)
+        self
     }
 
     /// Starts a local cluster whose state lives in `dir` (kept after stop).
@@ -100,17 +102,9 @@ impl Cluster {
     /// # Errors
     /// Fails when a component or a node does not come up.
     pub async fn start_with_real_nodes() -> Result<Self, ControlPlaneError> {
-        let dir = tempfile::Builder::new()
-            .prefix("ferry-e2e-real-")
-            .tempdir()
-            .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })?;
-        let mut cluster = Self::start_with_real_nodes_in(dir.path()).await?;
-        if std::env::var_os("FERRY_E2E_KEEP_CLUSTER_DIR").is_some() {
-            eprintln!("keeping the cluster directory {}", dir.keep().display());
-        } else {
-            cluster._dir = Some(dir);
-        }
-        Ok(cluster)
+        let dir = temporary_dir("ferry-e2e-real-")?;
+        let cluster = Self::start_with_real_nodes_in(dir.path()).await?;
+        Ok(cluster.owning(dir))
     }
 
     /// [`Cluster::start_with_real_nodes`] with its state in `dir` (kept
@@ -321,6 +315,28 @@ impl Cluster {
         }
         drop(_dir);
     }
+}
+
+fn temporary_dir(prefix: &str) -> Result<tempfile::TempDir, ControlPlaneError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| ControlPlaneError::Io { what: "creating the cluster directory".into(), source })
+}
+
+/// Waits until Job `namespace/name` has succeeded; panics at once when it
+/// fails.
+pub async fn job_succeeded(cluster: &Cluster, client: &kube::Client, namespace: &str, name: &str) {
+    let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), namespace);
+    wait_for(cluster, &format!("Job {namespace}/{name} to succeed"), Duration::from_secs(180), || {
+        let jobs = jobs.clone();
+        async move {
+            let status = jobs.get(name).await.ok()?.status?;
+            assert_eq!(status.failed.unwrap_or(0), 0, "Job {name} failed: {status:?}");
+            (status.succeeded.unwrap_or(0) == 1).then_some(())
+        }
+    })
+    .await;
 }
 
 /// Starts the agent of `node`, whose disk is `<nodes_root>/<node>`.

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::tools::{Tools, run_tool};
-use ferry_e2e::{Cluster, create_namespace, image, object_store, wait_for};
+use ferry_e2e::{Cluster, create_namespace, image, job_succeeded, object_store, wait_for};
 use ferry_testkit::{free_port, pattern, read_tree, repo_root, tool_path};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
@@ -1013,19 +1013,6 @@ async fn job_pod(cluster: &Cluster, pods: &Api<Pod>, job: &str) -> Pod {
 
 fn gates(pod: &Pod) -> Vec<String> {
     pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default().into_iter().map(|g| g.name).collect()
-}
-
-async fn job_succeeded(cluster: &Cluster, client: &kube::Client, namespace: &str, name: &str) {
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
-    wait_for(cluster, &format!("Job {namespace}/{name} to succeed"), Duration::from_secs(120), || {
-        let jobs = jobs.clone();
-        async move {
-            let status = jobs.get(name).await.ok()?.status?;
-            assert_eq!(status.failed.unwrap_or(0), 0, "Job {name} failed: {status:?}");
-            (status.succeeded.unwrap_or(0) == 1).then_some(())
-        }
-    })
-    .await;
 }
 
 /// A Warning Event with `reason` on pod `name`, once there is one.

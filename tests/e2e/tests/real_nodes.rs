@@ -26,7 +26,7 @@ use std::time::Duration;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::real_node::{self, ferry_image, test_image};
 use ferry_e2e::tools::Tools;
-use ferry_e2e::{Cluster, create_namespace, object_store, wait_for};
+use ferry_e2e::{Cluster, create_namespace, job_succeeded, object_store, wait_for};
 use ferry_testkit::{pattern, read_tree, repo_root};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -145,7 +145,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
             "metadata": {"labels": {"ferry.dev/datastage": "data"}},
             "spec": training_pod(&expected, None)}}});
     jobs.create(&PostParams::default(), &serde_json::from_value(trainer).unwrap()).await.unwrap();
-    job_succeeded(&cluster, &jobs, "train").await;
+    job_succeeded(&cluster, &client, DATA_NS, "train").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
     let waiting = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waits"},
         "spec": training_pod(&expected, Some("node-b"))});
@@ -243,18 +243,6 @@ async fn running_pod(cluster: &Cluster, client: &kube::Client, namespace: &str, 
         }
     })
     .await
-}
-
-async fn job_succeeded(cluster: &Cluster, jobs: &Api<Job>, name: &str) {
-    wait_for(cluster, &format!("Job {name} to succeed"), Duration::from_secs(180), || {
-        let jobs = jobs.clone();
-        async move {
-            let status = jobs.get(name).await.ok()?.status?;
-            assert_eq!(status.failed.unwrap_or(0), 0, "Job {name} failed: {status:?}");
-            (status.succeeded.unwrap_or(0) == 1).then_some(())
-        }
-    })
-    .await;
 }
 
 /// `sha256sum -c` input for every object, as a trainer finds it under
