@@ -483,7 +483,7 @@ pub fn build_job(
             backoff_limit: Some(spec.backoff_limit.unwrap_or(3)),
             active_deadline_seconds: spec.active_deadline_seconds,
             ttl_seconds_after_finished: spec.ttl_seconds_after_finished,
-            pod_failure_policy: Some(failure_policy()),
+            pod_failure_policy: Some(failure_policy(&pod)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
                 spec: Some(pod),
@@ -494,41 +494,32 @@ pub fn build_job(
     }
 }
 
-/// Exit codes no retry can fix fail the Job at once; a pod evicted or
-/// preempted did nothing wrong and is not counted.
-fn failure_policy() -> PodFailurePolicy {
-    PodFailurePolicy {
-        rules: vec![
-            PodFailurePolicyRule {
-                action: "FailJob".into(),
-                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                    container_name: Some(STAGER_CONTAINER.into()),
-                    operator: "In".into(),
-                    values: ExitStatus::permanent_codes(),
-                }),
-                on_pod_conditions: None,
-            },
-            // The prepare step fails for good when it lacks its capabilities
-            // or finds a link where the state directory belongs.
-            PodFailurePolicyRule {
-                action: "FailJob".into(),
-                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                    container_name: Some(PREPARE_CONTAINER.into()),
-                    operator: "In".into(),
-                    values: ExitStatus::permanent_codes(),
-                }),
-                on_pod_conditions: None,
-            },
-            PodFailurePolicyRule {
-                action: "Ignore".into(),
-                on_exit_codes: None,
-                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
-                    type_: "DisruptionTarget".into(),
-                    status: Some("True".into()),
-                }]),
-            },
-        ],
-    }
+/// Exit codes no retry can fix fail the Job at once, the stager's and (on
+/// a hostPath) the prepare step's, which fails for good when it lacks its
+/// capabilities or finds a link where the state directory belongs; a pod
+/// evicted or preempted did nothing wrong and is not counted. The API
+/// server refuses a rule naming a container the pod does not have.
+fn failure_policy(pod: &PodSpec) -> PodFailurePolicy {
+    let fail_on_permanent_exit = |container: &str| PodFailurePolicyRule {
+        action: "FailJob".into(),
+        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+            container_name: Some(container.into()),
+            operator: "In".into(),
+            values: ExitStatus::permanent_codes(),
+        }),
+        on_pod_conditions: None,
+    };
+    let init = pod.init_containers.iter().flatten().map(|c| c.name.as_str());
+    let mut rules: Vec<_> = std::iter::once(STAGER_CONTAINER).chain(init).map(fail_on_permanent_exit).collect();
+    rules.push(PodFailurePolicyRule {
+        action: "Ignore".into(),
+        on_exit_codes: None,
+        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+            type_: "DisruptionTarget".into(),
+            status: Some("True".into()),
+        }]),
+    });
+    PodFailurePolicy { rules }
 }
 
 /// Arguments as the stager must receive them, whatever they contain.
@@ -882,7 +873,7 @@ mod tests {
         let capabilities = context.capabilities.unwrap();
         assert_eq!(
             (capabilities.drop.unwrap(), capabilities.add.unwrap()),
-            (vec!["ALL".to_owned()], vec!["CHOWN".to_owned(), "DAC_OVERRIDE".to_owned()])
+            (vec!["ALL".to_owned()], vec!["CHOWN".to_owned(), "DAC_OVERRIDE".to_owned(), "FOWNER".to_owned()])
         );
         assert_eq!(context.privileged, None);
         // The worker itself stays the unprivileged user the step handed the directory to.
@@ -922,6 +913,9 @@ mod tests {
         assert_eq!(pod.node_selector.clone().unwrap()["pool"], "storage");
         assert_eq!(pod.containers[0].volume_mounts.clone().unwrap()[0].sub_path.as_deref(), Some("imagenet"));
         assert_eq!(pod.init_containers, None, "the kubelet applies fsGroup to a claim: no root step");
+        let rules = spec.pod_failure_policy.clone().unwrap().rules;
+        let named: Vec<_> = rules.iter().filter_map(|r| r.on_exit_codes.as_ref()?.container_name.clone()).collect();
+        assert_eq!(named, [STAGER_CONTAINER], "the API server refuses a rule for a container the pod lacks");
         let StagerCommand::Pull { options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(options.shards, Some(3));
         let env = pod.containers[0].env.clone().unwrap_or_default();
