@@ -4,10 +4,10 @@
 # or with --real-nodes real kubelets running Ferry's images; tests/e2e), a
 # local MinIO with a sample dataset, and Ferry installed with its Helm chart
 # (the operator runs as a pod under the chart's RBAC); applies
-# examples/datastage-pull.yaml and examples/training-job.yaml; watches the
-# DataStage progress to Ready while the training pod waits for it, then runs
-# where the data is; shows that each node's disk holds the dataset byte for
-# byte; and tears everything down. Pinned servers are built into the cache on the
+# examples/datastage-pull.yaml (and, on real nodes, examples/training-job.yaml,
+# whose pod waits for the data, then runs where it is); watches the
+# DataStage progress to Ready; shows that each node's disk holds the dataset
+# byte for byte; and tears everything down. Pinned servers are built into the cache on the
 # first run (about 20 minutes on 2 cores); later runs take about a minute.
 #
 #   hack/demo.sh                # FERRY_DEMO_KEEP=1 keeps the staged data
@@ -44,7 +44,7 @@ if [[ "$real_nodes" == 1 ]]; then
   listen=10.250.0.1 shell_image="localhost/ferry-e2e-shell:$version"
   image_values=()   # the chart's defaults name the images just built
 else
-  listen=127.0.0.1 shell_image=ghcr.io/ferry-dev/ferry-e2e-shell:dev
+  listen=127.0.0.1 shell_image=""
   # The node agents map the images ferry-operator:dev and ferry-stager:dev
   # to this checkout's binaries.
   image_values=(--set image.tag=dev --set stager.image.tag=dev)
@@ -124,8 +124,12 @@ say "helm install ferry charts/ferry (CRD, operator Deployment, RBAC, metrics Se
 
 say "kubectl apply -f examples/datastage-pull.yaml (endpoint pointed at the local MinIO)"
 sed "s#http://minio.storage.svc:9000#$FERRY_ENDPOINT_URL#" examples/datastage-pull.yaml | "$kubectl" apply -f -
-say "kubectl apply -f examples/training-job.yaml: its pod waits, gated, until the data is on a node"
-sed "s#ghcr.io/ferry-dev/ferry-e2e-shell:dev#$shell_image#" examples/training-job.yaml | "$kubectl" apply -f -
+# The webhook that holds a training pod is called through its Service, which
+# needs pod addresses the API server accepts: the real nodes' network.
+if [[ "$real_nodes" == 1 ]]; then
+  say "kubectl apply -f examples/training-job.yaml: its pod waits, gated, until the data is on a node"
+  sed "s#ghcr.io/ferry-dev/ferry-e2e-shell:dev#$shell_image#" examples/training-job.yaml | "$kubectl" apply -f -
+fi
 timeout 300 "$kubectl" get dstage -w &
 watch_pid=$!
 "$kubectl" wait --for=condition=Ready dstage/demo-v1 --timeout=300s >/dev/null
@@ -133,13 +137,11 @@ sleep 1; kill "$watch_pid" 2>/dev/null || true; wait "$watch_pid" 2>/dev/null ||
 echo
 "$kubectl" get dstage demo-v1 -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
 
-say "The training Job ran where the data is and read it"
-"$kubectl" wait --for=condition=Complete job/train --timeout=180s >/dev/null
-"$kubectl" get pods -l batch.kubernetes.io/job-name=train -o wide
 if [[ "$real_nodes" == 1 ]]; then
+  say "The training Job ran where the data is and read it"
+  "$kubectl" wait --for=condition=Complete job/train --timeout=180s >/dev/null
+  "$kubectl" get pods -l batch.kubernetes.io/job-name=train -o wide
   "$kubectl" logs job/train | tail -3
-else
-  tail -3 "$work"/cluster/nodes/*/pods/*/containers/trainer/output.log
 fi
 
 say "Verifying: each node's local disk holds the dataset, byte for byte"
