@@ -54,6 +54,7 @@ struct State {
     uploads_started: usize,
     get_faults: BTreeMap<String, VecDeque<Fault>>,
     upload_faults: VecDeque<Fault>,
+    complete_faults: VecDeque<Fault>,
     calls: Calls,
     /// Time every GET waits before it answers, like a store a round trip away.
     get_latency: Option<std::time::Duration>,
@@ -109,6 +110,11 @@ impl MemoryStore {
     /// Queues faults for the next part uploads, in order.
     pub fn fail_uploads(&self, faults: impl IntoIterator<Item = Fault>) {
         self.state.lock().unwrap().upload_faults.extend(faults);
+    }
+
+    /// Queues faults for the next multipart completions, in order.
+    pub fn fail_completes(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.state.lock().unwrap().complete_faults.extend(faults);
     }
 
     /// A copy of an object's bytes.
@@ -273,6 +279,9 @@ impl ObjectStore for MemoryStore {
         crc32c: u32,
     ) -> Result<Option<String>, StoreError> {
         let mut state = self.state.lock().unwrap();
+        if let Some(error) = state.complete_faults.pop_front().as_ref().and_then(Self::injected) {
+            return Err(error);
+        }
         let uploaded = state.uploads.remove(upload_id).ok_or(StoreError::NotFound)?;
         let mut data = Vec::new();
         for part in &parts {

@@ -222,7 +222,17 @@ async fn upload(
         let (body, crc) = read_part(engine, Arc::clone(&handle), 0, size).await?;
         (put_whole(engine, key, body, crc).await?, crc)
     } else {
-        upload_multipart(run, &handle, key, before, claimed).await?
+        match upload_multipart(run, &handle, key, before, claimed).await {
+            Err(MultipartFailure { error, kept_parts: true }) if !dooms(&error) => {
+                // The kept parts are another process's: a killed run's
+                // requests can still be landing while this one assembles
+                // them. The store judged the assembly, so the file is sent
+                // again whole, into an upload of this run's alone.
+                tracing::warn!(%key, %error, "the store refused to assemble a resumed upload; sending the file again");
+                upload_multipart(run, &handle, key, before, Vec::new()).await.map_err(|failure| failure.error)?
+            }
+            result => result.map_err(|failure| failure.error)?,
+        }
     };
 
     let path = file.path.clone();
@@ -300,6 +310,23 @@ async fn read_part(engine: &Engine, handle: Arc<File>, offset: u64, len: u64) ->
     .map_err(ObjectError::io_error("reading the file"))
 }
 
+/// A multipart upload that failed, and whether the store refused to
+/// complete it with parts an earlier run sent.
+struct MultipartFailure {
+    error: ObjectError,
+    kept_parts: bool,
+}
+
+impl From<ObjectError> for MultipartFailure {
+    fn from(error: ObjectError) -> Self {
+        Self { error, kept_parts: false }
+    }
+}
+
+fn dooms(error: &ObjectError) -> bool {
+    matches!(error, ObjectError::Store(source) if dooms_the_run(source))
+}
+
 /// Uploads a file in parts into a new upload, or into the claimed one that
 /// fits it, keeping the parts the store holds with this part's size and
 /// CRC32C. Returns the object's ETag and the whole file's CRC32C.
@@ -309,7 +336,7 @@ async fn upload_multipart(
     key: &str,
     stamp: FileStamp,
     claimed: Vec<StartedUpload>,
-) -> Result<(Option<String>, u32), ObjectError> {
+) -> Result<(Option<String>, u32), MultipartFailure> {
     let engine = &run.engine;
     let part_size = upload_part_size(stamp.size, engine.config.part_size);
     let ranges = plan_ranges(stamp.size, part_size);
@@ -319,7 +346,7 @@ async fn upload_multipart(
     // Bytes of parts already sent, taken back from the progress if the upload fails.
     let uploaded_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
-    let uploaded: Result<(Option<String>, u32, u64), ObjectError> = async {
+    let uploaded: Result<(Option<String>, u32, u64), MultipartFailure> = async {
         let window = engine.config.concurrency.clamp(1, ranges.len());
         let mut pending = ranges.into_iter().enumerate();
         let mut tasks = JoinSet::new();
@@ -351,7 +378,9 @@ async fn upload_multipart(
                     })
                     .await;
                 engine.buffers.give_bytes(body);
-                let part = part?;
+                let part = part.inspect_err(|error| {
+                    tracing::warn!(%key, part = number, crc32c = crc, %error, "the store refused a part");
+                })?;
                 engine.tally.bytes(len);
                 progress.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                 engine.metrics.add_bytes(Direction::Upload, len);
@@ -374,13 +403,21 @@ async fn upload_multipart(
         }
         parts.sort_by_key(|(part, _, _)| part.number);
         let whole = parts.iter().fold(0, |acc, (part, len, _)| crc32c::crc32c_combine(acc, part.crc32c, *len as usize));
-        let kept_bytes = parts.iter().filter(|(_, _, kept)| *kept).map(|(_, len, _)| len).sum();
+        let kept_bytes: u64 = parts.iter().filter(|(_, _, kept)| *kept).map(|(_, len, _)| len).sum();
+        let kept: Vec<u32> = parts.iter().filter(|(_, _, kept)| *kept).map(|(part, _, _)| part.number).collect();
         let parts: Vec<UploadedPart> = parts.into_iter().map(|(part, _, _)| part).collect();
         let etag = engine
             .retrying(Operation::CompleteMultipart, || {
                 engine.store.complete_multipart(key, &upload_id, parts.clone(), whole)
             })
-            .await?;
+            .await
+            .map_err(|error| {
+                // What the store was told, to tell a refused whole-object
+                // checksum from a refused part.
+                let sent = parts.len() - kept.len();
+                tracing::warn!(%key, %upload_id, crc32c = whole, sent, ?kept, %error, "the store refused to complete an upload");
+                MultipartFailure { error: error.into(), kept_parts: !kept.is_empty() }
+            })?;
         Ok((etag, whole, kept_bytes))
     }
     .await;
@@ -394,7 +431,7 @@ async fn upload_multipart(
             }
             Ok((etag, whole))
         }
-        Err(error) => {
+        Err(failure) => {
             engine.tally.unbytes(uploaded_bytes.load(std::sync::atomic::Ordering::Relaxed));
             let aborted =
                 engine.retrying(Operation::AbortMultipart, || engine.store.abort_multipart(key, &upload_id)).await;
@@ -404,7 +441,7 @@ async fn upload_multipart(
                     tracing::warn!(%key, upload_id = %upload_id, %abort_error, "could not abort the failed multipart upload; the next push tries again");
                 }
             }
-            Err(error)
+            Err(failure)
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::local::push_state::{PushState, StartedUpload};
 use crate::local::walk::mtime_ns;
 use crate::metrics::Metrics;
 use crate::store::ObjectStore as _;
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{Fault, MemoryStore};
 
 const MIB: usize = 1 << 20;
 const PART: usize = 5 * MIB;
@@ -227,4 +227,40 @@ async fn two_pushes_of_one_directory_at_once_send_it_once() {
     assert_eq!(store.calls().creates, 1, "one multipart upload for the big file");
     assert_eq!(store.open_uploads(), 0);
     assert_eq!(store.object("p/big").unwrap(), data(99, 2 * PART + 3));
+}
+
+#[tokio::test]
+async fn a_resumed_upload_the_store_refuses_to_complete_is_sent_again_whole() {
+    // A killed run's requests can still land while the next run assembles
+    // its parts; whatever the store then refuses, the file is not lost.
+    let store = Arc::new(MemoryStore::default());
+    let dir = tempfile::tempdir().unwrap();
+    let big = data(4, 3 * PART);
+    std::fs::write(dir.path().join("big"), &big).unwrap();
+    let upload_id = killed_push(&store, dir.path(), "big", PART, &[(1, &big[..PART])]).await;
+    store.fail_completes([Fault::Reject]);
+    let before = store.calls();
+
+    let summary = push_all(&store, dir.path()).await;
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.resumed.bytes, 0, "nothing of the refused upload counts as kept: {summary:?}");
+    assert_eq!(summary.bytes.transferred, 3 * PART as u64, "the whole file, once: {summary:?}");
+    let after = store.calls();
+    assert_eq!((after.parts - before.parts, after.creates - before.creates), (2 + 3, 1));
+    assert!(!store.upload_is_open(&upload_id));
+    assert_eq!(store.open_uploads(), 0);
+    assert_eq!(store.object("p/big").unwrap(), big);
+}
+
+#[tokio::test]
+async fn a_fresh_upload_the_store_refuses_to_complete_fails_once() {
+    let store = Arc::new(MemoryStore::default());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big"), data(5, 2 * PART)).unwrap();
+    store.fail_completes([Fault::Reject]);
+
+    let summary = push(engine(&store), dir.path(), "p/").await.unwrap();
+    assert!(!summary.complete, "{summary:?}");
+    assert_eq!(store.calls().creates, 1, "no second upload without kept parts");
+    assert_eq!(store.open_uploads(), 0);
 }
