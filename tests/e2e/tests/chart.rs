@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
@@ -250,7 +250,10 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
             "cert-manager issues the webhook certificate, annotation-only pods wired too",
             vec!["webhook.certManager.enabled=true", "webhook.annotationOptIn=true", "webhook.certLifetime=30d"],
         ),
-        ("the webhook off (the init-container form)", vec!["webhook.enabled=false"]),
+        (
+            "the webhook off (the init-container form), no hostPath policy",
+            vec!["webhook.enabled=false", "hostPathPodSecurityPolicy=false"],
+        ),
         (
             "one watched namespace, two replicas, monitors and the dashboard elsewhere",
             vec![
@@ -293,7 +296,16 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
         ),
     ];
     for (what, values) in combinations {
-        let mut args = vec!["template", RELEASE, "--namespace", SYSTEM_NS];
+        // As on a cluster that serves admission policies (`helm install`
+        // asks the cluster; `helm template` cannot).
+        let mut args = vec![
+            "template",
+            RELEASE,
+            "--namespace",
+            SYSTEM_NS,
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+        ];
         let chart = chart_dir();
         args.push(chart.to_str().unwrap());
         for value in &values {
@@ -311,6 +323,8 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
             .unwrap_or_else(|e| panic!("{what}: the API server refuses the rendering:\n{e}"));
         let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        let policies = objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy").count();
+        assert_eq!(policies, usize::from(!what.ends_with("no hostPath policy")), "{what}: the hostPath policy");
         match what {
             w if w.starts_with("one watched") => {
                 assert!(args.contains("--watch-namespace=ml"), "{args}");
@@ -687,6 +701,30 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     }))
     .unwrap();
     datastages.create(&PostParams::default(), &datastage).await.unwrap();
+
+    // The same onto a hostPath: its workers' pods would be refused under
+    // the restricted standard, so the DataStage is refused at admission,
+    // saying what to do. (The chart's policy takes effect within seconds
+    // of the install: asked until it answers.)
+    let mut on_host = datastage.clone();
+    on_host.metadata.name = Some("on-host".into());
+    on_host.spec.destination = serde_json::from_value(json!({"volume": {"hostPath": "/mnt/ferry/corpus"}})).unwrap();
+    let refusal = wait_for(&cluster, "the hostPath Pod Security policy to refuse", Duration::from_secs(30), || {
+        let (datastages, on_host) = (datastages.clone(), on_host.clone());
+        async move {
+            match datastages.create(&PostParams { dry_run: true, ..PostParams::default() }, &on_host).await {
+                Err(kube::Error::Api(refused)) => Some(refused.message),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(
+        refusal.contains("enforces Pod Security level restricted")
+            && refusal.contains("persistentVolumeClaim")
+            && refusal.contains("pod-security.kubernetes.io/enforce=privileged"),
+        "{refusal}"
+    );
 
     // While it runs: one stager's exposition, straight from its pod.
     let data_pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
