@@ -371,10 +371,13 @@ impl Setup {
                 return status.clone();
             }
             if std::time::Instant::now() > deadline {
+                // Which step it waits on (no Job, a pod never started, a
+                // worker still running) comes last, where a CI log ends.
                 panic!(
-                    "{name} did not finish\nstatus: {status:?}\n--- operator ---\n{}\n{}",
+                    "{name} did not finish\nstatus: {status:?}\n--- operator ---\n{}\n{}{}",
                     self.operator.log_tail(30),
-                    self.cluster.diagnostics()
+                    self.cluster.diagnostics(),
+                    self.cluster.state().await
                 );
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
