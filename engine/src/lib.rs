@@ -38,8 +38,18 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
             line.push_str(&text);
         }
     }
+    if line.contains("invalid peer certificate") {
+        // rustls names the problem (UnknownIssuer, NotValidForName…) but
+        // not the fix, which differs by how the stager was started.
+        line.push_str(UNTRUSTED_CERTIFICATE_HINT);
+    }
     line
 }
+
+/// What an HTTPS store's untrusted certificate adds to its error.
+/// Short: a failure's text is cut at 240 bytes in the summary, and the
+/// chain before it already takes about 140.
+pub const UNTRUSTED_CERTIFICATE_HINT: &str = " (an untrusted CA: set caBundle, or SSL_CERT_FILE for the CLI)";
 
 /// An error's source, then that one's source, and so on.
 fn sources<'a>(error: &'a dyn std::error::Error) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
@@ -52,4 +62,21 @@ pub(crate) fn causes<'a>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
     std::iter::once(error).chain(sources(error))
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("dispatch failure")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn an_untrusted_certificate_says_how_to_trust_its_ca() {
+        let tls = Outer(std::io::Error::other("invalid peer certificate: UnknownIssuer"));
+        let line = super::error_chain(&tls);
+        assert!(line.starts_with("dispatch failure: invalid peer certificate: UnknownIssuer"), "{line}");
+        assert!(line.ends_with(super::UNTRUSTED_CERTIFICATE_HINT), "{line}");
+        let refused = Outer(std::io::Error::other("connection refused"));
+        assert_eq!(super::error_chain(&refused), "dispatch failure: connection refused");
+    }
 }
