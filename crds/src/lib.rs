@@ -167,6 +167,7 @@ pub struct DataStageSpec {
 #[x_kube(validation = Rule::new("has(self.uri) != has(self.volume)").message("set exactly one of uri (object storage) or volume"))]
 #[x_kube(validation = Rule::new("has(self.uri) || !(has(self.endpoint) || has(self.region) || has(self.credentials) || has(self.anonymous))").message("endpoint, region, credentials and anonymous apply to object storage: set uri too"))]
 #[x_kube(validation = Rule::new("!(has(self.anonymous) && self.anonymous && has(self.credentials))").message("anonymous sends no credentials: remove credentials or anonymous"))]
+#[x_kube(validation = Rule::new("has(self.uri) || !has(self.caBundle)").message("caBundle is the CA of an object store's HTTPS certificate: set uri too"))]
 #[serde(rename_all = "camelCase")]
 pub struct Location {
     /// Object storage location: `s3://bucket/prefix` or `gs://bucket/prefix`.
@@ -199,9 +200,36 @@ pub struct Location {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous: Option<bool>,
 
+    /// The CA that signed the store's HTTPS certificate (an on-premises
+    /// MinIO or Ceph with a private CA): a key of a ConfigMap in the
+    /// DataStage's namespace holding PEM certificates. Workers trust only
+    /// these for the store, instead of the image's system CAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<ConfigMapKeyReference>,
+
     /// A volume: a path on each node (`hostPath`) or a claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeLocation>,
+}
+
+/// A key of a ConfigMap in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKeyReference {
+    /// Name of the ConfigMap.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key holding the PEM certificates. Default: `ca.crt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+impl ConfigMapKeyReference {
+    /// The key the certificates are under.
+    pub fn key_or_default(&self) -> &str {
+        self.key.as_deref().unwrap_or("ca.crt")
+    }
 }
 
 /// A Secret in the same namespace.

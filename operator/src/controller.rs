@@ -23,7 +23,7 @@ use ferry_crds::plan::{Backend, Direction, Plan};
 use ferry_crds::{DataStage, DataStageStatus, Fanout, Phase, ReclaimPolicy, WorkerStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -288,6 +288,36 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
     }))
 }
 
+/// The CA bundle, when the spec names a ConfigMap or key that does not
+/// exist: the worker pods would wait for the volume with no word in the
+/// DataStage's status. Like the Secret check, a courtesy where the operator
+/// may read ConfigMaps.
+async fn missing_ca_bundle(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Option<Blocked>, Error> {
+    let Some(reference) = &plan.store.ca_bundle else { return Ok(None) };
+    let namespace = ds.namespace().unwrap_or_default();
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let key = reference.key_or_default();
+    let problem = match config_maps.get_opt(&reference.name).await {
+        Ok(Some(found)) if found.data.as_ref().is_some_and(|data| data.contains_key(key)) => return Ok(None),
+        Ok(Some(_)) => format!("ConfigMap '{}' (spec caBundle) has no key {key}", reference.name),
+        Ok(None) => format!("ConfigMap '{}' (spec caBundle) does not exist in namespace {namespace}", reference.name),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            tracing::debug!(%namespace, config_map = %reference.name, "may not read ConfigMaps here; not checking");
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    Ok(Some(Blocked {
+        phase: Phase::Pending,
+        failed: false,
+        reason: reasons::CA_BUNDLE_NOT_FOUND,
+        message: format!(
+            "{problem}; create it with the PEM certificates of the CA that signed the store's certificate"
+        ),
+        retry: Some(Duration::from_secs(5)),
+    }))
+}
+
 /// The workers of the DataStage: one per matching node for a hostPath
 /// (exactly one for a push), one for a claim.
 fn place(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Vec<Worker>, Blocked> {
@@ -363,7 +393,11 @@ async fn carry_out(
         // The credentials are checked only here: a Secret deleted under
         // running workers shows in their pods, and a running DataStage
         // costs no request for it.
-        if let Some(blocked) = missing_secret(ds, plan, ctx).await? {
+        let missing = match missing_secret(ds, plan, ctx).await? {
+            Some(blocked) => Some(blocked),
+            None => missing_ca_bundle(ds, plan, ctx).await?,
+        };
+        if let Some(blocked) = missing {
             publish_run_started(ds, ctx, &run).await;
             return write_blocked(ds, ctx, blocked).await;
         }
@@ -693,8 +727,13 @@ async fn update_status(ds: &DataStage, ctx: &Context, status: DataStageStatus) -
         // Warnings for what a user must act on; waiting is normal.
         let warning = phase == Phase::Failed
             || ferry_contract::Reason::ALL.iter().any(|r| r.as_str() == reason)
-            || [reasons::SECRET_NOT_FOUND, reasons::NO_MATCHING_NODES, reasons::AMBIGUOUS_PUSH_SOURCE]
-                .contains(&reason.as_str());
+            || [
+                reasons::SECRET_NOT_FOUND,
+                reasons::CA_BUNDLE_NOT_FOUND,
+                reasons::NO_MATCHING_NODES,
+                reasons::AMBIGUOUS_PUSH_SOURCE,
+            ]
+            .contains(&reason.as_str());
         let kind = if warning { EventType::Warning } else { EventType::Normal };
         publish(ctx, ds, kind, &reason, message, &format!("{phase:?}")).await;
     }

@@ -24,10 +24,10 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HostPathVolumeSource, KeyToPath, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
@@ -44,6 +44,11 @@ pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 pub const DATA_MOUNT: &str = "/ferry/data";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
+/// Where a DataStage's `caBundle` is mounted in worker pods; the stager's
+/// TLS reads [`CA_BUNDLE_FILE`] through `SSL_CERT_FILE`.
+pub const CA_BUNDLE_MOUNT: &str = "/var/run/ferry/ca";
+/// The CA certificates a worker trusts when the spec names a `caBundle`.
+pub const CA_BUNDLE_FILE: &str = "/var/run/ferry/ca/ca.pem";
 /// Where the kubelet reads a container's termination message.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// The name of the stager container in every pod the operator creates.
@@ -295,6 +300,31 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
     }
 }
 
+/// The store's private CA, when the spec names one: the ConfigMap key as a
+/// file, and `SSL_CERT_FILE` pointing at it (the stager's TLS, every data
+/// path, trusts that bundle instead of the image's system CAs).
+fn ca_bundle(plan: &Plan<'_>) -> Option<(EnvVar, Volume, VolumeMount)> {
+    let reference = plan.store.ca_bundle.as_ref()?;
+    let env = EnvVar { name: "SSL_CERT_FILE".into(), value: Some(CA_BUNDLE_FILE.into()), ..EnvVar::default() };
+    let file = CA_BUNDLE_FILE.rsplit('/').next().unwrap_or("ca.pem");
+    let volume = Volume {
+        name: "ca-bundle".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: reference.name.clone(),
+            items: Some(vec![KeyToPath { key: reference.key_or_default().into(), path: file.into(), mode: None }]),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mount = VolumeMount {
+        name: "ca-bundle".into(),
+        mount_path: CA_BUNDLE_MOUNT.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    Some((env, volume, mount))
+}
+
 /// `NODE_NAME` from the downward API, which the stager reports with its progress.
 fn node_name_env() -> EnvVar {
     EnvVar {
@@ -443,9 +473,11 @@ pub fn build_job(
     if peer_to_peer {
         env.extend(crate::peers::pod_env(ds));
     }
+    let ca = ca_bundle(plan);
+    env.extend(ca.as_ref().map(|(ssl_cert_file, _, _)| ssl_cert_file.clone()));
     container.env = Some(env);
     container.resources = spec.resources.clone();
-    if let Some((volume, mount)) = key_file {
+    for (volume, mount) in key_file.into_iter().chain(ca.map(|(_, volume, mount)| (volume, mount))) {
         container.volume_mounts.get_or_insert_with(Vec::new).push(mount);
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
@@ -920,6 +952,48 @@ mod tests {
         assert_eq!(options.shards, Some(3));
         let env = pod.containers[0].env.clone().unwrap_or_default();
         assert!(env.iter().all(|e| e.name != "AWS_ACCESS_KEY_ID"), "no Secret: the pod's identity is used");
+    }
+
+    #[test]
+    fn a_private_ca_is_mounted_read_only_and_named_by_ssl_cert_file_only_when_asked() {
+        let ds = datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet", "endpoint": "https://minio.storage:9000",
+                       "credentials": {"name": "s3"}, "caBundle": {"name": "storage-ca", "key": "root.pem"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let plan = ds.spec.plan().unwrap();
+        let worker = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let env = worker.containers[0].env.clone().unwrap();
+        let ssl_cert_file = env.iter().find(|e| e.name == "SSL_CERT_FILE").unwrap();
+        assert_eq!(ssl_cert_file.value.as_deref(), Some(CA_BUNDLE_FILE));
+        let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "ca-bundle").unwrap();
+        let config_map = volume.config_map.unwrap();
+        assert_eq!(config_map.name, "storage-ca");
+        let item = &config_map.items.unwrap()[0];
+        assert_eq!(
+            (item.key.as_str(), format!("{CA_BUNDLE_MOUNT}/{}", item.path)),
+            ("root.pem", CA_BUNDLE_FILE.into())
+        );
+        let mounts = worker.containers[0].volume_mounts.clone().unwrap();
+        let mount = mounts.iter().find(|m| m.name == "ca-bundle").unwrap();
+        assert_eq!((mount.mount_path.as_str(), mount.read_only), (CA_BUNDLE_MOUNT, Some(true)));
+        let prepare = &worker.init_containers.as_ref().unwrap()[0];
+        assert!(prepare.env.is_none(), "the root step talks to no store");
+
+        let default_key = datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet", "caBundle": {"name": "storage-ca"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let plan = default_key.spec.plan().unwrap();
+        let worker = pod(&build_job(&default_key, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1")));
+        let volume = worker.volumes.unwrap().into_iter().find(|v| v.name == "ca-bundle").unwrap();
+        assert_eq!(volume.config_map.unwrap().items.unwrap()[0].key, "ca.crt");
+
+        let plain = pull_to_host_path();
+        let plan = plain.spec.plan().unwrap();
+        let worker = pod(&build_job(&plain, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1")));
+        assert!(worker.containers[0].env.clone().unwrap().iter().all(|e| e.name != "SSL_CERT_FILE"));
+        assert!(worker.volumes.unwrap().iter().all(|v| v.name != "ca-bundle"));
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub mod reasons {
     pub const WORKER_FAILED: &str = "WorkerFailed";
     /// The credentials Secret does not exist.
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    /// The ConfigMap (or its key) that `caBundle` names does not exist.
+    pub const CA_BUNDLE_NOT_FOUND: &str = "CABundleNotFound";
     /// The hostPath is outside the operator's allow-list.
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
     /// The spec asks the store for something it does not support.

@@ -91,7 +91,7 @@ pub struct S3Server {
 impl S3Server {
     /// Starts MinIO with a fresh data directory.
     pub fn minio() -> Self {
-        Self::start_minio(false)
+        Self::start_minio(false, &[])
     }
 
     /// Starts MinIO serving HTTPS only, with a certificate for 127.0.0.1
@@ -100,10 +100,16 @@ impl S3Server {
     /// [`S3Server::env`] does not hand it to other processes, so a test says
     /// how each of them learns of it.
     pub fn minio_tls() -> Self {
-        Self::start_minio(true)
+        Self::start_minio(true, &[])
     }
 
-    fn start_minio(tls: bool) -> Self {
+    /// [`S3Server::minio_tls`] whose certificate also names `addresses`
+    /// (where other hosts, e.g. pods, reach it through a forwarder).
+    pub fn minio_tls_also_for(addresses: &[std::net::IpAddr]) -> Self {
+        Self::start_minio(true, addresses)
+    }
+
+    fn start_minio(tls: bool, addresses: &[std::net::IpAddr]) -> Self {
         let binary = tool_path("minio");
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
@@ -111,7 +117,7 @@ impl S3Server {
         let (access_key, secret_key) = ("ferry-test".to_owned(), "ferry-test-secret".to_owned());
         let certs = dir.path().join("certs");
         std::fs::create_dir_all(&certs).expect("certs dir");
-        let ca_file = tls.then(|| write_test_certificates(&certs));
+        let ca_file = tls.then(|| write_test_certificates(&certs, addresses));
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let mut command = Command::new(binary);
         command
@@ -368,7 +374,7 @@ impl Drop for S3Server {
 /// Writes a CA and a serving certificate for 127.0.0.1 and localhost into
 /// the existing directory `certs` as MinIO reads them (`public.crt`,
 /// `private.key`), and the CA's PEM beside them; returns the CA's path.
-fn write_test_certificates(certs: &Path) -> PathBuf {
+fn write_test_certificates(certs: &Path, addresses: &[std::net::IpAddr]) -> PathBuf {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
@@ -378,6 +384,7 @@ fn write_test_certificates(certs: &Path) -> PathBuf {
     let server_key = KeyPair::generate().expect("server key");
     let mut server_params = CertificateParams::new(vec!["localhost".to_owned()]).expect("server parameters");
     server_params.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
+    server_params.subject_alt_names.extend(addresses.iter().map(|address| SanType::IpAddress(*address)));
     let server_cert = server_params.signed_by(&server_key, &issuer).expect("sign the server certificate");
     std::fs::write(certs.join("public.crt"), server_cert.pem()).expect("write public.crt");
     std::fs::write(certs.join("private.key"), server_key.serialize_pem()).expect("write private.key");

@@ -106,6 +106,14 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     both["source"]["anonymous"] = json!(true);
     assert_refused(&raw, "anonymous", both, "anonymous sends no credentials: remove credentials or anonymous").await;
 
+    let mut volume_ca = pull_spec();
+    volume_ca["destination"]["caBundle"] = json!({"name": "storage-ca"});
+    let refusal = "caBundle is the CA of an object store's HTTPS certificate: set uri too";
+    assert_refused(&raw, "volume-ca", volume_ca, refusal).await;
+    let mut empty_ca = pull_spec();
+    empty_ca["source"]["caBundle"] = json!({"name": ""});
+    assert_refused(&raw, "empty-ca", empty_ca, "spec.source.caBundle.name").await;
+
     // Source and destination cannot change after creation.
     let mut changed = pull_spec();
     changed["source"]["uri"] = json!("s3://datasets/other");

@@ -873,6 +873,9 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, true, vec!["list", "nodes"]),
         (&operator, true, vec!["watch", "nodes"]),
         (&operator, true, vec!["get", "secrets", "-n", DATA_NS]),
+        (&operator, true, vec!["get", "configmaps", "-n", DATA_NS]),
+        (&operator, false, vec!["get", "configmaps", "-n", OTHER_NS]),
+        (&operator, false, vec!["list", "configmaps", "-n", DATA_NS]),
         (&operator, true, vec!["create", "events.events.k8s.io", "-n", DATA_NS]),
         (&operator, true, vec!["update", "leases/ferry-operator-leader", "-n", SYSTEM_NS]),
         // The pod webhook: gated pods watched and patched, its own certificate and caBundle.
@@ -890,7 +893,6 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, false, vec!["list", "secrets", "-n", DATA_NS]),
         (&operator, false, vec!["delete", "datastages.ferry.dev", "-n", DATA_NS]),
         (&operator, false, vec!["create", "pods", "-n", DATA_NS]),
-        (&operator, false, vec!["get", "configmaps", "-n", DATA_NS]),
         (&operator, false, vec!["update", "leases", "-n", DATA_NS]),
         (&operator, false, vec!["update", "leases/someone-elses", "-n", SYSTEM_NS]),
         (&operator, false, vec!["create", "rolebindings.rbac.authorization.k8s.io", "-n", DATA_NS]),

@@ -16,6 +16,8 @@
 //!    reads every staged file; a pod using the init-container form
 //!    (`ferry-stager wait` with its projected token) does too.
 //! 4. A push from a hostPath another user wrote.
+//! 5. A pull from a store behind HTTPS with a private CA, named by
+//!    `caBundle`; without it a clear failure; a missing ConfigMap waits.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,7 +31,8 @@ use ferry_e2e::tools::Tools;
 use ferry_e2e::{Cluster, create_namespace, job_succeeded, object_store, wait_for};
 use ferry_testkit::{pattern, read_tree, repo_root};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -186,6 +189,71 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     }
     let meta = std::fs::metadata(ckpt.join("step-1/model.bin")).unwrap();
     assert_eq!(meta.uid(), TRAINER_UID as u32, "a push leaves the files' owner as it was");
+
+    // 5. A store behind HTTPS with a private CA: named by caBundle, the
+    //    workers trust it; without it they fail, saying how to fix it; a
+    //    ConfigMap that does not exist keeps the DataStage waiting.
+    let tls = ferry_testkit::S3Server::minio_tls_also_for(&[real_node::HOST_ADDRESS.into()]);
+    tls.create_bucket("private").await;
+    let secured: BTreeMap<String, Vec<u8>> =
+        [("a.bin", pattern(91, 3 << 20)), ("b/c.txt", b"behind a private CA".to_vec())]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    for (key, body) in &secured {
+        tls.put("private", &format!("set/{key}"), body.clone()).await;
+    }
+    let tls_port: SocketAddr = tls.endpoint.trim_start_matches("https://").parse().expect("a loopback endpoint");
+    let tls_endpoint = format!("https://{}", cluster.reachable_from_pods(tls_port).await.unwrap().unwrap());
+    let ca_pem = std::fs::read_to_string(tls.ca_file.as_ref().unwrap()).unwrap();
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "store-ca"},
+        "data": {"root.pem": ca_pem}});
+    Api::<ConfigMap>::namespaced(client.clone(), DATA_NS)
+        .create(&PostParams::default(), &serde_json::from_value(config_map).unwrap())
+        .await
+        .unwrap();
+    let tls_secret: Secret =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tls-s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": tls.access_key, "AWS_SECRET_ACCESS_KEY": tls.secret_key}}))
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &tls_secret).await.unwrap();
+    let private_pull = |dir: &str, ca_bundle: Option<Value>| {
+        let mut source =
+            json!({"uri": "s3://private/set", "endpoint": tls_endpoint, "credentials": {"name": "tls-s3"}});
+        if let Some(reference) = ca_bundle {
+            source["caBundle"] = reference;
+        }
+        json!({"source": source, "destination": {"volume": {"hostPath": format!("/mnt/ferry/{dir}")}},
+               "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}}})
+    };
+    let trusted = private_pull("private", Some(json!({"name": "store-ca", "key": "root.pem"})));
+    stages.create(&PostParams::default(), &datastage("private", trusted)).await.unwrap();
+    let untrusted = private_pull("untrusted", None);
+    stages.create(&PostParams::default(), &datastage("untrusted", untrusted)).await.unwrap();
+    let unnamed = private_pull("unnamed", Some(json!({"name": "no-such-ca"})));
+    stages.create(&PostParams::default(), &datastage("unnamed", unnamed)).await.unwrap();
+    finished(&cluster, &stages, "private", 1).await;
+    let staged = read_tree(&cluster.node_dir("node-b").unwrap().join("mnt/ferry/private"));
+    for (key, body) in &secured {
+        assert!(staged.get(key) == Some(body), "{key} differs from the HTTPS bucket");
+    }
+    let condition = |name: &'static str, found: fn(&Condition) -> bool| {
+        let stages = stages.clone();
+        async move { stages.get(name).await.ok()?.status?.conditions.into_iter().find(found) }
+    };
+    let refused = wait_for(&cluster, "the untrusted pull to fail", Duration::from_secs(180), || {
+        condition("untrusted", |c| c.type_ == "Failed" && c.status == "True")
+    })
+    .await;
+    assert!(
+        refused.message.contains("UnknownIssuer") && refused.message.contains("caBundle"),
+        "the failure names the cause and the fix: {refused:?}"
+    );
+    let waiting = wait_for(&cluster, "the DataStage naming no ConfigMap to wait", Duration::from_secs(60), || {
+        condition("unnamed", |c| c.reason == "CABundleNotFound")
+    })
+    .await;
+    assert!(waiting.message.contains("ConfigMap 'no-such-ca'") && waiting.message.contains(DATA_NS), "{waiting:?}");
 
     cluster.stop().await;
 }
