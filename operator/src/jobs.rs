@@ -44,11 +44,9 @@ pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 pub const DATA_MOUNT: &str = "/ferry/data";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
-/// Where a DataStage's `caBundle` is mounted in worker pods; the stager's
-/// TLS reads [`CA_BUNDLE_FILE`] through `SSL_CERT_FILE`.
+/// Where a DataStage's `caBundle` is mounted in worker pods, as the file
+/// `ca.pem` that `SSL_CERT_FILE` names.
 pub const CA_BUNDLE_MOUNT: &str = "/var/run/ferry/ca";
-/// The CA certificates a worker trusts when the spec names a `caBundle`.
-pub const CA_BUNDLE_FILE: &str = "/var/run/ferry/ca/ca.pem";
 /// Where the kubelet reads a container's termination message.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// The name of the stager container in every pod the operator creates.
@@ -271,12 +269,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
                 }),
                 ..Volume::default()
             };
-            let mount = VolumeMount {
-                name: "gcs-key".into(),
-                mount_path: GCS_KEY_MOUNT.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            };
+            let mount = read_only_mount(&volume, GCS_KEY_MOUNT);
             (vec![env], Some((volume, mount)))
         }
         Backend::S3 => {
@@ -305,8 +298,9 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
 /// path, trusts that bundle instead of the image's system CAs).
 fn ca_bundle(plan: &Plan<'_>) -> Option<(EnvVar, Volume, VolumeMount)> {
     let reference = plan.store.ca_bundle.as_ref()?;
-    let env = EnvVar { name: "SSL_CERT_FILE".into(), value: Some(CA_BUNDLE_FILE.into()), ..EnvVar::default() };
-    let file = CA_BUNDLE_FILE.rsplit('/').next().unwrap_or("ca.pem");
+    let file = "ca.pem";
+    let env =
+        EnvVar { name: "SSL_CERT_FILE".into(), value: Some(format!("{CA_BUNDLE_MOUNT}/{file}")), ..EnvVar::default() };
     let volume = Volume {
         name: "ca-bundle".into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -316,13 +310,13 @@ fn ca_bundle(plan: &Plan<'_>) -> Option<(EnvVar, Volume, VolumeMount)> {
         }),
         ..Volume::default()
     };
-    let mount = VolumeMount {
-        name: "ca-bundle".into(),
-        mount_path: CA_BUNDLE_MOUNT.into(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
+    let mount = read_only_mount(&volume, CA_BUNDLE_MOUNT);
     Some((env, volume, mount))
+}
+
+/// `volume` mounted read-only at `path`: what a worker reads but never writes.
+fn read_only_mount(volume: &Volume, path: &str) -> VolumeMount {
+    VolumeMount { name: volume.name.clone(), mount_path: path.into(), read_only: Some(true), ..VolumeMount::default() }
 }
 
 /// `NODE_NAME` from the downward API, which the stager reports with its progress.
@@ -964,15 +958,15 @@ mod tests {
         let plan = ds.spec.plan().unwrap();
         let worker = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
         let env = worker.containers[0].env.clone().unwrap();
-        let ssl_cert_file = env.iter().find(|e| e.name == "SSL_CERT_FILE").unwrap();
-        assert_eq!(ssl_cert_file.value.as_deref(), Some(CA_BUNDLE_FILE));
+        let ssl_cert_file = env.iter().find(|e| e.name == "SSL_CERT_FILE").unwrap().value.clone().unwrap();
         let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "ca-bundle").unwrap();
         let config_map = volume.config_map.unwrap();
         assert_eq!(config_map.name, "storage-ca");
         let item = &config_map.items.unwrap()[0];
         assert_eq!(
             (item.key.as_str(), format!("{CA_BUNDLE_MOUNT}/{}", item.path)),
-            ("root.pem", CA_BUNDLE_FILE.into())
+            ("root.pem", ssl_cert_file),
+            "SSL_CERT_FILE names the key's file in the mount"
         );
         let mounts = worker.containers[0].volume_mounts.clone().unwrap();
         let mount = mounts.iter().find(|m| m.name == "ca-bundle").unwrap();
