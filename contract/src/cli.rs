@@ -177,6 +177,11 @@ impl TransferOptions {
         option(args, "--endpoint-url", o.endpoint_url.as_ref());
         switch(args, "--anonymous", o.anonymous);
         option(args, "--region", o.region.as_ref());
+        let w = &o.web_identity;
+        option(args, "--web-identity-token-file", w.web_identity_token_file.as_ref().map(|p| p.display().to_string()));
+        option(args, "--role-arn", w.role_arn.as_ref());
+        option(args, "--sts-endpoint", w.sts_endpoint.as_ref());
+        option(args, "--role-session-name", w.role_session_name.as_ref());
         option(args, "--concurrency", Some(o.concurrency));
         option(args, "--part-size", o.part_size.as_ref());
         option(args, "--multipart-threshold", o.multipart_threshold.as_ref());
@@ -307,9 +312,25 @@ mod tests {
             duration(),
             duration(),
         );
-        let all = (store, tuning, reporting, retries, capacity, fleet);
-        all.prop_map(|(store, tuning, reporting, retries, capacity, fleet)| {
+        let web_identity = (
+            proptest::option::of("/[a-z/]{1,20}"),
+            proptest::option::of("arn:[a-z]{1,5}:iam::[0-9]{0,12}:role/[a-zA-Z0-9_-]{1,20}"),
+            proptest::option::of("https?://[a-z0-9.]{1,20}(:[0-9]{1,5})?"),
+            proptest::option::of("[a-zA-Z0-9_=,.@-]{2,20}"),
+        );
+        let all = (store, tuning, reporting, retries, capacity, fleet, web_identity);
+        all.prop_map(|(store, tuning, reporting, retries, capacity, fleet, web_identity)| {
             let (endpoint_url, anonymous, region) = store;
+            let (web_identity_token_file, role_arn, sts_endpoint, role_session_name) = web_identity;
+            // --web-identity-token-file needs --role-arn.
+            let role_arn =
+                if web_identity_token_file.is_some() { role_arn.or_else(|| Some("r".into())) } else { role_arn };
+            let web_identity = WebIdentityOptions {
+                web_identity_token_file: web_identity_token_file.map(PathBuf::from),
+                role_arn,
+                sts_endpoint,
+                role_session_name,
+            };
             let (
                 concurrency,
                 part_size,
@@ -335,6 +356,7 @@ mod tests {
                 endpoint_url,
                 anonymous,
                 region,
+                web_identity,
                 concurrency,
                 part_size,
                 multipart_threshold,

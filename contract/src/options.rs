@@ -64,6 +64,9 @@ pub struct TransferOptions {
     /// Region; default from the AWS configuration chain (us-east-1 with --endpoint-url).
     #[cfg_attr(feature = "cli", arg(long, env = "AWS_REGION"))]
     pub region: Option<String>,
+    /// s3:// only: credentials from an OpenID token exchanged at STS.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub web_identity: WebIdentityOptions,
     /// Requests in flight, shared by all objects: a number, or `auto` to start at 8 and
     /// follow the throughput the run measures (between 4 and 256; halved when the store
     /// throttles).
@@ -155,6 +158,7 @@ impl Default for TransferOptions {
             endpoint_url: None,
             anonymous: false,
             region: None,
+            web_identity: WebIdentityOptions::default(),
             concurrency: Concurrency::Adaptive,
             part_size: None,
             multipart_threshold: None,
@@ -180,6 +184,54 @@ impl Default for TransferOptions {
             request_timeout: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(30),
             peers: PeerOptions::default(),
+        }
+    }
+}
+
+/// The token file's variable, as the AWS SDKs and EKS's webhook name it.
+pub const WEB_IDENTITY_TOKEN_FILE_ENV: &str = "AWS_WEB_IDENTITY_TOKEN_FILE";
+/// The role's variable.
+pub const ROLE_ARN_ENV: &str = "AWS_ROLE_ARN";
+/// The STS endpoint's variable (the SDKs' service-specific endpoint).
+pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
+/// The session name's variable.
+pub const ROLE_SESSION_NAME_ENV: &str = "AWS_ROLE_SESSION_NAME";
+
+/// Credentials for an S3 store from a web identity: an OpenID token (a
+/// projected Kubernetes service-account token) that the stager exchanges at
+/// the store's STS (`AssumeRoleWithWebIdentity`) for temporary credentials,
+/// and again before they expire, reading the file anew each time (the
+/// kubelet rotates it). The flags fall back to the variables EKS's pod
+/// identity webhook (IRSA) sets, so such pods need no flag at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct WebIdentityOptions {
+    /// s3:// only: a file holding an OpenID token to exchange at STS for credentials
+    /// (needs --role-arn).
+    #[cfg_attr(feature = "cli", arg(long, env = WEB_IDENTITY_TOKEN_FILE_ENV, value_name = "PATH", requires = "role_arn"))]
+    pub web_identity_token_file: Option<PathBuf>,
+    /// The role to assume with --web-identity-token-file.
+    #[cfg_attr(feature = "cli", arg(long, env = ROLE_ARN_ENV))]
+    pub role_arn: Option<String>,
+    /// The STS endpoint that exchanges the token, e.g. an S3-compatible store's own URL
+    /// [default: AWS STS in the region].
+    #[cfg_attr(feature = "cli", arg(long, env = STS_ENDPOINT_ENV, value_name = "URL"))]
+    pub sts_endpoint: Option<String>,
+    /// The session name the store records for the assumed role [default: ferry-stager-<time>].
+    #[cfg_attr(feature = "cli", arg(long, env = ROLE_SESSION_NAME_ENV))]
+    pub role_session_name: Option<String>,
+}
+
+impl WebIdentityOptions {
+    /// What the environment says, as the command line reads it when no
+    /// flag is given (for callers without one: the Python package).
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|value: &String| !value.is_empty());
+        Self {
+            web_identity_token_file: var(WEB_IDENTITY_TOKEN_FILE_ENV).map(PathBuf::from),
+            role_arn: var(ROLE_ARN_ENV),
+            sts_endpoint: var(STS_ENDPOINT_ENV),
+            role_session_name: var(ROLE_SESSION_NAME_ENV),
         }
     }
 }

@@ -168,6 +168,7 @@ pub struct DataStageSpec {
 #[x_kube(validation = Rule::new("has(self.uri) || !(has(self.endpoint) || has(self.region) || has(self.credentials) || has(self.anonymous))").message("endpoint, region, credentials and anonymous apply to object storage: set uri too"))]
 #[x_kube(validation = Rule::new("!(has(self.anonymous) && self.anonymous && has(self.credentials))").message("anonymous sends no credentials: remove credentials or anonymous"))]
 #[x_kube(validation = Rule::new("has(self.uri) || !has(self.caBundle)").message("caBundle is the CA of an object store's HTTPS certificate: set uri too"))]
+#[x_kube(validation = Rule::new("!has(self.credentials) || !has(self.credentials.webIdentity) || (has(self.uri) && self.uri.startsWith('s3://'))").message("credentials.webIdentity exchanges a token at an S3 STS: use it with an s3:// uri (for gs://, a Secret or the workers' serviceAccountName)"))]
 #[serde(rename_all = "camelCase")]
 pub struct Location {
     /// Object storage location: `s3://bucket/prefix` or `gs://bucket/prefix`.
@@ -188,13 +189,13 @@ pub struct Location {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
 
-    /// A Secret in the DataStage's namespace with the store's credentials:
-    /// for `s3://`, keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`
-    /// (optionally `AWS_SESSION_TOKEN`); for `gs://`, key `key.json` holding
-    /// a service-account key. Without it, workers use their own identity
-    /// (IRSA, GKE Workload Identity through `serviceAccountName`).
+    /// How workers authenticate to the store: a Secret of keys (`name`) or
+    /// a web identity (`webIdentity`). Without it, workers use whatever
+    /// identity their service account carries (EKS's IRSA webhook, GKE
+    /// Workload Identity through `serviceAccountName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials: Option<SecretReference>,
+    #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
+    pub credentials: Option<StoreCredentials>,
 
     /// `gs://` only: send no credentials at all (public buckets, emulators).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,6 +211,73 @@ pub struct Location {
     /// A volume: a path on each node (`hostPath`) or a claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeLocation>,
+}
+
+/// How workers authenticate to a store.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreCredentials {
+    /// A Secret in the DataStage's namespace with the store's keys: for
+    /// `s3://`, `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (optionally
+    /// `AWS_SESSION_TOKEN`); for `gs://`, `key.json` holding a
+    /// service-account key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+
+    /// `s3://` only: no keys anywhere. Each worker gets a service-account
+    /// token with this audience, projected by its kubelet and renewed before
+    /// it expires, and exchanges it at the store's STS
+    /// (`AssumeRoleWithWebIdentity`) for short-lived keys, again before
+    /// they expire. The store must trust the cluster's service-account
+    /// issuer (its OpenID discovery document and keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_identity: Option<WebIdentityCredentials>,
+}
+
+impl StoreCredentials {
+    /// Credentials from the Secret `name`.
+    pub fn secret(name: &str) -> Self {
+        Self { name: Some(name.to_owned()), web_identity: None }
+    }
+}
+
+/// A role assumed with the workers' service-account token.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WebIdentityCredentials {
+    /// The role to assume, e.g. `arn:aws:iam::123456789012:role/datasets`
+    /// or, for MinIO, the `arn:minio:iam:::role/…` it prints for its
+    /// OpenID provider.
+    #[schemars(length(min = 1, max = 2048))]
+    pub role_arn: String,
+
+    /// The audience of the token: the client id the STS's identity
+    /// provider expects (for AWS IAM OIDC providers usually
+    /// `sts.amazonaws.com`). Default: `sts.amazonaws.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub audience: Option<String>,
+
+    /// The STS endpoint that exchanges the token. Default: the location's
+    /// `endpoint` when it has one (S3-compatible stores such as MinIO and
+    /// Ceph serve STS there), else AWS STS in the region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("webIdentity.stsEndpoint must be an http:// or https:// URL"))]
+    pub sts_endpoint: Option<String>,
+
+    /// Lifetime of the projected token in seconds; the kubelet renews it
+    /// after 80% of it. Default 3600; at least 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 600, max = 86400))]
+    pub expiration_seconds: Option<i64>,
+}
+
+impl WebIdentityCredentials {
+    /// The audience when none is given: what AWS IAM OIDC providers expect.
+    pub const DEFAULT_AUDIENCE: &'static str = "sts.amazonaws.com";
+    /// The token's lifetime when none is given.
+    pub const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
 }
 
 /// A key of a ConfigMap in the same namespace.
@@ -230,15 +298,6 @@ impl ConfigMapKeyReference {
     pub fn key_or_default(&self) -> &str {
         self.key.as_deref().unwrap_or("ca.crt")
     }
-}
-
-/// A Secret in the same namespace.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretReference {
-    /// Name of the Secret.
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
 }
 
 /// A volume: exactly one of `hostPath` or `persistentVolumeClaim`.

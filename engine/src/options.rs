@@ -121,6 +121,7 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Ar
         connect_timeout: options.connect_timeout,
         request_timeout: options.request_timeout,
         data_path,
+        web_identity: crate::store::s3::WebIdentity::from_options(&options.web_identity),
     };
     Arc::new(S3Store::connect(&location.bucket, &s3).await)
 }

@@ -46,6 +46,7 @@ async fn connect(endpoint: &str, access_key: &str, secret_key: &str, path: S3Dat
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(30),
         data_path: path,
+        web_identity: None,
     };
     let store = S3Store::from_sdk_config(BUCKET, &options, &shared).await;
     assert_eq!(store.data_path(), path, "the {path} data path could not be set up");

@@ -254,17 +254,19 @@ async fn prepare<'a>(
 
 /// The credentials Secret, when the spec names one that does not exist.
 async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Option<Blocked>, Error> {
-    let Some(secret) = &plan.store.credentials else { return Ok(None) };
+    // A web identity has no Secret: a refused token shows up as the
+    // workers' AccessDenied.
+    let Some(secret) = plan.store.credentials.as_ref().and_then(|c| c.name.as_ref()) else { return Ok(None) };
     let namespace = ds.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     // The check is a courtesy, not a gate: where the operator may not read
     // Secrets (the chart grants it only in the namespaces it was told
     // DataStages use) it goes ahead, and a missing Secret shows up as the
     // worker pod's failure instead.
-    let missing = match secrets.get_metadata_opt(&secret.name).await {
+    let missing = match secrets.get_metadata_opt(secret).await {
         Ok(found) => found.is_none(),
         Err(kube::Error::Api(status)) if status.code == 403 => {
-            tracing::debug!(%namespace, secret = %secret.name, "may not read Secrets here; not checking");
+            tracing::debug!(%namespace, %secret, "may not read Secrets here; not checking");
             false
         }
         Err(error) => return Err(error.into()),
@@ -281,8 +283,7 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
         failed: false,
         reason: reasons::SECRET_NOT_FOUND,
         message: format!(
-            "Secret '{}' (spec credentials) does not exist in namespace {namespace}; create it with {keys}",
-            secret.name
+            "Secret '{secret}' (spec credentials) does not exist in namespace {namespace}; create it with {keys}"
         ),
         retry: Some(Duration::from_secs(5)),
     }))

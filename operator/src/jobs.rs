@@ -15,10 +15,11 @@ use std::collections::BTreeMap;
 
 use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
+    WebIdentityOptions,
 };
 use ferry_contract::{ExitStatus, ObjectLocation};
 use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
-use ferry_crds::{DataStage, DataStageSpec, Fanout};
+use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
@@ -27,7 +28,8 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HostPathVolumeSource, KeyToPath, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    ProjectedVolumeSource, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
@@ -44,6 +46,11 @@ pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 pub const DATA_MOUNT: &str = "/ferry/data";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
+/// Where a web identity's projected service-account token is mounted in
+/// worker pods, as the file [`WEB_IDENTITY_TOKEN_FILE`].
+pub const WEB_IDENTITY_MOUNT: &str = "/var/run/secrets/ferry/web-identity";
+/// The token's file in [`WEB_IDENTITY_MOUNT`].
+pub const WEB_IDENTITY_TOKEN_FILE: &str = "token";
 /// Where a DataStage's `caBundle` is mounted in worker pods, as the file
 /// `ca.pem` that `SSL_CERT_FILE` names.
 pub const CA_BUNDLE_MOUNT: &str = "/var/run/ferry/ca";
@@ -150,6 +157,7 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
         // scheduled sync) mirrors the dataset, not its history.
         delete_removed: plan.direction == Direction::Pull,
         termination_log: Some(TERMINATION_LOG.into()),
+        web_identity: web_identity_options(plan),
         ..TransferOptions::default()
     };
     if let Some(transfer) = &spec.transfer {
@@ -166,6 +174,22 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
         }
     }
     options
+}
+
+/// What the stager exchanges a web identity's token for, and where: the
+/// token file the pod projects ([`credentials`]), the role, and the STS
+/// (by default the store's own endpoint, where S3-compatible stores serve
+/// it; without one, AWS STS in the region).
+fn web_identity_options(plan: &Plan<'_>) -> WebIdentityOptions {
+    let Some(identity) = plan.store.credentials.as_ref().and_then(|c| c.web_identity.as_ref()) else {
+        return WebIdentityOptions::default();
+    };
+    WebIdentityOptions {
+        web_identity_token_file: Some(format!("{WEB_IDENTITY_MOUNT}/{WEB_IDENTITY_TOKEN_FILE}").into()),
+        role_arn: Some(identity.role_arn.clone()),
+        sts_endpoint: identity.sts_endpoint.clone().or_else(|| plan.store.endpoint.clone()),
+        role_session_name: None,
+    }
 }
 
 /// The stager's command line for `worker` of `ds`, whose peers (with fanout
@@ -251,7 +275,36 @@ fn data_volume(plan: &Plan<'_>) -> (Volume, VolumeMount) {
 /// file volume. Without a Secret the pod's own identity (IRSA, GKE
 /// Workload Identity, instance role) is the credential.
 fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
-    let Some(secret) = &plan.store.credentials else { return (Vec::new(), None) };
+    let Some(credentials) = &plan.store.credentials else { return (Vec::new(), None) };
+    if let Some(identity) = &credentials.web_identity {
+        // The token is the only credential on the pod; the stager's flags
+        // (transfer_options) say what to exchange it for.
+        let volume = Volume {
+            name: "web-identity".into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(
+                            identity
+                                .audience
+                                .clone()
+                                .unwrap_or_else(|| WebIdentityCredentials::DEFAULT_AUDIENCE.into()),
+                        ),
+                        expiration_seconds: Some(
+                            identity.expiration_seconds.unwrap_or(WebIdentityCredentials::DEFAULT_EXPIRATION_SECONDS),
+                        ),
+                        path: WEB_IDENTITY_TOKEN_FILE.into(),
+                    }),
+                    ..VolumeProjection::default()
+                }]),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        };
+        let mount = read_only_mount(&volume, WEB_IDENTITY_MOUNT);
+        return (Vec::new(), Some((volume, mount)));
+    }
+    let Some(secret) = &credentials.name else { return (Vec::new(), None) };
     match plan.backend {
         // A service-account key: Application Default Credentials read the file.
         Backend::Gcs => {
@@ -263,7 +316,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             let volume = Volume {
                 name: "gcs-key".into(),
                 secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.name.clone()),
+                    secret_name: Some(secret.clone()),
                     items: Some(vec![KeyToPath { key: "key.json".into(), path: "key.json".into(), mode: None }]),
                     ..SecretVolumeSource::default()
                 }),
@@ -279,7 +332,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
                     name: key.into(),
                     value_from: Some(EnvVarSource {
                         secret_key_ref: Some(SecretKeySelector {
-                            name: secret.name.clone(),
+                            name: secret.clone(),
                             key: key.into(),
                             optional: Some(optional),
                         }),
@@ -946,6 +999,56 @@ mod tests {
         assert_eq!(options.shards, Some(3));
         let env = pod.containers[0].env.clone().unwrap_or_default();
         assert!(env.iter().all(|e| e.name != "AWS_ACCESS_KEY_ID"), "no Secret: the pod's identity is used");
+    }
+
+    #[test]
+    fn a_web_identity_projects_a_token_with_its_audience_and_tells_the_stager_what_to_exchange_it_for() {
+        let ds = datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet", "endpoint": "https://minio.storage:9000",
+                       "credentials": {"webIdentity": {"roleArn": "arn:minio:iam:::role/datasets",
+                                                       "audience": "minio", "expirationSeconds": 900}}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let plan = ds.spec.plan().unwrap();
+        let worker = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let env = worker.containers[0].env.clone().unwrap();
+        assert!(env.iter().all(|e| !e.name.starts_with("AWS_")), "no keys, and the flags say the rest: {env:?}");
+        let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "web-identity").unwrap();
+        let token = volume.projected.unwrap().sources.unwrap()[0].service_account_token.clone().unwrap();
+        assert_eq!(
+            (token.audience.as_deref(), token.expiration_seconds, token.path.as_str()),
+            (Some("minio"), Some(900), WEB_IDENTITY_TOKEN_FILE)
+        );
+        let mounts = worker.containers[0].volume_mounts.clone().unwrap();
+        let mount = mounts.iter().find(|m| m.name == "web-identity").unwrap();
+        assert_eq!((mount.mount_path.as_str(), mount.read_only), (WEB_IDENTITY_MOUNT, Some(true)));
+        let StagerCommand::Pull { options, .. } = parsed(&worker).command else { panic!("a pull") };
+        assert_eq!(
+            options.web_identity,
+            WebIdentityOptions {
+                web_identity_token_file: Some(format!("{WEB_IDENTITY_MOUNT}/{WEB_IDENTITY_TOKEN_FILE}").into()),
+                role_arn: Some("arn:minio:iam:::role/datasets".into()),
+                sts_endpoint: Some("https://minio.storage:9000".into()),
+                role_session_name: None,
+            },
+            "the store's endpoint is its STS unless the spec names another"
+        );
+
+        let aws = datastage(json!({
+            "source": {"uri": "s3://datasets/imagenet", "region": "eu-west-1",
+                       "credentials": {"webIdentity": {"roleArn": "arn:aws:iam::123456789012:role/datasets"}}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+        }));
+        let plan = aws.spec.plan().unwrap();
+        let worker = pod(&build_job(&aws, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "web-identity").unwrap();
+        let token = volume.projected.unwrap().sources.unwrap()[0].service_account_token.clone().unwrap();
+        assert_eq!(
+            (token.audience.as_deref(), token.expiration_seconds),
+            (Some(WebIdentityCredentials::DEFAULT_AUDIENCE), Some(WebIdentityCredentials::DEFAULT_EXPIRATION_SECONDS))
+        );
+        let StagerCommand::Pull { options, .. } = parsed(&worker).command else { panic!("a pull") };
+        assert_eq!(options.web_identity.sts_endpoint, None, "AWS STS in the region");
     }
 
     #[test]

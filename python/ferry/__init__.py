@@ -7,7 +7,11 @@ in parallel run in parallel; calls with the same options share one engine
 ``*_async`` twin that asyncio can await. Options are the ``ferry-stager``
 flags with underscores (``part_size="16MiB"``, ``concurrency=32`` or the default ``"auto"``,
 ``endpoint_url="http://minio:9000"``); credentials come from the usual
-AWS or Google environment and files.
+AWS or Google environment and files. A web identity token (a projected
+service-account token) is exchanged at STS as the CLI does: from
+``AWS_WEB_IDENTITY_TOKEN_FILE`` and ``AWS_ROLE_ARN`` (what EKS's webhook
+sets), or ``web_identity_token_file=``, ``role_arn=`` and, for an
+S3-compatible store's own STS, ``sts_endpoint=``.
 
 Failures raise a subclass of :class:`FerryError` named for the reason
 (``AccessDenied``, ``BucketNotFound``, ``ChecksumMismatch``, ...), with

@@ -15,6 +15,10 @@ class Options(TypedDict, total=False):
     endpoint_url: Optional[str]
     anonymous: bool
     region: Optional[str]
+    web_identity_token_file: Optional[str]
+    role_arn: Optional[str]
+    sts_endpoint: Optional[str]
+    role_session_name: Optional[str]
     concurrency: Union[int, str, None]
     part_size: Optional[_Size]
     multipart_threshold: Optional[_Size]

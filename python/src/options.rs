@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ferry_contract::options::{Concurrency, MAX_CONCURRENCY, Shard, TransferOptions, VerifyMode};
+use ferry_contract::options::{Concurrency, MAX_CONCURRENCY, Shard, TransferOptions, VerifyMode, WebIdentityOptions};
 use ferry_contract::size::ByteSize;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -20,10 +20,14 @@ const CLI_ONLY: [&str; 7] =
     ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name", "peers"];
 
 /// Every keyword argument a call takes besides its positionals.
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 25] = [
     "endpoint_url",
     "anonymous",
     "region",
+    "web_identity_token_file",
+    "role_arn",
+    "sts_endpoint",
+    "role_session_name",
     "concurrency",
     "part_size",
     "multipart_threshold",
@@ -50,7 +54,9 @@ pub const NAMES: [&str; 21] = [
 /// `TypeError` for an unknown name or a value of the wrong type,
 /// `ValueError` for a value that does not parse.
 pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
-    let mut options = TransferOptions::default();
+    // The web identity comes from the environment unless an argument says
+    // otherwise, as the CLI's does: a pod wired by EKS's webhook needs neither.
+    let mut options = TransferOptions { web_identity: WebIdentityOptions::from_env(), ..TransferOptions::default() };
     let Some(kwargs) = kwargs else { return Ok(options) };
     for (name, value) in kwargs.iter() {
         let name: String = name.extract()?;
@@ -59,6 +65,12 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "endpoint_url" => o.endpoint_url = optional(&name, &value)?,
             "anonymous" => o.anonymous = typed(&name, &value)?,
             "region" => o.region = optional(&name, &value)?,
+            "web_identity_token_file" => {
+                o.web_identity.web_identity_token_file = optional(&name, &value)?.map(Into::into);
+            }
+            "role_arn" => o.web_identity.role_arn = optional(&name, &value)?,
+            "sts_endpoint" => o.web_identity.sts_endpoint = optional(&name, &value)?,
+            "role_session_name" => o.web_identity.role_session_name = optional(&name, &value)?,
             "concurrency" => o.concurrency = concurrency(&name, &value)?,
             "part_size" => o.part_size = optional_size(&name, &value)?,
             "multipart_threshold" => o.multipart_threshold = optional_size(&name, &value)?,
@@ -102,6 +114,8 @@ fn every_option_is_considered(options: TransferOptions) {
         endpoint_url: _,
         anonymous: _,
         region: _,
+        web_identity:
+            WebIdentityOptions { web_identity_token_file: _, role_arn: _, sts_endpoint: _, role_session_name: _ },
         concurrency: _,
         part_size: _,
         multipart_threshold: _,

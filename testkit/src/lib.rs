@@ -83,9 +83,35 @@ pub struct S3Server {
     /// The PEM of the CA that signed the server's certificate, when it
     /// serves HTTPS ([`S3Server::minio_tls`]).
     pub ca_file: Option<PathBuf>,
+    /// The role whose `AssumeRoleWithWebIdentity` MinIO's STS answers, when
+    /// it trusts an OpenID provider ([`S3Server::minio_trusting`]).
+    pub openid_role_arn: Option<String>,
     dir: tempfile::TempDir,
     // MinIO's command line, to start it again on the same port and data.
     command: Option<Command>,
+}
+
+/// An OpenID provider (a Kubernetes API server's service-account issuer)
+/// that MinIO's STS trusts.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenIdProvider<'a> {
+    /// `https://…/.well-known/openid-configuration`
+    pub config_url: &'a str,
+    /// The audience a token must carry.
+    pub client_id: &'a str,
+    /// The PEM of the CA that signed the provider's serving certificate.
+    pub ca_pem: &'a [u8],
+}
+
+/// The role ARN MinIO gives an OpenID provider with a role policy: its
+/// resource is the unpadded URL-safe base64 of the SHA-1 of the client id,
+/// so that it stays the same across restarts (MinIO's `openid.go`); the
+/// region is empty when the server has none configured.
+fn minio_role_arn(client_id: &str) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let resource = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha1::Sha1::digest(client_id.as_bytes()));
+    format!("arn:minio:iam:::role/{resource}")
 }
 
 impl S3Server {
@@ -109,7 +135,18 @@ impl S3Server {
         Self::start_minio(true, addresses)
     }
 
+    /// Starts MinIO whose STS trusts `provider`'s service-account tokens
+    /// (`AssumeRoleWithWebIdentity`) under one role with the `readwrite`
+    /// policy: [`S3Server::openid_role_arn`] names it.
+    pub fn minio_trusting(provider: &OpenIdProvider<'_>) -> Self {
+        Self::start_minio_with(false, &[], Some(provider))
+    }
+
     fn start_minio(tls: bool, addresses: &[std::net::IpAddr]) -> Self {
+        Self::start_minio_with(tls, addresses, None)
+    }
+
+    fn start_minio_with(tls: bool, addresses: &[std::net::IpAddr], openid: Option<&OpenIdProvider<'_>>) -> Self {
         let binary = tool_path("minio");
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
@@ -135,6 +172,16 @@ impl S3Server {
             .env("MINIO_UPDATE", "off")
             // Its own Prometheus metrics without a token: tests read what it sent.
             .env("MINIO_PROMETHEUS_AUTH_TYPE", "public");
+        if let Some(provider) = openid {
+            // MinIO fetches the discovery document and the keys over HTTPS
+            // and trusts the CAs in `certs/CAs` besides the system's.
+            std::fs::create_dir_all(certs.join("CAs")).expect("certs/CAs");
+            std::fs::write(certs.join("CAs/openid-provider.pem"), provider.ca_pem).expect("write the provider's CA");
+            command
+                .env("MINIO_IDENTITY_OPENID_CONFIG_URL", provider.config_url)
+                .env("MINIO_IDENTITY_OPENID_CLIENT_ID", provider.client_id)
+                .env("MINIO_IDENTITY_OPENID_ROLE_POLICY", "readwrite");
+        }
         let child = command.stdout(log.try_clone().expect("dup log")).stderr(log).spawn().expect("start minio");
         let scheme = if tls { "https" } else { "http" };
         let mut server = Self {
@@ -144,6 +191,7 @@ impl S3Server {
             secret_key,
             flavor: Flavor::Minio,
             ca_file,
+            openid_role_arn: openid.map(|provider| minio_role_arn(provider.client_id)),
             dir,
             command: Some(command),
         };
@@ -202,6 +250,7 @@ impl S3Server {
             secret_key: "testing".into(),
             flavor: Flavor::Moto,
             ca_file: None,
+            openid_role_arn: None,
             dir,
             command: None,
         };
@@ -219,6 +268,7 @@ impl S3Server {
             secret_key: secret_key.to_owned(),
             flavor: Flavor::External,
             ca_file: None,
+            openid_role_arn: None,
             dir: tempfile::tempdir().expect("temp dir"),
             command: None,
         }

@@ -58,6 +58,9 @@
 mod credentials;
 mod hyper_path;
 mod object_store_path;
+mod web_identity;
+
+pub use web_identity::{WebIdentity, WebIdentityRefused};
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -101,6 +104,8 @@ pub struct S3Options {
     /// Which client carries the data requests (an ablation knob, see the
     /// module documentation).
     pub data_path: S3DataPath,
+    /// Credentials from a token exchanged at STS, instead of the SDK chain's.
+    pub web_identity: Option<WebIdentity>,
 }
 
 /// The environment variable that chooses the [`S3DataPath`] of a run.
@@ -264,6 +269,16 @@ impl S3Store {
         if let Some(endpoint) = &options.endpoint_url {
             loader = loader.endpoint_url(endpoint);
         }
+        if let Some(identity) = &options.web_identity {
+            // The exchange is not signed: its client needs no credentials,
+            // only the region (AWS STS is regional) and an HTTP client.
+            let mut sts = aws_config::defaults(BehaviorVersion::latest()).no_credentials();
+            if let Some(region) = &options.region {
+                sts = sts.region(Region::new(region.clone()));
+            }
+            let provider = web_identity::WebIdentityProvider::new(identity.clone(), &sts.load().await);
+            loader = loader.credentials_provider(provider);
+        }
         let shared = loader.load().await;
         Self::from_sdk_config(bucket, options, &shared).await
     }
@@ -370,7 +385,10 @@ where
     match &err {
         SdkError::TimeoutError(_) => StoreError::transient(RetryReason::Timeout, detail),
         SdkError::DispatchFailure(failure) => {
-            if failure.is_timeout() {
+            if let Some(denied) = web_identity::access_denied(&err) {
+                // The credentials were refused before the request was sent.
+                denied
+            } else if failure.is_timeout() {
                 StoreError::transient(RetryReason::Timeout, detail)
             } else if failure.is_user() || detail.contains("credentials") {
                 // Identity resolution fails before any byte is sent.

@@ -113,6 +113,10 @@ impl ControlPlane {
             .arg(format!("--service-account-key-file={}", pki.join("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", pki.join("sa.key").display()))
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            // The issuer's discovery document names its keys where a store
+            // on this host reaches them: an OpenID-trusting store (MinIO's
+            // STS) verifies service-account tokens with them.
+            .arg(format!("--service-account-jwks-uri=https://127.0.0.1:{api_port}/openid/v1/jwks"))
             .arg("--authorization-mode=RBAC")
             .arg("--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,DefaultStorageClass")
             .arg("--service-cluster-ip-range=10.96.0.0/16")

@@ -114,6 +114,28 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     empty_ca["source"]["caBundle"] = json!({"name": ""});
     assert_refused(&raw, "empty-ca", empty_ca, "spec.source.caBundle.name").await;
 
+    let role = json!({"roleArn": "arn:minio:iam:::role/datasets"});
+    let mut both_credentials = pull_spec();
+    both_credentials["source"]["credentials"]["webIdentity"] = role.clone();
+    let refusal = "credentials: set exactly one of name (a Secret of keys) or webIdentity";
+    assert_refused(&raw, "both-credentials", both_credentials, refusal).await;
+    let mut neither = pull_spec();
+    neither["source"]["credentials"] = json!({});
+    assert_refused(&raw, "no-credentials", neither, refusal).await;
+    let gcs_identity = json!({"source": {"uri": "gs://datasets/imagenet", "credentials": {"webIdentity": role}},
+                              "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}}});
+    let refusal = "credentials.webIdentity exchanges a token at an S3 STS: use it with an s3:// uri";
+    assert_refused(&raw, "gcs-web-identity", gcs_identity, refusal).await;
+    let mut short_token = pull_spec();
+    short_token["source"]["credentials"] =
+        json!({"webIdentity": {"roleArn": "arn:minio:iam:::role/datasets", "expirationSeconds": 60}});
+    assert_refused(&raw, "short-token", short_token, "should be greater than or equal to 600").await;
+    let mut web_identity = pull_spec();
+    web_identity["source"]["credentials"] = json!({"webIdentity": {"roleArn": "arn:minio:iam:::role/datasets"}});
+    api.create(&PostParams::default(), &stage("web-identity", web_identity))
+        .await
+        .expect("a web identity instead of a Secret is admitted");
+
     // Source and destination cannot change after creation.
     let mut changed = pull_spec();
     changed["source"]["uri"] = json!("s3://datasets/other");

@@ -65,8 +65,9 @@ impl CachedCredentials {
         let provider = self.provider.as_ref().ok_or_else(|| {
             StoreError::NoCredentials("no credentials provider is configured for the S3 client".to_owned())
         })?;
-        let credentials =
-            provider.provide_credentials().await.map_err(|e| StoreError::NoCredentials(crate::error_chain(&e)))?;
+        let credentials = provider.provide_credentials().await.map_err(|e| {
+            super::web_identity::access_denied(&e).unwrap_or_else(|| StoreError::NoCredentials(crate::error_chain(&e)))
+        })?;
         let refresh_at = credentials.expiry().map(|expiry| refresh_time(SystemTime::now(), expiry));
         let resolved = Arc::new(Resolved { identity: Identity::from(credentials.clone()), credentials, refresh_at });
         *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&resolved));
