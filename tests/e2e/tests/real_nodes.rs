@@ -18,6 +18,9 @@
 //! 4. A push from a hostPath another user wrote.
 //! 5. A pull from a store behind HTTPS with a private CA, named by
 //!    `caBundle`; without it a clear failure; a missing ConfigMap waits.
+//! 6. A pull with no keys anywhere (`credentials.webIdentity`): projected
+//!    service-account tokens exchanged at a store that trusts the cluster's
+//!    issuer; a token for another audience is refused.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +35,7 @@ use ferry_e2e::{Cluster, create_namespace, job_succeeded, object_store, wait_for
 use ferry_testkit::{pattern, read_tree, repo_root};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -254,6 +258,67 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     })
     .await;
     assert!(waiting.message.contains("ConfigMap 'no-such-ca'") && waiting.message.contains(DATA_NS), "{waiting:?}");
+
+    // 6. Keys nowhere: a store whose STS trusts the cluster's
+    //    service-account issuer. Each worker's kubelet projects a token with
+    //    the store's audience, which the stager exchanges for keys; onto
+    //    both nodes, peer to peer. A token for another audience is refused.
+    let public_discovery = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "service-account-issuer-discovery"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:service-account-issuer-discovery"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}]});
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(public_discovery).unwrap())
+        .await
+        .unwrap();
+    let control_plane = cluster.control_plane().expect("a local control plane");
+    let config_url = format!("{}/.well-known/openid-configuration", control_plane.server);
+    let keyless = ferry_testkit::S3Server::minio_trusting(&ferry_testkit::OpenIdProvider {
+        config_url: &config_url,
+        client_id: "ferry-e2e-store",
+        ca_pem: &control_plane.ca_pem,
+    });
+    keyless.create_bucket("models").await;
+    let model: BTreeMap<String, Vec<u8>> =
+        [("weights.bin", pattern(92, (6 << 20) + 5)), ("config.json", b"{\"layers\": 2}".to_vec())]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    for (key, body) in &model {
+        keyless.put("models", &format!("small/{key}"), body.clone()).await;
+    }
+    let keyless_port: SocketAddr = keyless.endpoint.trim_start_matches("http://").parse().expect("loopback");
+    let keyless_endpoint = format!("http://{}", cluster.reachable_from_pods(keyless_port).await.unwrap().unwrap());
+    let role = keyless.openid_role_arn.clone().unwrap();
+    let keyless_pull = |dir: &str, audience: &str| {
+        json!({"source": {"uri": "s3://models/small", "endpoint": keyless_endpoint,
+                          "credentials": {"webIdentity": {"roleArn": role, "audience": audience}}},
+               "destination": {"volume": {"hostPath": format!("/mnt/ferry/{dir}")}},
+               "fanout": "PeerToPeer"})
+    };
+    stages
+        .create(&PostParams::default(), &datastage("keyless", keyless_pull("keyless", "ferry-e2e-store")))
+        .await
+        .unwrap();
+    let mut elsewhere = keyless_pull("elsewhere", "another-store");
+    elsewhere["placement"] = json!({"nodeSelector": {"ferry.dev/e2e-node": "node-a"}});
+    stages.create(&PostParams::default(), &datastage("elsewhere", elsewhere)).await.unwrap();
+    finished(&cluster, &stages, "keyless", 1).await;
+    for node in ["node-a", "node-b"] {
+        let staged = read_tree(&cluster.node_dir(node).unwrap().join("mnt/ferry/keyless"));
+        assert!(staged == model, "{node}: the keyless pull differs from the bucket");
+    }
+    let refused = wait_for(&cluster, "the pull with another audience to fail", Duration::from_secs(180), || {
+        condition("elsewhere", |c| c.type_ == "Failed" && c.status == "True")
+    })
+    .await;
+    assert!(
+        refused.reason == "AccessDenied" && refused.message.contains("STS refused the web identity token"),
+        "the failure names the refusal: {refused:?}"
+    );
+    let elsewhere_dir = cluster.node_dir("node-a").unwrap().join("mnt/ferry/elsewhere");
+    assert!(!elsewhere_dir.exists() || read_tree(&elsewhere_dir).is_empty(), "nothing staged without keys");
 
     cluster.stop().await;
 }
