@@ -307,3 +307,16 @@ def test_a_cancelled_pull_leaves_no_partial_file_and_the_next_pull_completes(s3,
     assert summary.complete
     for i in range(8):
         assert (destination / f"{i}.bin").read_bytes() == files[f"s3://{bucket}/big/{i}.bin"]
+
+
+def test_a_web_identity_is_exchanged_at_the_stores_sts_instead_of_the_keys_in_the_environment(s3, tmp_path):
+    bucket, options = s3
+    identity = {"role_arn": "arn:minio:iam:::role/none", "sts_endpoint": options["endpoint_url"], "max_attempts": 1}
+    # The keys in the environment are not used: the token file is.
+    with pytest.raises(ferry.NoCredentials, match="cannot read the web identity token"):
+        ferry.read(f"s3://{bucket}/k", web_identity_token_file=str(tmp_path / "missing"), **identity, **options)
+    # This MinIO trusts no identity provider: its STS refuses the exchange.
+    token = tmp_path / "token"
+    token.write_text("not.a.jwt")
+    with pytest.raises(ferry.AccessDenied, match="STS refused the web identity token"):
+        ferry.read(f"s3://{bucket}/k", web_identity_token_file=str(token), **identity, **options)
