@@ -203,6 +203,7 @@ impl TransferOptions {
         option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
         option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
         option(args, "--max-bandwidth", o.max_bandwidth.as_ref());
+        option(args, "--max-request-rate", o.max_request_rate);
         option(args, "--report-to", o.report_to.as_ref());
         option(args, "--worker", o.worker.as_ref());
         option(args, "--node-name", o.node_name.as_ref());
@@ -299,7 +300,7 @@ mod tests {
             proptest::option::of("[a-z0-9-]{1,20}"),
             proptest::option::of("[a-z0-9-]{1,20}"),
         );
-        let retries = (1u32..=100, duration(), duration(), duration());
+        let retries = (1u32..=100, duration(), duration(), duration(), proptest::option::of(1u32..));
         let capacity = (size(), any::<bool>());
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
@@ -350,7 +351,7 @@ mod tests {
             let grouped = !peer_group.is_empty();
             let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
-            let (max_attempts, connect_timeout, request_timeout, stall_timeout) = retries;
+            let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate) = retries;
             let (capacity_reserve, no_capacity_check) = capacity;
             TransferOptions {
                 endpoint_url,
@@ -374,6 +375,7 @@ mod tests {
                 summary_file: summary_file.map(PathBuf::from),
                 termination_log: termination_log.map(PathBuf::from),
                 max_bandwidth,
+                max_request_rate,
                 report_to,
                 worker,
                 node_name,

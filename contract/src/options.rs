@@ -125,6 +125,10 @@ pub struct TransferOptions {
     /// Cap on bytes per second for the whole run (e.g. 200MiB); unlimited by default.
     #[cfg_attr(feature = "cli", arg(long))]
     pub max_bandwidth: Option<ByteSize>,
+    /// Cap on requests per second to the store for the whole run (listing, reads,
+    /// uploads, every retry); unlimited by default.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PER_SECOND", value_parser = clap::value_parser!(u32).range(1..)))]
+    pub max_request_rate: Option<u32>,
     /// Write live progress into this DataStage's status (NAMESPACE/NAME), as worker --worker.
     #[cfg_attr(feature = "cli", arg(long, value_name = "NAMESPACE/NAME", requires = "worker"))]
     pub report_to: Option<String>,
@@ -176,6 +180,7 @@ impl Default for TransferOptions {
             summary_file: None,
             termination_log: None,
             max_bandwidth: None,
+            max_request_rate: None,
             report_to: None,
             worker: None,
             node_name: None,

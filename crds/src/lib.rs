@@ -359,6 +359,13 @@ pub struct TransferSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bandwidth: Option<ByteSize>,
 
+    /// Cap on each worker's requests per second to the store (listing,
+    /// reads, uploads, retries), to share a store that throttles (S3's
+    /// `SlowDown`, MinIO's `MINIO_API_REQUESTS_MAX`). Default: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_request_rate: Option<i32>,
+
     /// With `fanout: PeerToPeer`: cap on the bytes per second each worker
     /// serves to its peers, e.g. `500MiB`, so feeding other nodes does not
     /// take this node's link from its training job. Default: unlimited.

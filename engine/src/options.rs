@@ -82,6 +82,7 @@ impl TransferConfig {
             retry: RetryPolicy { max_attempts: options.max_attempts, ..RetryPolicy::default() },
             stall_timeout: options.stall_timeout,
             max_bandwidth: options.max_bandwidth.as_ref().map(|s| s.bytes()),
+            max_request_rate: options.max_request_rate.map(u64::from),
             selection,
             capacity: (!options.no_capacity_check)
                 .then(|| CapacityCheck::with_reserve(options.capacity_reserve.bytes())),

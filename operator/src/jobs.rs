@@ -169,6 +169,7 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
             options.memory_limit = limit.clone();
         }
         options.max_bandwidth = transfer.max_bandwidth.clone();
+        options.max_request_rate = transfer.max_request_rate.and_then(|rate| u32::try_from(rate).ok());
         if let Some(verify) = transfer.verify {
             options.verify = verify;
         }
@@ -661,7 +662,7 @@ mod tests {
             "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
             "placement": {"nodeSelector": {"pool": "gpu"}},
             "include": ["*.tar"],
-            "transfer": {"concurrency": 16, "verify": "Size", "partSize": "8Mi"},
+            "transfer": {"concurrency": 16, "verify": "Size", "partSize": "8Mi", "maxRequestRate": 250},
         }))
     }
 
@@ -780,6 +781,7 @@ mod tests {
         );
         assert_eq!(options.verify, ferry_contract::VerifyMode::Size);
         assert_eq!(options.part_size.map(|s| s.bytes()), Some(8 << 20), "8Mi reaches the stager as a size it parses");
+        assert_eq!(options.max_request_rate, Some(250));
         assert_eq!(options.termination_log.as_deref(), Some(std::path::Path::new(TERMINATION_LOG)));
         assert_eq!(options.report_to.as_deref(), Some("ml/imagenet"));
         assert!(options.delete_removed, "a re-sync removes what left the store");

@@ -20,7 +20,7 @@ const CLI_ONLY: [&str; 7] =
     ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name", "peers"];
 
 /// Every keyword argument a call takes besides its positionals.
-pub const NAMES: [&str; 25] = [
+pub const NAMES: [&str; 26] = [
     "endpoint_url",
     "anonymous",
     "region",
@@ -42,6 +42,7 @@ pub const NAMES: [&str; 25] = [
     "capacity_reserve",
     "no_capacity_check",
     "max_bandwidth",
+    "max_request_rate",
     "max_attempts",
     "connect_timeout",
     "request_timeout",
@@ -85,6 +86,9 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "capacity_reserve" => o.capacity_reserve = size(&name, &value)?,
             "no_capacity_check" => o.no_capacity_check = typed(&name, &value)?,
             "max_bandwidth" => o.max_bandwidth = optional_size(&name, &value)?,
+            "max_request_rate" => {
+                o.max_request_rate = if value.is_none() { None } else { Some(ranged(&name, &value, 1, u32::MAX)?) }
+            }
             "max_attempts" => o.max_attempts = ranged(&name, &value, 1, 100)?,
             "connect_timeout" => o.connect_timeout = seconds(&name, &value)?,
             "request_timeout" => o.request_timeout = seconds(&name, &value)?,
@@ -133,6 +137,7 @@ fn every_option_is_considered(options: TransferOptions) {
         summary_file: _,
         termination_log: _,
         max_bandwidth: _,
+        max_request_rate: _,
         report_to: _,
         worker: _,
         node_name: _,

@@ -64,7 +64,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, PeerFailure};
-use crate::transfer::bandwidth::BandwidthLimit;
+use crate::transfer::pacing::Pacer;
 
 pub use catalog::Catalog;
 pub use peer_store::PeerStore;
@@ -127,7 +127,7 @@ pub struct Fleet {
     ready: Mutex<HashMap<String, String>>,
     /// Objects waited for from peers.
     waits: waits::Waits,
-    serve_limit: Option<BandwidthLimit>,
+    serve_limit: Option<Pacer>,
     metrics: Arc<Metrics>,
     bytes_from_peers: AtomicU64,
     objects_from_peers: AtomicU64,
@@ -177,7 +177,7 @@ impl Fleet {
             health: Mutex::default(),
             ready: Mutex::default(),
             waits: waits::Waits::default(),
-            serve_limit: options.peer_serve_bandwidth.as_ref().map(|b| BandwidthLimit::new(b.bytes())),
+            serve_limit: options.peer_serve_bandwidth.as_ref().map(|b| Pacer::new(Some(b.bytes()))),
             metrics,
             bytes_from_peers: AtomicU64::new(0),
             objects_from_peers: AtomicU64::new(0),

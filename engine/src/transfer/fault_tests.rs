@@ -209,3 +209,29 @@ async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leave
 fn partial_files(root: &std::path::Path) -> usize {
     std::fs::read_dir(root.join(".ferry/partial")).map_or(0, |entries| entries.count())
 }
+
+#[tokio::test]
+async fn the_request_rate_cap_spaces_a_runs_requests_however_many_slots_it_has() {
+    // 40 objects of 1 KiB at 20 requests per second: about two seconds,
+    // though 16 requests could be in flight at once.
+    let store = Arc::new(MemoryStore::default());
+    for i in 0..40 {
+        store.insert(&format!("o{i:02}"), data(i, 1 << 10));
+    }
+    let config = TransferConfig { concurrency: 16, max_request_rate: Some(20), ..TransferConfig::default() };
+    let engine = Engine::new(Arc::clone(&store) as _, config, Arc::new(Metrics::new())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let pulling = tokio::spawn({
+        let destination = dir.path().to_path_buf();
+        async move { pull(engine, "", &destination, false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = store.calls().gets;
+    // Half a second at 20 per second is 10 requests, and the listing is one.
+    assert!(early <= 11, "{early} of 40 GETs done after 500 ms at 20 requests/s");
+    let summary = pulling.await.unwrap().unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(store.calls().gets, 40);
+    assert!(started.elapsed() >= Duration::from_millis(1900), "{:?}", started.elapsed());
+}

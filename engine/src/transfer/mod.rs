@@ -16,7 +16,6 @@
 //!   happened and produces the run summary.
 
 pub mod adaptive;
-pub mod bandwidth;
 pub mod buffers;
 pub mod capacity;
 #[cfg(test)]
@@ -25,6 +24,7 @@ pub mod md5;
 pub mod memory;
 #[cfg(test)]
 mod object_scale_tests;
+pub mod pacing;
 mod prefault;
 pub mod pull;
 pub mod push;
@@ -130,6 +130,8 @@ pub struct TransferConfig {
     pub stall_timeout: Duration,
     /// Cap on bytes per second for the whole run.
     pub max_bandwidth: Option<u64>,
+    /// Cap on requests per second to the store for the whole run.
+    pub max_request_rate: Option<u64>,
     /// Which objects to copy.
     pub selection: Selection,
     /// How a pull checks its destination's free space; `None` for no check.
@@ -309,6 +311,8 @@ pub struct Budget {
     controller_pending: Arc<AtomicBool>,
     /// The most requests an adaptive run may reach.
     ceiling: usize,
+    /// The `--max-request-rate` pacer: requests start no faster than it allows.
+    pub request_rate: Arc<pacing::Pacer>,
 }
 
 /// A request slot; frees itself and the in-flight gauge on drop.
@@ -339,6 +343,7 @@ impl Budget {
         adaptive: bool,
         memory_limit: u64,
         largest_buffer: u64,
+        max_request_rate: Option<u64>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, TransferError> {
         let needed = MEMORY_RESERVE + largest_buffer + REQUEST_OVERHEAD;
@@ -359,16 +364,19 @@ impl Budget {
             metrics,
             controller_pending: Arc::new(AtomicBool::new(adaptive)),
             ceiling: concurrency.max(1),
+            request_rate: Arc::new(pacing::Pacer::new(max_request_rate)),
         })
     }
 
-    /// Waits for a request slot.
+    /// Waits for a request slot (and, under `--max-request-rate`, for the
+    /// request's turn: paced before the slot, so no slot idles while it waits).
     pub async fn request(&self) -> RequestSlot {
         if self.controller_pending.load(Relaxed) && self.controller_pending.swap(false, Relaxed) {
             let floor = adaptive::ADAPTIVE_MIN_CONCURRENCY as usize;
             let climber = adaptive::Climber::new(self.requests.limit(), floor, self.ceiling);
             tokio::spawn(adaptive::run_controller(Arc::downgrade(&self.requests), Arc::clone(&self.metrics), climber));
         }
+        self.request_rate.take(1).await;
         let permit = self.requests.acquire().await;
         RequestSlot {
             permit: Some(permit),
@@ -402,8 +410,8 @@ pub struct Engine {
     pub metrics: Arc<Metrics>,
     /// Counters for progress and the summary.
     pub tally: Arc<Tally>,
-    /// The `--max-bandwidth` pacer, if any.
-    pub bandwidth: Option<bandwidth::BandwidthLimit>,
+    /// The `--max-bandwidth` pacer.
+    pub bandwidth: pacing::Pacer,
     /// Recycled data buffers.
     pub buffers: buffers::BufferPool,
     /// Hashes files whose checksum is an MD5, many at once.
@@ -459,9 +467,15 @@ impl Engine {
         fleet: Option<Arc<crate::fleet::Fleet>>,
     ) -> Result<Arc<Self>, TransferError> {
         let largest = config.part_size.max(config.multipart_threshold).max(config.write_buffer);
-        let budget =
-            Budget::new(config.concurrency, config.adaptive, config.memory_limit, largest, Arc::clone(&metrics))?;
-        let bandwidth = config.max_bandwidth.map(bandwidth::BandwidthLimit::new);
+        let budget = Budget::new(
+            config.concurrency,
+            config.adaptive,
+            config.memory_limit,
+            largest,
+            config.max_request_rate,
+            Arc::clone(&metrics),
+        )?;
+        let bandwidth = pacing::Pacer::new(config.max_bandwidth);
         Ok(Arc::new(Self {
             store,
             config,
@@ -514,9 +528,7 @@ impl Engine {
 
     /// Waits until `bytes` may move under `--max-bandwidth` (at once without it).
     pub async fn pace(&self, bytes: u64) {
-        if let Some(limit) = &self.bandwidth {
-            limit.take(bytes).await;
-        }
+        self.bandwidth.take(bytes).await;
     }
 
     /// Runs `attempt` until it succeeds, fails permanently, or the retry
@@ -594,8 +606,8 @@ mod tests {
 
     #[test]
     fn a_memory_limit_below_one_part_is_refused_with_advice() {
-        let err = Budget::new(8, false, 40 << 20, 16 << 20, Arc::new(Metrics::new())).unwrap_err();
+        let err = Budget::new(8, false, 40 << 20, 16 << 20, None, Arc::new(Metrics::new())).unwrap_err();
         assert!(err.to_string().contains("--part-size"), "{err}");
-        assert!(Budget::new(8, false, 256 << 20, 8 << 20, Arc::new(Metrics::new())).is_ok());
+        assert!(Budget::new(8, false, 256 << 20, 8 << 20, None, Arc::new(Metrics::new())).is_ok());
     }
 }
