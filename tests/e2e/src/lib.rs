@@ -494,6 +494,39 @@ pub async fn create_namespace(cluster: &Cluster, name: &str, labels: &[(&str, &s
     .await;
 }
 
+/// A store that trusts the control plane's service-account issuer (MinIO
+/// whose STS answers `AssumeRoleWithWebIdentity` for tokens with
+/// `audience`), and what that takes of the cluster: anyone may read the
+/// issuer's discovery document and keys, as in clusters whose tokens a store
+/// verifies (the role exists by default, the binding does not).
+///
+/// # Panics
+/// When the binding cannot be created.
+pub async fn store_trusting_issuer(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+    audience: &str,
+) -> ferry_testkit::S3Server {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let public_discovery: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "service-account-issuer-discovery"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:service-account-issuer-discovery"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}],
+    }))
+    .expect("a ClusterRoleBinding");
+    kube::Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &public_discovery)
+        .await
+        .expect("publish the issuer's discovery document");
+    let config_url = format!("{}/.well-known/openid-configuration", control_plane.server);
+    ferry_testkit::S3Server::minio_trusting(&ferry_testkit::OpenIdProvider {
+        config_url: &config_url,
+        client_id: audience,
+        ca_pem: &control_plane.ca_pem,
+    })
+}
+
 /// The operator running as a process against `cluster` with the admin
 /// kubeconfig (the Helm chart's ServiceAccount and RBAC come with the chart).
 /// Returns the process and the URL of its HTTP endpoint.

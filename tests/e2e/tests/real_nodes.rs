@@ -31,11 +31,10 @@ use std::time::Duration;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::real_node::{self, ferry_image, test_image};
 use ferry_e2e::tools::Tools;
-use ferry_e2e::{Cluster, create_namespace, job_succeeded, object_store, wait_for};
+use ferry_e2e::{Cluster, create_namespace, job_succeeded, object_store, store_trusting_issuer, wait_for};
 use ferry_testkit::{pattern, read_tree, repo_root};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -263,22 +262,8 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     //    service-account issuer. Each worker's kubelet projects a token with
     //    the store's audience, which the stager exchanges for keys; onto
     //    both nodes, peer to peer. A token for another audience is refused.
-    let public_discovery = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "service-account-issuer-discovery"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "system:service-account-issuer-discovery"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}]});
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(public_discovery).unwrap())
-        .await
-        .unwrap();
     let control_plane = cluster.control_plane().expect("a local control plane");
-    let config_url = format!("{}/.well-known/openid-configuration", control_plane.server);
-    let keyless = ferry_testkit::S3Server::minio_trusting(&ferry_testkit::OpenIdProvider {
-        config_url: &config_url,
-        client_id: "ferry-e2e-store",
-        ca_pem: &control_plane.ca_pem,
-    });
+    let keyless = store_trusting_issuer(control_plane, &client, "ferry-e2e-store").await;
     keyless.create_bucket("models").await;
     let model: BTreeMap<String, Vec<u8>> =
         [("weights.bin", pattern(92, (6 << 20) + 5)), ("config.json", b"{\"layers\": 2}".to_vec())]

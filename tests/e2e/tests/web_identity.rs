@@ -22,11 +22,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ferry_contract::{ExitStatus, Reason, Summary};
 use ferry_e2e::control_plane::ControlPlane;
-use ferry_e2e::workspace_binary;
-use ferry_testkit::{OpenIdProvider, S3Server, pattern, read_tree};
+use ferry_e2e::{store_trusting_issuer, workspace_binary};
+use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
@@ -43,23 +42,7 @@ async fn a_service_account_token_is_exchanged_at_the_stores_sts_and_again_before
     let dir = tempfile::tempdir().unwrap();
     let control_plane = ControlPlane::start(&dir.path().join("cluster")).await.unwrap();
     let client = control_plane.client().await.unwrap();
-    // Clusters that let a store verify their tokens publish the issuer's
-    // discovery document and keys to anyone (the role exists by default,
-    // the binding does not).
-    let public_discovery: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "service-account-issuer-discovery"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "system:service-account-issuer-discovery"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &public_discovery).await.unwrap();
-    let config_url = format!("{}/.well-known/openid-configuration", control_plane.server);
-    let store = S3Server::minio_trusting(&OpenIdProvider {
-        config_url: &config_url,
-        client_id: AUDIENCE,
-        ca_pem: &control_plane.ca_pem,
-    });
+    let store = store_trusting_issuer(&control_plane, &client, AUDIENCE).await;
     let role = store.openid_role_arn.clone().unwrap();
     store.create_bucket("models").await;
     // Odd sizes: one across several ranges, one of a single byte, one empty.
