@@ -235,13 +235,6 @@ pub struct StoreCredentials {
     pub web_identity: Option<WebIdentityCredentials>,
 }
 
-impl StoreCredentials {
-    /// Credentials from the Secret `name`.
-    pub fn secret(name: &str) -> Self {
-        Self { name: Some(name.to_owned()), web_identity: None }
-    }
-}
-
 /// A role assumed with the workers' service-account token.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -60,7 +60,7 @@ mod hyper_path;
 mod object_store_path;
 mod web_identity;
 
-pub use web_identity::{WebIdentity, WebIdentityRefused};
+pub use web_identity::WebIdentity;
 
 use std::ops::Range;
 use std::str::FromStr;

@@ -59,9 +59,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     }
 
     let mut cluster = Cluster::start_with_real_nodes().await.unwrap_or_else(|e| panic!("real nodes: {e}"));
-    let store: SocketAddr = s3.endpoint.trim_start_matches("http://").parse().expect("a loopback endpoint");
-    let seen_by_pods = cluster.reachable_from_pods(store).await.expect("forward the store").expect("a local cluster");
-    let endpoint = format!("http://{seen_by_pods}");
+    let endpoint = endpoint_for_pods(&mut cluster, &s3).await;
     let client = cluster.client().await.unwrap();
 
     // 1. The chart, as a user installs it, with the images built here.
@@ -169,10 +167,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     // 4. A push of what another user wrote (0644 files in its 0755 directories).
     let ckpt = cluster.node_dir("node-a").unwrap().join("mnt/ferry/ckpt");
     let checkpoint: BTreeMap<String, Vec<u8>> =
-        [("step-1/model.bin", pattern(77, (6 << 20) + 3)), ("step-1/meta.json", b"{}".to_vec())]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
+        objects([("step-1/model.bin", pattern(77, (6 << 20) + 3)), ("step-1/meta.json", b"{}".to_vec())]);
     for (key, body) in &checkpoint {
         std::fs::create_dir_all(ckpt.join(key).parent().unwrap()).unwrap();
         std::fs::write(ckpt.join(key), body).unwrap();
@@ -199,15 +194,11 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let tls = ferry_testkit::S3Server::minio_tls_also_for(&[real_node::HOST_ADDRESS.into()]);
     tls.create_bucket("private").await;
     let secured: BTreeMap<String, Vec<u8>> =
-        [("a.bin", pattern(91, 3 << 20)), ("b/c.txt", b"behind a private CA".to_vec())]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
+        objects([("a.bin", pattern(91, 3 << 20)), ("b/c.txt", b"behind a private CA".to_vec())]);
     for (key, body) in &secured {
         tls.put("private", &format!("set/{key}"), body.clone()).await;
     }
-    let tls_port: SocketAddr = tls.endpoint.trim_start_matches("https://").parse().expect("a loopback endpoint");
-    let tls_endpoint = format!("https://{}", cluster.reachable_from_pods(tls_port).await.unwrap().unwrap());
+    let tls_endpoint = endpoint_for_pods(&mut cluster, &tls).await;
     let ca_pem = std::fs::read_to_string(tls.ca_file.as_ref().unwrap()).unwrap();
     let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "store-ca"},
         "data": {"root.pem": ca_pem}});
@@ -266,15 +257,11 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let keyless = store_trusting_issuer(control_plane, &client, "ferry-e2e-store").await;
     keyless.create_bucket("models").await;
     let model: BTreeMap<String, Vec<u8>> =
-        [("weights.bin", pattern(92, (6 << 20) + 5)), ("config.json", b"{\"layers\": 2}".to_vec())]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
+        objects([("weights.bin", pattern(92, (6 << 20) + 5)), ("config.json", b"{\"layers\": 2}".to_vec())]);
     for (key, body) in &model {
         keyless.put("models", &format!("small/{key}"), body.clone()).await;
     }
-    let keyless_port: SocketAddr = keyless.endpoint.trim_start_matches("http://").parse().expect("loopback");
-    let keyless_endpoint = format!("http://{}", cluster.reachable_from_pods(keyless_port).await.unwrap().unwrap());
+    let keyless_endpoint = endpoint_for_pods(&mut cluster, &keyless).await;
     let role = keyless.openid_role_arn.clone().unwrap();
     let keyless_pull = |dir: &str, audience: &str| {
         json!({"source": {"uri": "s3://models/small", "endpoint": keyless_endpoint,
@@ -306,6 +293,20 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     assert!(!elsewhere_dir.exists() || read_tree(&elsewhere_dir).is_empty(), "nothing staged without keys");
 
     cluster.stop().await;
+}
+
+/// Objects by their key relative to a prefix.
+fn objects<const N: usize>(pairs: [(&str, Vec<u8>); N]) -> BTreeMap<String, Vec<u8>> {
+    pairs.into_iter().map(|(key, body)| (key.to_owned(), body)).collect()
+}
+
+/// `store`'s loopback endpoint as pods reach it, through a forwarder on
+/// the host.
+async fn endpoint_for_pods(cluster: &mut Cluster, store: &ferry_testkit::S3Server) -> String {
+    let (scheme, address) = store.endpoint.split_once("://").expect("an endpoint URL");
+    let address: SocketAddr = address.parse().expect("a loopback endpoint");
+    let seen_by_pods = cluster.reachable_from_pods(address).await.expect("forward the store").expect("a local cluster");
+    format!("{scheme}://{seen_by_pods}")
 }
 
 /// Objects of odd sizes: one above the part size (ranged reads), small
