@@ -1126,13 +1126,15 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
             .await;
 
     let store = json!({"uri": "s3://datasets/small", "endpoint": s3.endpoint, "credentials": {"name": "s3"}});
-    for namespace in [DATA_NS, TRAIN_NS] {
+    let create_secret = |namespace: &'static str| {
         let secret: Secret =
             serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
             "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
             .unwrap();
-        Api::<Secret>::namespaced(client.clone(), namespace).create(&PostParams::default(), &secret).await.unwrap();
-    }
+        let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+        async move { secrets.create(&PostParams::default(), &secret).await.unwrap() }
+    };
+    create_secret(DATA_NS).await;
     let datastage = |name: &str, spec: Value| -> DataStage {
         serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
             "metadata": {"name": name}, "spec": spec}))
@@ -1142,8 +1144,9 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     let train_pods: Api<Pod> = Api::namespaced(client.clone(), TRAIN_NS);
     let train_jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), TRAIN_NS);
 
-    // 1. Node-local data on node-b only, slowed so the Job's pod is created
-    //    (and must wait) while it stages.
+    // 1. Node-local data on node-b only. Its credentials Secret comes only
+    //    after the Job's pod has been seen waiting: a DataStage that could
+    //    run at once might finish before the pod exists, however slowed.
     train_stages
         .create(
             &PostParams::default(),
@@ -1166,15 +1169,28 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     assert_eq!(volume.host_path.as_ref().unwrap().path, "/mnt/ferry/on-b");
     let mount = spec.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "ferry-on-b").unwrap();
     assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/data", Some(true)));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let still = train_pods.get(&pod.name_any()).await.unwrap();
-    assert_eq!(train_stages.get("on-b").await.unwrap().status.and_then(|s| s.phase).filter(|p| p.is_finished()), None);
-    assert!(still.spec.as_ref().unwrap().node_name.is_none(), "still unscheduled while the DataStage runs");
-    assert!(
-        still.annotations().get("ferry.dev/waiting-for").is_some_and(|w| w.contains("on-b")),
-        "the pod says what it waits for: {:?}",
-        still.annotations()
-    );
+    let waiting_for_secret = || {
+        let train_stages = train_stages.clone();
+        async move {
+            let status = train_stages.get("on-b").await.ok()?.status?;
+            status.conditions.iter().any(|c| c.type_ == "Progressing" && c.reason == "SecretNotFound").then_some(status)
+        }
+    };
+    let status = wait_for(&cluster, "on-b to wait for its Secret", Duration::from_secs(60), waiting_for_secret).await;
+    assert_eq!(status.phase, Some(Phase::Pending));
+    let says_what_it_waits_for = || {
+        let train_pods = train_pods.clone();
+        let name = pod.name_any();
+        async move {
+            let pod = train_pods.get(&name).await.ok()?;
+            pod.annotations().get("ferry.dev/waiting-for").is_some_and(|w| w.contains("on-b")).then_some(pod)
+        }
+    };
+    let still =
+        wait_for(&cluster, "the pod to say what it waits for", Duration::from_secs(60), says_what_it_waits_for).await;
+    assert!(still.spec.as_ref().unwrap().node_name.is_none(), "still unscheduled while the DataStage waits");
+    assert_eq!(gates(&still), ["ferry.dev/data-ready"], "still gated");
+    create_secret(TRAIN_NS).await;
     job_succeeded(&cluster, &client, TRAIN_NS, "train-b").await;
     let placed = train_pods.get(&pod.name_any()).await.unwrap().spec.unwrap();
     assert_eq!(placed.node_name.as_deref(), Some("node-b"), "placed where the data is");
