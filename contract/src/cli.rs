@@ -204,6 +204,7 @@ impl TransferOptions {
         option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
         option(args, "--max-bandwidth", o.max_bandwidth.as_ref());
         option(args, "--max-request-rate", o.max_request_rate);
+        option(args, "--store-share", o.store_share);
         option(args, "--report-to", o.report_to.as_ref());
         option(args, "--worker", o.worker.as_ref());
         option(args, "--node-name", o.node_name.as_ref());
@@ -229,6 +230,7 @@ impl TransferOptions {
 mod tests {
     use super::*;
     use crate::peers::{PeerAddress, PeerOptions};
+    use crate::budget::StoreShare;
     use crate::size::ByteSize;
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
@@ -300,7 +302,10 @@ mod tests {
             proptest::option::of("[a-z0-9-]{1,20}"),
             proptest::option::of("[a-z0-9-]{1,20}"),
         );
-        let retries = (1u32..=100, duration(), duration(), duration(), proptest::option::of(1u32..));
+        let share = (proptest::option::of(1u32..), proptest::option::of(1u64..))
+            .prop_map(|(requests_per_second, bytes_per_second)| StoreShare { requests_per_second, bytes_per_second });
+        let retries =
+            (1u32..=100, duration(), duration(), duration(), proptest::option::of(1u32..), proptest::option::of(share));
         let capacity = (size(), any::<bool>());
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
@@ -351,7 +356,7 @@ mod tests {
             let grouped = !peer_group.is_empty();
             let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
-            let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate) = retries;
+            let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) = retries;
             let (capacity_reserve, no_capacity_check) = capacity;
             TransferOptions {
                 endpoint_url,
@@ -376,6 +381,7 @@ mod tests {
                 termination_log: termination_log.map(PathBuf::from),
                 max_bandwidth,
                 max_request_rate,
+                store_share,
                 report_to,
                 worker,
                 node_name,

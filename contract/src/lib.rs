@@ -9,6 +9,7 @@
 //! that the CRD types, the operator, the engine and the Python package can
 //! all depend on it; only the `cli` feature brings in `clap`.
 
+pub mod budget;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod exit;
@@ -24,6 +25,7 @@ pub mod summary;
 #[cfg(feature = "cli")]
 pub use cli::{StagerCli, StagerCommand};
 pub use exit::ExitStatus;
+pub use budget::StoreShare;
 pub use location::ObjectLocation;
 pub use options::{Shard, TransferOptions, VerifyMode};
 pub use peers::{PeerCounts, PeerGroup, PeerOptions};

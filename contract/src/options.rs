@@ -129,6 +129,11 @@ pub struct TransferOptions {
     /// uploads, every retry); unlimited by default.
     #[cfg_attr(feature = "cli", arg(long, value_name = "PER_SECOND", value_parser = clap::value_parser!(u32).range(1..)))]
     pub max_request_rate: Option<u32>,
+    /// This worker's share of a StoreBudget, per second (set by the operator;
+    /// as workers come and go it follows the share in the DataStage's status,
+    /// read back with --report-to). Tightens --max-request-rate and --max-bandwidth, never loosens them.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "requests=N,bytes=N"))]
+    pub store_share: Option<crate::budget::StoreShare>,
     /// Write live progress into this DataStage's status (NAMESPACE/NAME), as worker --worker.
     #[cfg_attr(feature = "cli", arg(long, value_name = "NAMESPACE/NAME", requires = "worker"))]
     pub report_to: Option<String>,
@@ -181,6 +186,7 @@ impl Default for TransferOptions {
             termination_log: None,
             max_bandwidth: None,
             max_request_rate: None,
+            store_share: None,
             report_to: None,
             worker: None,
             node_name: None,

@@ -185,6 +185,8 @@ pub struct Metrics {
     peer_waits: Counter,
     peer_waits_open: Gauge,
     concurrency_limit: Gauge,
+    share_requests: Gauge,
+    share_bytes: Gauge,
     /// What adaptive concurrency judges a limit by, readable without the
     /// label lookups of the families above.
     flow: Flow,
@@ -221,6 +223,8 @@ impl Metrics {
         let peer_waits = Counter::default();
         let peer_waits_open = Gauge::default();
         let concurrency_limit = Gauge::default();
+        let share_requests = Gauge::default();
+        let share_bytes = Gauge::default();
         registry.register_with_unit(
             "transferred",
             "Bytes written to their destination (disk for downloads, the store for uploads)",
@@ -251,6 +255,16 @@ impl Metrics {
             "concurrency_limit",
             "Store requests allowed in flight at once (with --concurrency auto, what the run chose last)",
             concurrency_limit.clone(),
+        );
+        registry.register(
+            "store_share_requests_per_second",
+            "This worker's share of its store's budget: requests per second (0: no budget caps requests)",
+            share_requests.clone(),
+        );
+        registry.register(
+            "store_share_bytes_per_second",
+            "This worker's share of its store's budget: bytes per second (0: no budget caps bandwidth)",
+            share_bytes.clone(),
         );
         registry.register_with_unit(
             "peer",
@@ -312,6 +326,8 @@ impl Metrics {
             peer_waits,
             peer_waits_open,
             concurrency_limit,
+            share_requests,
+            share_bytes,
             flow: Flow::default(),
         }
     }
@@ -380,6 +396,12 @@ impl Metrics {
     /// Records the number of requests allowed in flight.
     pub fn set_concurrency_limit(&self, limit: usize) {
         self.concurrency_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+
+    /// Records this worker's share of a store budget.
+    pub fn set_store_share(&self, share: &ferry_contract::StoreShare) {
+        self.share_requests.set(share.requests_per_second.map_or(0, i64::from));
+        self.share_bytes.set(share.bytes_per_second.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)));
     }
 
     /// Counts a finished object.

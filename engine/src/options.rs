@@ -83,6 +83,7 @@ impl TransferConfig {
             stall_timeout: options.stall_timeout,
             max_bandwidth: options.max_bandwidth.as_ref().map(|s| s.bytes()),
             max_request_rate: options.max_request_rate.map(u64::from),
+            store_share: options.store_share,
             selection,
             capacity: (!options.no_capacity_check)
                 .then(|| CapacityCheck::with_reserve(options.capacity_reserve.bytes())),

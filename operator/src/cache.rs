@@ -35,6 +35,12 @@ pub struct Caches {
     /// Pods labelled with a DataStage: labels, annotations, node and status
     /// (termination messages carry the workers' summaries).
     pub pods: Store<Pod>,
+    /// Every DataStage the controller watches, as its watch last saw it.
+    pub datastages: Store<ferry_crds::DataStage>,
+    /// Every StoreBudget (see [`crate::budgets`]). Not waited for by
+    /// [`Caches::ready`]: a cluster without the StoreBudget CRD stages
+    /// all the same, unbudgeted.
+    pub budgets: Store<ferry_crds::StoreBudget>,
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
@@ -148,6 +154,10 @@ pub struct CacheWriters {
     pub jobs: Writer<Job>,
     /// Fills [`Caches::pods`].
     pub pods: Writer<Pod>,
+    /// Fills [`Caches::datastages`].
+    pub datastages: Writer<ferry_crds::DataStage>,
+    /// Fills [`Caches::budgets`].
+    pub budgets: Writer<ferry_crds::StoreBudget>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -165,10 +175,18 @@ pub fn new() -> (Caches, CacheWriters) {
     let (nodes, node_writer) = reflector::store();
     let (jobs, job_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
+    let (datastages, datastage_writer) = reflector::store();
+    let (budgets, budget_writer) = reflector::store();
     let (created, listed) = (Arc::default(), Arc::default());
     (
-        Caches { nodes, jobs, pods, created, listed },
-        CacheWriters { nodes: node_writer, jobs: job_writer, pods: pod_writer },
+        Caches { nodes, jobs, pods, datastages, budgets, created, listed },
+        CacheWriters {
+            nodes: node_writer,
+            jobs: job_writer,
+            pods: pod_writer,
+            datastages: datastage_writer,
+            budgets: budget_writer,
+        },
     )
 }
 

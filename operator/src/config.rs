@@ -118,6 +118,7 @@ impl OperatorConfig {
             image: self.stager_image.clone(),
             service_account: self.stager_service_account.clone().filter(|s| !s.is_empty()),
             metrics_port: Some(self.stager_metrics_port).filter(|p| *p != 0),
+            store_share: None,
         }
     }
 

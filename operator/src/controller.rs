@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Resource as _, ResourceExt as _};
 
@@ -403,7 +403,10 @@ async fn carry_out(
             return write_blocked(ds, ctx, blocked).await;
         }
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
-        let defaults = ctx.config.worker_defaults();
+        let mut defaults = ctx.config.worker_defaults();
+        let new_pods = starting.len() * plan.pods_per_worker as usize;
+        defaults.store_share =
+            crate::budgets::share_for_new_workers(ctx, ds, u32::try_from(new_pods).unwrap_or(u32::MAX));
         let jobs = &jobs;
         let creating = starting.iter().map(|worker| {
             let job = build_job(ds, &jobs_plan, worker, workers, run.number, &defaults);
@@ -943,13 +946,21 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         }
     };
     let watches = watcher::Config::default().timeout(WATCH_SECONDS);
-    let (datastages_read, datastages_write) = reflector::store();
     let datastage_changes = watcher(datastages, watches.clone())
         .modify(crate::cache::slim_datastage)
         .default_backoff()
-        .reflect(datastages_write)
+        .reflect(writers.datastages)
         .applied_objects();
-    let controller = Controller::for_stream(datastage_changes, datastages_read);
+    let controller = Controller::for_stream(datastage_changes, ctx.caches.datastages.clone());
+    // StoreBudgets wake no DataStage: the budget loop reads them each period.
+    let budget_changes = watcher(Api::<ferry_crds::StoreBudget>::all(client.clone()), watches.clone())
+        .default_backoff()
+        .reflect(writers.budgets)
+        .for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::debug!(%error, "StoreBudget watch (is the StoreBudget CRD installed?)");
+            }
+        });
     let datastages = controller.store();
     let pods_on_nodes = ctx.caches.pods.clone();
     let owned = watches.clone().labels(DATASTAGE_LABEL);
@@ -976,7 +987,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             };
             futures::stream::iter(woken)
         });
-    controller
+    let reconciling = controller
         .owns_stream(job_changes)
         .watches_stream(pod_changes, |pod| {
             let name = pod.labels().get(DATASTAGE_LABEL)?;
@@ -1003,13 +1014,13 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             woken.dedup();
             woken
         })
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::debug!(%error, "reconcile loop");
             }
-        })
-        .await;
+        });
+    tokio::join!(reconciling, budget_changes, crate::budgets::run(ctx));
 }
 
 /// Builds the context once at start-up, and the writers [`run`] fills its

@@ -134,12 +134,16 @@ pub struct WorkerDefaults {
     pub service_account: Option<String>,
     /// Where transfer workers serve Prometheus metrics; `None`: nowhere.
     pub metrics_port: Option<u16>,
+    /// The share of a StoreBudget the workers about to start get (they
+    /// follow later changes through the DataStage's status); `None`: no
+    /// budget covers their store.
+    pub store_share: Option<ferry_contract::StoreShare>,
 }
 
 impl WorkerDefaults {
     /// Defaults with only an image: no ServiceAccount, no metrics port.
     pub fn image(image: &str) -> Self {
-        Self { image: image.to_owned(), service_account: None, metrics_port: None }
+        Self { image: image.to_owned(), service_account: None, metrics_port: None, store_share: None }
     }
 }
 
@@ -213,6 +217,7 @@ pub fn stager_cli(
     options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
     options.worker = Some(worker.name.clone());
     options.metrics_addr = defaults.metrics_port.map(|port| ([0, 0, 0, 0], port).into());
+    options.store_share = defaults.store_share;
     // The CRD admits only URIs this parses; a spec from before its rules gets
     // the stager's own error for it.
     let location: ObjectLocation = plan.uri.parse().unwrap_or_else(|_| ObjectLocation {
@@ -856,11 +861,27 @@ mod tests {
     }
 
     #[test]
+    fn workers_start_with_their_store_budget_share_on_the_command_line() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let share = ferry_contract::StoreShare { requests_per_second: Some(12), bytes_per_second: Some(4096) };
+        let defaults = WorkerDefaults { store_share: Some(share), ..WorkerDefaults::image("stager:1") };
+        let share_of = |defaults: &WorkerDefaults| {
+            let job = build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, defaults);
+            let StagerCommand::Pull { options, .. } = parsed(&pod(&job)).command else { panic!("a pull") };
+            options.store_share
+        };
+        assert_eq!(share_of(&defaults), Some(share));
+        assert_eq!(share_of(&WorkerDefaults::image("stager:1")), None);
+    }
+
+    #[test]
     fn workers_get_the_operators_service_account_and_metrics_port_unless_the_spec_names_its_own() {
         let defaults = WorkerDefaults {
             image: "stager:1".into(),
             service_account: Some("ferry-stager".into()),
             metrics_port: Some(9464),
+            store_share: None,
         };
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();

@@ -16,6 +16,7 @@
 //! * [`gates`]: lifts those pods' scheduling gates once the data is ready.
 //! * [`metrics`] and [`http`]: what the operator shows of itself.
 
+pub mod budgets;
 pub mod cache;
 pub mod config;
 pub mod controller;

@@ -35,6 +35,40 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: String,
+    state: &'static str,
+}
+
+/// What the metrics show of one StoreBudget's split.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BudgetFigures {
+    /// Workers the budget is split among.
+    pub workers: i64,
+    /// DataStages those workers belong to.
+    pub datastages: i64,
+    /// Each worker's requests per second (0: not capped).
+    pub share_requests_per_second: i64,
+    /// Each worker's bytes per second (0: not capped).
+    pub share_bytes_per_second: i64,
+    /// Throttled requests the workers reported.
+    pub throttled_requests: i64,
+}
+
+impl BudgetFigures {
+    /// Every state, as labelled.
+    fn states(&self) -> [(&'static str, i64); 5] {
+        [
+            ("workers", self.workers),
+            ("datastages", self.datastages),
+            ("share_requests_per_second", self.share_requests_per_second),
+            ("share_bytes_per_second", self.share_bytes_per_second),
+            ("throttled_requests", self.throttled_requests),
+        ]
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DataStageLabels {
     namespace: String,
     datastage: String,
@@ -111,6 +145,7 @@ pub struct Metrics {
     admissions: Family<OutcomeLabels, Counter>,
     gates: Family<OutcomeLabels, Counter>,
     certificate_expiry: Gauge,
+    budgets: Family<BudgetLabels, Gauge>,
 }
 
 /// What the pod webhook did with one admission.
@@ -169,6 +204,12 @@ impl Default for Metrics {
             Unit::Seconds,
             certificate_expiry.clone(),
         );
+        let budgets = Family::<BudgetLabels, Gauge>::default();
+        registry.register(
+            "store_budget",
+            "One StoreBudget's split, by state (workers, datastages, share_requests_per_second and share_bytes_per_second per worker with 0 for no cap, throttled_requests the workers reported)",
+            budgets.clone(),
+        );
         for outcome in ADMISSION_OUTCOMES {
             let _ = admissions.get_or_create(&OutcomeLabels { outcome });
         }
@@ -197,6 +238,7 @@ impl Default for Metrics {
             admissions,
             gates,
             certificate_expiry,
+            budgets,
         }
     }
 }
@@ -271,6 +313,22 @@ impl Metrics {
             self.by_phase.get_or_create(&PhaseLabels { phase: phase_name(phase) }).set(count);
         }
         self.staged_bytes.set(known.values().map(|p| p.bytes_done).sum());
+    }
+
+    /// Records StoreBudget `name`'s split; `None` when it is deleted, which
+    /// removes its series.
+    pub fn observe_budget(&self, name: &str, figures: Option<BudgetFigures>) {
+        for (state, value) in figures.unwrap_or_default().states() {
+            let labels = BudgetLabels { budget: name.to_owned(), state };
+            match figures {
+                Some(_) => {
+                    self.budgets.get_or_create(&labels).set(value);
+                }
+                None => {
+                    self.budgets.remove(&labels);
+                }
+            }
+        }
     }
 
     /// The exposition for a scrape that sent `accept`: content type and body.

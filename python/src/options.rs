@@ -138,6 +138,7 @@ fn every_option_is_considered(options: TransferOptions) {
         termination_log: _,
         max_bandwidth: _,
         max_request_rate: _,
+        store_share: _,
         report_to: _,
         worker: _,
         node_name: _,

@@ -158,7 +158,8 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         None => Engine::new(store, config, metrics)?,
     };
     let progress = Progress::start(cli.progress, Arc::clone(&engine.tally));
-    let tally = Arc::clone(&engine.tally);
+    // The engine moves into the transfer; reporting needs it after.
+    let engine_for_report = Arc::clone(&engine);
     let report_target = match (&options.report_to, &options.worker) {
         (Some(target), Some(worker)) => {
             let (namespace, name) = target
@@ -175,7 +176,7 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
     };
     let reporter = report_target
         .clone()
-        .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine.tally), peering.clone())));
+        .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine), peering.clone())));
     let mut result = match job {
         Transfer::Pull { source, destination } => {
             pull::pull(engine, &source.prefix, destination, options.delete_removed).await
@@ -203,7 +204,7 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         reporter.abort();
     }
     if let (Some(_), Some(target)) = (&peering, &report_target) {
-        crate::report::withdraw(target, &tally).await;
+        crate::report::withdraw(target, &engine_for_report).await;
     }
     result
 }

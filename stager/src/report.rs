@@ -8,6 +8,11 @@
 //! Reporting is best effort: a worker without permission (`patch` on
 //! `datastages/status`) or without API access copies data all the same and
 //! says so once in its log.
+//!
+//! The same round trip brings the worker its share of a StoreBudget: the
+//! status the API server answers a report with carries the operator's
+//! `status.storeBudget`, and the worker follows it. A worker that cannot
+//! reach the API keeps the share it has.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use kube::Resource as _;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use ferry_engine::transfer::tally::Tally;
+use ferry_engine::transfer::Engine;
 
 use crate::peers::Peering;
 
@@ -48,9 +53,11 @@ pub fn worker_patch(
     target: &ReportTarget,
     snapshot: &ferry_engine::transfer::tally::Snapshot,
     rate: f64,
+    throttled: u64,
     peers: Option<(SocketAddr, PeerCounts)>,
 ) -> serde_json::Value {
     let mut entry = WorkerStatus {
+        throttled_requests: Some(throttled as i64).filter(|n| *n > 0),
         name: target.worker.clone(),
         node: target.node.clone(),
         bytes_done: snapshot.bytes_done as i64,
@@ -75,14 +82,17 @@ pub fn worker_patch(
     })
 }
 
-/// Reports until aborted; in a fleet, also publishes this worker's peer
-/// address and learns the others' from the same DataStage.
-pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc<Peering>>) {
+/// Reports until aborted, following the StoreBudget share each answer
+/// carries; in a fleet, also publishes this worker's peer address and
+/// learns the others' from the same DataStage.
+pub async fn report(target: ReportTarget, engine: Arc<Engine>, peering: Option<Arc<Peering>>) {
     let Some((api, params)) = status_api(&target).await else { return };
+    let tally = Arc::clone(&engine.tally);
     let mut warned = false;
     let mut previous = (Instant::now(), 0u64);
-    // Peers need this worker's address at once; progress can wait.
-    let mut first = peering.is_some();
+    // Peers need this worker's address at once, and a budgeted worker the
+    // share its peers' starts left it; progress can wait.
+    let mut first = peering.is_some() || engine.config.store_share.is_some();
     let mut alone = false;
     loop {
         if !std::mem::take(&mut first) {
@@ -93,13 +103,19 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
         let rate = snapshot.bytes_done.saturating_sub(previous.1) as f64 / elapsed;
         previous = (Instant::now(), snapshot.bytes_done);
         let peers = peering.as_ref().map(|p| (p.address, p.fleet.counts()));
-        let patch = worker_patch(&target, &snapshot, rate, peers);
+        let patch = worker_patch(&target, &snapshot, rate, engine.metrics.throttles(), peers);
         let published = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await;
-        if let Err(error) = &published
-            && !warned
-        {
-            tracing::warn!(%error, datastage = %target.name, "cannot report progress (needs patch on datastages/status)");
-            warned = true;
+        match &published {
+            Ok(ds) => {
+                if let Some(share) = budget_share(ds) {
+                    engine.follow_share(share);
+                }
+            }
+            Err(error) if !warned => {
+                tracing::warn!(%error, datastage = %target.name, "cannot report progress (needs patch on datastages/status)");
+                warned = true;
+            }
+            Err(_) => {}
         }
         let Some(peering) = peering.as_ref().filter(|_| !alone) else { continue };
         let discovered = match published {
@@ -124,6 +140,15 @@ pub async fn report(target: ReportTarget, tally: Arc<Tally>, peering: Option<Arc
     }
 }
 
+/// The StoreBudget share the operator wrote into the DataStage's status:
+/// `None` when it wrote none (keep the share this worker has: the operator
+/// may not have counted a worker that just started), `Some(None)` when it
+/// says no budget applies any more.
+pub fn budget_share(ds: &DataStage) -> Option<Option<ferry_contract::StoreShare>> {
+    let budget = ds.status.as_ref()?.store_budget.as_ref()?;
+    Some(budget.name.as_ref().map(|_| budget.share))
+}
+
 /// The DataStage API and this worker's field manager, when the API can be reached.
 async fn status_api(target: &ReportTarget) -> Option<(Api<DataStage>, PatchParams)> {
     let client = match kube::Client::try_default().await {
@@ -142,9 +167,9 @@ async fn status_api(target: &ReportTarget) -> Option<(Api<DataStage>, PatchParam
 /// worker's field manager no longer sets, so no later run or late joiner
 /// finds an address nobody listens at (the operator keeps the run's counts
 /// from the summary). Best effort: an error only costs a stale address.
-pub async fn withdraw(target: &ReportTarget, tally: &Tally) {
+pub async fn withdraw(target: &ReportTarget, engine: &Engine) {
     let Some((api, params)) = status_api(target).await else { return };
-    let patch = worker_patch(target, &tally.snapshot(), 0.0, None);
+    let patch = worker_patch(target, &engine.tally.snapshot(), 0.0, engine.metrics.throttles(), None);
     if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await {
         tracing::debug!(%error, "cannot withdraw the peer address");
     }
@@ -174,6 +199,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_worker_keeps_its_share_until_the_operator_writes_one_and_drops_it_when_told() {
+        let ds = |status: serde_json::Value| -> DataStage {
+            serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+                "metadata": {"name": "d", "namespace": "ml"},
+                "spec": {"source": {"uri": "s3://b"}, "destination": {"volume": {"hostPath": "/mnt/d"}}},
+                "status": status}))
+            .unwrap()
+        };
+        assert_eq!(budget_share(&ds(json!({}))), None, "no word from the operator: keep the share");
+        let shared = ds(json!({"storeBudget": {"name": "minio", "workers": 4, "share": {"requestsPerSecond": 25}}}));
+        let share = ferry_contract::StoreShare { requests_per_second: Some(25), bytes_per_second: None };
+        assert_eq!(budget_share(&shared), Some(Some(share)));
+        let dropped = ds(json!({"storeBudget": {"workers": 4, "share": {}}}));
+        assert_eq!(budget_share(&dropped), Some(None), "no budget applies any more");
+    }
+
+    #[test]
     fn a_worker_writes_only_its_own_entry() {
         let target = ReportTarget {
             namespace: "ml".into(),
@@ -188,7 +230,7 @@ mod tests {
             bytes_done: 400,
             listing_done: true,
         };
-        let patch = worker_patch(&target, &snapshot, 123.0, None);
+        let patch = worker_patch(&target, &snapshot, 123.0, 0, None);
         let workers = patch["status"]["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 1);
         assert_eq!(workers[0]["name"], "node-a");
@@ -198,6 +240,9 @@ mod tests {
         assert!(workers[0].get("phase").is_none(), "the phase is the operator's");
         assert_eq!(patch["apiVersion"], "ferry.dev/v1alpha1");
         assert!(workers[0].get("peerAddress").is_none(), "no peers, no address");
+        assert!(workers[0].get("throttledRequests").is_none(), "nothing throttled, nothing said");
+        let throttled = worker_patch(&target, &snapshot, 0.0, 7, None);
+        assert_eq!(throttled["status"]["workers"][0]["throttledRequests"], 7);
     }
 
     #[test]
@@ -205,7 +250,7 @@ mod tests {
         let target = ReportTarget { namespace: "ml".into(), name: "d".into(), worker: "node-a".into(), node: None };
         let counts = PeerCounts { bytes_from_peers: 7, bytes_served: 9, ..PeerCounts::default() };
         let address: SocketAddr = "10.224.3.4:9466".parse().unwrap();
-        let patch = worker_patch(&target, &Default::default(), 0.0, Some((address, counts)));
+        let patch = worker_patch(&target, &Default::default(), 0.0, 0, Some((address, counts)));
         let entry = &patch["status"]["workers"][0];
         assert_eq!(entry["peerAddress"], "10.224.3.4:9466");
         assert_eq!(entry["bytesFromPeers"], 7);

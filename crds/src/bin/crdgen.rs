@@ -1,14 +1,14 @@
-//! Writes the DataStage CRD to `crds/generated/` and to the Helm chart's
+//! Writes the DataStage and StoreBudget CRDs to `crds/generated/` and to the Helm chart's
 //! `crds/` (run from the repository root): `cargo run -p ferry-crds --bin
 //! crdgen`. A test fails when a committed copy differs from the types.
 
 fn main() -> std::io::Result<()> {
-    for relative in ferry_crds::CRD_PATHS {
+    for (relative, yaml) in ferry_crds::committed_crds() {
         let path = std::path::Path::new(relative);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        std::fs::write(path, ferry_crds::crd_yaml())?;
+        std::fs::write(path, yaml)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

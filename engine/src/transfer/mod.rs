@@ -132,6 +132,9 @@ pub struct TransferConfig {
     pub max_bandwidth: Option<u64>,
     /// Cap on requests per second to the store for the whole run.
     pub max_request_rate: Option<u64>,
+    /// This worker's share of a store budget at the start; it tightens the
+    /// two caps above and may change during the run ([`Engine::follow_share`]).
+    pub store_share: Option<ferry_contract::StoreShare>,
     /// Which objects to copy.
     pub selection: Selection,
     /// How a pull checks its destination's free space; `None` for no check.
@@ -476,7 +479,7 @@ impl Engine {
             Arc::clone(&metrics),
         )?;
         let bandwidth = pacing::Pacer::new(config.max_bandwidth);
-        Ok(Arc::new(Self {
+        let engine = Arc::new(Self {
             store,
             config,
             budget,
@@ -490,7 +493,23 @@ impl Engine {
             disk_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, usize::from) * DISK_SLOTS_PER_CORE,
             ),
-        }))
+        });
+        engine.follow_share(engine.config.store_share);
+        Ok(engine)
+    }
+
+    /// Takes `share` as this worker's part of its store's budget from now
+    /// on (`None`: no budget), within the run's own caps. Requests and
+    /// bytes already waiting their turn wait for the new rate.
+    pub fn follow_share(&self, share: Option<ferry_contract::StoreShare>) {
+        let share = share.unwrap_or_default();
+        let (requests, bytes) = share.within(self.config.max_request_rate, self.config.max_bandwidth);
+        if (self.budget.request_rate.rate(), self.bandwidth.rate()) != (requests, bytes) {
+            tracing::info!(%share, requests_per_second = ?requests, bytes_per_second = ?bytes, "following a store budget share");
+        }
+        self.budget.request_rate.set_rate(requests);
+        self.bandwidth.set_rate(bytes);
+        self.metrics.set_store_share(&share);
     }
 
     /// Runs `work`, a file creation or commit, on the blocking pool once one

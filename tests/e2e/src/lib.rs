@@ -442,31 +442,29 @@ where
     }
 }
 
-/// Applies the generated DataStage CRD and waits until the API server
-/// serves it (condition Established).
+/// Applies the generated CRDs (DataStage, StoreBudget) and waits until
+/// the API server serves them (condition Established).
 ///
 /// # Panics
-/// When the API server refuses the CRD or does not establish it in 30 s.
+/// When the API server refuses a CRD or does not establish it in 30 s.
 pub async fn install_crd(cluster: &Cluster) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt as _;
     use kube::api::{Patch, PatchParams};
     let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(cluster.client().await.expect("client"));
-    crds.patch(
-        "datastages.ferry.dev",
-        &PatchParams::apply("ferry.dev/e2e-tests"),
-        &Patch::Apply(ferry_crds::DataStage::crd()),
-    )
-    .await
-    .expect("the generated CRD is accepted");
-    wait_for(cluster, "the CRD to be established", Duration::from_secs(30), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("datastages.ferry.dev").await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await;
+    for crd in ferry_crds::crds() {
+        let name = crd.metadata.name.clone().expect("a generated CRD has a name");
+        crds.patch(&name, &PatchParams::apply("ferry.dev/e2e-tests"), &Patch::Apply(crd))
+            .await
+            .expect("the generated CRD is accepted");
+        wait_for(cluster, "the CRD to be established", Duration::from_secs(30), || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move {
+                let crd = crds.get(&name).await.ok()?;
+                crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+            }
+        })
+        .await;
+    }
 }
 
 /// Creates namespace `name` with `labels`, and waits for its default

@@ -127,11 +127,14 @@ async fn install_monitoring_crds(tools: &Tools) {
 }
 
 async fn install_datastage_crd(tools: &Tools) {
-    let crd = chart_dir().join("crds/ferry.dev_datastages.yaml");
-    tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");
-    tools
-        .kubectl(&["wait", "--for=condition=Established", "--timeout=30s", "crd/datastages.ferry.dev"], None)
-        .expect("CRD established");
+    for (file, name) in [
+        ("ferry.dev_datastages.yaml", "crd/datastages.ferry.dev"),
+        ("ferry.dev_storebudgets.yaml", "crd/storebudgets.ferry.dev"),
+    ] {
+        let crd = chart_dir().join("crds").join(file);
+        tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");
+        tools.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", name], None).expect("CRD established");
+    }
 }
 
 /// Every RBAC rule of a rendering: no wildcards anywhere.

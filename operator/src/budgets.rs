@@ -1,0 +1,339 @@
+//! Store budgets: a StoreBudget caps the requests and bytes per second all
+//! of Ferry's workers together send to one bucket; this module splits it.
+//!
+//! Once a second the leader counts, from the caches, the worker pods that
+//! run (or are about to) against each budgeted bucket, splits the budget
+//! equally among them, and writes the split where it is read:
+//! - each DataStage's `status.storeBudget`, which its workers read back in
+//!   the answer to every progress report (every 2 s) and follow without
+//!   restarting;
+//! - the StoreBudget's own status, and the operator's metrics.
+//!
+//! New workers do not wait for the loop: the controller puts the share they
+//! will have (counting them) on their command line ([`share_for_new_workers`]).
+//! Until the others hear of them, the bucket may see more than its budget
+//! for up to the loop's period plus one report interval.
+//!
+//! The split is written with a field manager of its own, so the
+//! controller's status apply (which does not set `storeBudget`) leaves it
+//! alone, and removing the field is applying a status without it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_contract::{ObjectLocation, StoreShare};
+use ferry_crds::{DataStage, DataStageBudget, StoreBudget, StoreBudgetStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource as _, ResourceExt as _};
+use serde_json::json;
+
+use crate::controller::Context;
+use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL};
+use crate::metrics::BudgetFigures;
+
+/// The field manager of `status.storeBudget` and of StoreBudget statuses.
+pub const FIELD_MANAGER: &str = "ferry.dev/operator-budgets";
+
+/// How often the split is brought up to date.
+const PERIOD: Duration = Duration::from_secs(1);
+
+/// A DataStage's store as budgets name it: scheme, bucket, endpoint.
+fn store_of(ds: &DataStage) -> Option<(String, String, Option<String>)> {
+    let plan = ds.spec.plan().ok()?;
+    let location: ObjectLocation = plan.uri.parse().ok()?;
+    Some((location.scheme, location.bucket, plan.store.endpoint.clone()))
+}
+
+/// The budget that applies to `ds`'s store: of several covering it, the
+/// first by name (the others say so in their status).
+fn budget_for<'a>(budgets: &'a [Arc<StoreBudget>], ds: &DataStage) -> Option<&'a Arc<StoreBudget>> {
+    let (scheme, bucket, endpoint) = store_of(ds)?;
+    budgets.iter().filter(|b| b.spec.covers(&scheme, &bucket, endpoint.as_deref())).min_by_key(|b| b.name_any())
+}
+
+/// Worker pods that run or are about to, per DataStage (namespace, name).
+fn active_workers(pods: &[Arc<Pod>]) -> BTreeMap<(String, String), u32> {
+    let mut workers = BTreeMap::new();
+    for pod in pods {
+        let labels = pod.labels();
+        let (Some(datastage), true) = (labels.get(DATASTAGE_LABEL), labels.contains_key(WORKER_LABEL)) else {
+            continue;
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        *workers.entry((pod.namespace().unwrap_or_default(), datastage.clone())).or_insert(0) += 1;
+    }
+    workers
+}
+
+/// One budget's split.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BudgetSplit {
+    /// Workers sharing it.
+    pub workers: u32,
+    /// DataStages those workers belong to.
+    pub datastages: u32,
+    /// Each worker's share.
+    pub share: StoreShare,
+    /// Throttled requests the workers of the covered DataStages reported.
+    pub throttled: i64,
+    /// Another budget that covers the same store and applies instead.
+    pub shadowed_by: Option<String>,
+}
+
+/// The split of every budget and what each DataStage's `status.storeBudget`
+/// should be (`None`: absent).
+#[derive(Debug, Default, PartialEq)]
+pub struct Split {
+    /// By StoreBudget name.
+    pub budgets: BTreeMap<String, BudgetSplit>,
+    /// By DataStage (namespace, name), for those whose field must change.
+    pub datastages: BTreeMap<(String, String), Option<DataStageBudget>>,
+}
+
+/// Splits every budget among the active workers (pure).
+pub fn split(budgets: &[Arc<StoreBudget>], datastages: &[Arc<DataStage>], pods: &[Arc<Pod>]) -> Split {
+    let workers = active_workers(pods);
+    let key = |ds: &DataStage| (ds.namespace().unwrap_or_default(), ds.name_any());
+    let mut out = Split::default();
+    for budget in budgets {
+        out.budgets.insert(budget.name_any(), BudgetSplit::default());
+    }
+    let applying: Vec<(&Arc<DataStage>, Option<&Arc<StoreBudget>>)> =
+        datastages.iter().map(|ds| (ds, budget_for(budgets, ds))).collect();
+    for (ds, budget) in &applying {
+        let Some(budget) = budget else { continue };
+        let entry = out.budgets.get_mut(&budget.name_any()).expect("every budget has an entry");
+        let running = workers.get(&key(ds)).copied().unwrap_or(0);
+        entry.workers += running;
+        entry.datastages += u32::from(running > 0);
+        let status = ds.status.as_ref();
+        entry.throttled += status.map_or(0, |s| s.workers.iter().filter_map(|w| w.throttled_requests).sum::<i64>());
+    }
+    for budget in budgets {
+        let entry = out.budgets.get_mut(&budget.name_any()).expect("every budget has an entry");
+        entry.share = budget.spec.share(entry.workers);
+        let (scheme, bucket) = budget.spec.uri.trim_end_matches('/').split_once("://").unwrap_or_default();
+        let first = budgets
+            .iter()
+            .filter(|b| b.spec.covers(scheme, bucket, budget.spec.endpoint.as_deref()))
+            .min_by_key(|b| b.name_any())
+            .map(|b| b.name_any());
+        entry.shadowed_by = first.filter(|name| *name != budget.name_any());
+    }
+    for (ds, budget) in applying {
+        let running = workers.get(&key(ds)).copied().unwrap_or(0);
+        let current = ds.status.as_ref().and_then(|s| s.store_budget.clone());
+        let wanted = match (running, budget) {
+            (0, _) => None,
+            (_, Some(budget)) => {
+                let split = &out.budgets[&budget.name_any()];
+                Some(DataStageBudget {
+                    name: Some(budget.name_any()),
+                    workers: i64::from(split.workers),
+                    share: split.share,
+                })
+            }
+            // Running without a budget: its workers must hear that the one
+            // they follow is gone; one that never had one needs no word.
+            (_, None) => current.as_ref().map(|_| DataStageBudget::default()),
+        };
+        if wanted != current {
+            out.datastages.insert(key(ds), wanted);
+        }
+    }
+    out
+}
+
+/// The share the workers about to start for `ds` will have: its budget
+/// split among the workers running against the bucket now and
+/// `new_workers` more. `None` when no budget covers its store.
+pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) -> Option<StoreShare> {
+    let budgets = ctx.caches.budgets.state();
+    let budget = budget_for(&budgets, ds)?;
+    let split = split(&budgets, &ctx.caches.datastages.state(), &ctx.caches.pods.state());
+    Some(budget.spec.share(split.budgets[&budget.name_any()].workers + new_workers))
+}
+
+/// The StoreBudget status for a split.
+fn budget_status(budget: &StoreBudget, split: &BudgetSplit) -> StoreBudgetStatus {
+    let (status, reason, message) = match &split.shadowed_by {
+        Some(other) => (
+            "False",
+            "Shadowed",
+            format!("StoreBudget {other} covers the same bucket and endpoint and applies instead; delete one of them"),
+        ),
+        None => (
+            "True",
+            "Split",
+            format!("split among {} workers of {} DataStages", split.workers, split.datastages),
+        ),
+    };
+    let previous = budget.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let since = previous
+        .filter(|c| c.status == status && c.reason == reason)
+        .map_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()), |c| c.last_transition_time.clone());
+    StoreBudgetStatus {
+        observed_generation: budget.metadata.generation,
+        data_stages: i64::from(split.datastages),
+        workers: i64::from(split.workers),
+        share: Some(split.share.to_string()),
+        throttled_requests: split.throttled,
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: since,
+            observed_generation: budget.metadata.generation,
+        }],
+    }
+}
+
+/// Keeps every split current until the process stops.
+pub async fn run(ctx: Arc<Context>) {
+    ctx.caches.ready().await;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let budgets_api: Api<StoreBudget> = Api::all(ctx.client.clone());
+    let mut known: Vec<String> = Vec::new();
+    let mut ticks = tokio::time::interval(PERIOD);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let budgets = ctx.caches.budgets.state();
+        let split = split(&budgets, &ctx.caches.datastages.state(), &ctx.caches.pods.state());
+        for ((namespace, name), wanted) in &split.datastages {
+            let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), namespace);
+            let patch = json!({
+                "apiVersion": DataStage::api_version(&()), "kind": DataStage::kind(&()),
+                "metadata": {"name": name, "namespace": namespace},
+                "status": wanted.as_ref().map_or_else(|| json!({}), |budget| json!({"storeBudget": budget})),
+            });
+            if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+                tracing::warn!(%error, %namespace, datastage = %name, "cannot write the DataStage's store budget share");
+            }
+        }
+        for budget in &budgets {
+            let name = budget.name_any();
+            let figures = &split.budgets[&name];
+            let status = budget_status(budget, figures);
+            ctx.metrics.observe_budget(
+                &name,
+                Some(BudgetFigures {
+                    workers: status.workers,
+                    datastages: status.data_stages,
+                    share_requests_per_second: figures.share.requests_per_second.map_or(0, i64::from),
+                    share_bytes_per_second: figures
+                        .share
+                        .bytes_per_second
+                        .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+                    throttled_requests: status.throttled_requests,
+                }),
+            );
+            if budget.status.as_ref() == Some(&status) {
+                continue;
+            }
+            let patch = json!({
+                "apiVersion": StoreBudget::api_version(&()), "kind": StoreBudget::kind(&()),
+                "metadata": {"name": name}, "status": status,
+            });
+            if let Err(error) = budgets_api.patch_status(&name, &params, &Patch::Apply(&patch)).await {
+                tracing::warn!(%error, budget = %name, "cannot write the StoreBudget's status");
+            }
+        }
+        let names: Vec<String> = budgets.iter().map(|b| b.name_any()).collect();
+        for gone in known.iter().filter(|n| !names.contains(n)) {
+            ctx.metrics.observe_budget(gone, None);
+        }
+        known = names;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(name: &str, uri: &str, endpoint: Option<&str>, rps: i32) -> Arc<StoreBudget> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StoreBudget",
+                "metadata": {"name": name}, "spec": {"uri": uri, "endpoint": endpoint, "requestsPerSecond": rps}}))
+            .unwrap(),
+        )
+    }
+
+    fn datastage(name: &str, uri: &str, endpoint: Option<&str>, status: serde_json::Value) -> Arc<DataStage> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"source": {"uri": uri, "endpoint": endpoint}, "destination": {"volume": {"hostPath": "/mnt/d"}}},
+                "status": status}))
+            .unwrap(),
+        )
+    }
+
+    fn pod(datastage: &str, worker: &str, phase: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": format!("{datastage}-{worker}"), "namespace": "ml",
+                "labels": {DATASTAGE_LABEL: datastage, WORKER_LABEL: worker}}, "status": {"phase": phase}}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_budget_is_split_among_the_running_workers_of_every_datastage_against_its_bucket() {
+        let minio = Some("http://minio:9000");
+        let budgets = [budget("minio", "s3://data", minio, 100)];
+        let datastages = [
+            datastage("a", "s3://data/train", minio, json!({"workers": [{"name": "n1", "throttledRequests": 3}]})),
+            datastage("b", "s3://data/eval", Some("http://minio:9000/"), json!({})),
+            datastage("other-bucket", "s3://logs", minio, json!({})),
+            datastage("other-store", "s3://data", None, json!({})),
+        ];
+        let pods = [
+            pod("a", "n1", "Running"),
+            pod("a", "n2", "Pending"),
+            pod("a", "n3", "Succeeded"),
+            pod("b", "n1", "Running"),
+            pod("other-bucket", "n1", "Running"),
+            pod("other-store", "n1", "Running"),
+        ];
+        let split = split(&budgets, &datastages, &pods);
+        let minio_split = &split.budgets["minio"];
+        assert_eq!((minio_split.workers, minio_split.datastages, minio_split.throttled), (3, 2, 3));
+        assert_eq!(minio_split.share.requests_per_second, Some(33));
+        let share = DataStageBudget { name: Some("minio".into()), workers: 3, share: minio_split.share };
+        assert_eq!(split.datastages[&("ml".into(), "a".into())], Some(share.clone()));
+        assert_eq!(split.datastages[&("ml".into(), "b".into())], Some(share));
+        assert_eq!(split.datastages.len(), 2, "nothing to write for unbudgeted stores: {:?}", split.datastages);
+    }
+
+    #[test]
+    fn finished_datastages_lose_the_field_and_running_ones_hear_when_their_budget_goes() {
+        let had = json!({"storeBudget": {"name": "gone", "workers": 2, "share": {"requestsPerSecond": 5}}});
+        let datastages = [datastage("done", "s3://data", None, had.clone()), datastage("running", "s3://data", None, had)];
+        let pods = [pod("running", "n1", "Running")];
+        let split = split(&[], &datastages, &pods);
+        assert_eq!(split.datastages[&("ml".into(), "done".into())], None);
+        assert_eq!(split.datastages[&("ml".into(), "running".into())], Some(DataStageBudget::default()));
+        // Once told, nothing more to write.
+        let told = [datastage("running", "s3://data", None, json!({"storeBudget": {"workers": 0, "share": {}}}))];
+        assert!(super::split(&[], &told, &pods).datastages.is_empty());
+    }
+
+    #[test]
+    fn of_two_budgets_on_one_bucket_the_first_by_name_applies_and_the_other_says_so() {
+        let budgets = [budget("b-second", "s3://data", None, 10), budget("a-first", "s3://data/", None, 40)];
+        let datastages = [datastage("d", "s3://data/x", None, json!({}))];
+        let split = split(&budgets, &datastages, &[pod("d", "n1", "Running")]);
+        assert_eq!(split.budgets["a-first"].share.requests_per_second, Some(40));
+        assert_eq!(split.budgets["b-second"].shadowed_by.as_deref(), Some("a-first"));
+        assert_eq!(split.budgets["b-second"].workers, 0);
+        let status = budget_status(&budgets[0], &split.budgets["b-second"]);
+        assert_eq!((status.conditions[0].status.as_str(), status.conditions[0].reason.as_str()), ("False", "Shadowed"));
+    }
+}
