@@ -45,7 +45,11 @@ impl StoreShare {
 
     /// The tighter of this share and a worker's own caps (`--max-request-rate`,
     /// `--max-bandwidth`): a budget never lets a worker exceed what its user asked for.
-    pub fn within(&self, own_requests_per_second: Option<u64>, own_bytes_per_second: Option<u64>) -> (Option<u64>, Option<u64>) {
+    pub fn within(
+        &self,
+        own_requests_per_second: Option<u64>,
+        own_bytes_per_second: Option<u64>,
+    ) -> (Option<u64>, Option<u64>) {
         let tighter = |share: Option<u64>, own: Option<u64>| match (share, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

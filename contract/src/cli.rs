@@ -229,8 +229,8 @@ impl TransferOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::{PeerAddress, PeerOptions};
     use crate::budget::StoreShare;
+    use crate::peers::{PeerAddress, PeerOptions};
     use crate::size::ByteSize;
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
@@ -356,7 +356,8 @@ mod tests {
             let grouped = !peer_group.is_empty();
             let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
-            let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) = retries;
+            let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) =
+                retries;
             let (capacity_reserve, no_capacity_check) = capacity;
             TransferOptions {
                 endpoint_url,

@@ -22,10 +22,10 @@ pub mod reason;
 pub mod size;
 pub mod summary;
 
+pub use budget::StoreShare;
 #[cfg(feature = "cli")]
 pub use cli::{StagerCli, StagerCommand};
 pub use exit::ExitStatus;
-pub use budget::StoreShare;
 pub use location::ObjectLocation;
 pub use options::{Shard, TransferOptions, VerifyMode};
 pub use peers::{PeerCounts, PeerGroup, PeerOptions};

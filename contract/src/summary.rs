@@ -52,6 +52,9 @@ pub struct Summary {
     /// Requests sent to the store, every attempt counted.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub requests: u64,
+    /// Of the retried requests, those the store throttled (SlowDown, 429, 503).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub throttled: u64,
     /// Wall-clock duration of the run.
     #[serde(default)]
     pub seconds: f64,

@@ -1,8 +1,8 @@
 //! Store budgets: a StoreBudget caps the requests and bytes per second all
 //! of Ferry's workers together send to one bucket; this module splits it.
 //!
-//! Once a second the leader counts, from the caches, the worker pods that
-//! run (or are about to) against each budgeted bucket, splits the budget
+//! Once a second the leader counts, from the caches, the workers that run
+//! (or are about to) against each budgeted bucket, splits the budget
 //! equally among them, and writes the split where it is read:
 //! - each DataStage's `status.storeBudget`, which its workers read back in
 //!   the answer to every progress report (every 2 s) and follow without
@@ -24,14 +24,15 @@ use std::time::Duration;
 
 use ferry_contract::{ObjectLocation, StoreShare};
 use ferry_crds::{DataStage, DataStageBudget, StoreBudget, StoreBudgetStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::json;
 
+use crate::cache::Caches;
 use crate::controller::Context;
-use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL};
+use crate::jobs::WORKER_LABEL;
 use crate::metrics::BudgetFigures;
 
 /// The field manager of `status.storeBudget` and of StoreBudget statuses.
@@ -54,19 +55,33 @@ fn budget_for<'a>(budgets: &'a [Arc<StoreBudget>], ds: &DataStage) -> Option<&'a
     budgets.iter().filter(|b| b.spec.covers(&scheme, &bucket, endpoint.as_deref())).min_by_key(|b| b.name_any())
 }
 
-/// Worker pods that run or are about to, per DataStage (namespace, name).
-fn active_workers(pods: &[Arc<Pod>]) -> BTreeMap<(String, String), u32> {
+/// Workers (pods) a Job runs: its parallelism, 1 unless sharded.
+fn pods_of(job: &Job) -> u32 {
+    job.spec.as_ref().and_then(|s| s.parallelism).and_then(|p| u32::try_from(p).ok()).unwrap_or(1).max(1)
+}
+
+/// Whether a worker Job is done (or going): its pods no longer count.
+fn job_over(job: &Job) -> bool {
+    let finished = job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|conditions| {
+        conditions.iter().any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+    });
+    finished || job.metadata.deletion_timestamp.is_some()
+}
+
+/// Workers that run or are about to, per DataStage (namespace, name),
+/// counted from their Jobs: the operator creates those itself, so a
+/// DataStage's workers count from the moment it decides to start them,
+/// before the Job controller and the scheduler have made their pods.
+pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> BTreeMap<(String, String), u32> {
     let mut workers = BTreeMap::new();
-    for pod in pods {
-        let labels = pod.labels();
-        let (Some(datastage), true) = (labels.get(DATASTAGE_LABEL), labels.contains_key(WORKER_LABEL)) else {
-            continue;
-        };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Succeeded" | "Failed")) {
-            continue;
+    for ds in datastages {
+        let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+        let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
+        ctx.caches.created.fill_in(&namespace, &name, &mut jobs);
+        let running: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
+        if running > 0 {
+            workers.insert((namespace, name), running);
         }
-        *workers.entry((pod.namespace().unwrap_or_default(), datastage.clone())).or_insert(0) += 1;
     }
     workers
 }
@@ -96,9 +111,12 @@ pub struct Split {
     pub datastages: BTreeMap<(String, String), Option<DataStageBudget>>,
 }
 
-/// Splits every budget among the active workers (pure).
-pub fn split(budgets: &[Arc<StoreBudget>], datastages: &[Arc<DataStage>], pods: &[Arc<Pod>]) -> Split {
-    let workers = active_workers(pods);
+/// Splits every budget among the active `workers` of each DataStage (pure).
+pub fn split(
+    budgets: &[Arc<StoreBudget>],
+    datastages: &[Arc<DataStage>],
+    workers: &BTreeMap<(String, String), u32>,
+) -> Split {
     let key = |ds: &DataStage| (ds.namespace().unwrap_or_default(), ds.name_any());
     let mut out = Split::default();
     for budget in budgets {
@@ -156,7 +174,8 @@ pub fn split(budgets: &[Arc<StoreBudget>], datastages: &[Arc<DataStage>], pods: 
 pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) -> Option<StoreShare> {
     let budgets = ctx.caches.budgets.state();
     let budget = budget_for(&budgets, ds)?;
-    let split = split(&budgets, &ctx.caches.datastages.state(), &ctx.caches.pods.state());
+    let datastages = ctx.caches.datastages.state();
+    let split = split(&budgets, &datastages, &active_workers(ctx, &datastages));
     Some(budget.spec.share(split.budgets[&budget.name_any()].workers + new_workers))
 }
 
@@ -168,11 +187,7 @@ fn budget_status(budget: &StoreBudget, split: &BudgetSplit) -> StoreBudgetStatus
             "Shadowed",
             format!("StoreBudget {other} covers the same bucket and endpoint and applies instead; delete one of them"),
         ),
-        None => (
-            "True",
-            "Split",
-            format!("split among {} workers of {} DataStages", split.workers, split.datastages),
-        ),
+        None => ("True", "Split", format!("split among {} workers of {} DataStages", split.workers, split.datastages)),
     };
     let previous = budget.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
     let since = previous
@@ -206,18 +221,25 @@ pub async fn run(ctx: Arc<Context>) {
     loop {
         ticks.tick().await;
         let budgets = ctx.caches.budgets.state();
-        let split = split(&budgets, &ctx.caches.datastages.state(), &ctx.caches.pods.state());
-        for ((namespace, name), wanted) in &split.datastages {
+        let datastages = ctx.caches.datastages.state();
+        let split = split(&budgets, &datastages, &active_workers(&ctx, &datastages));
+        // At once: a budget shared by many DataStages changes all their
+        // shares together, and the last written should not wait for the first.
+        let writes = split.datastages.iter().map(|((namespace, name), wanted)| {
             let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), namespace);
             let patch = json!({
                 "apiVersion": DataStage::api_version(&()), "kind": DataStage::kind(&()),
                 "metadata": {"name": name, "namespace": namespace},
                 "status": wanted.as_ref().map_or_else(|| json!({}), |budget| json!({"storeBudget": budget})),
             });
-            if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
-                tracing::warn!(%error, %namespace, datastage = %name, "cannot write the DataStage's store budget share");
+            let params = &params;
+            async move {
+                if let Err(error) = api.patch_status(name, params, &Patch::Apply(&patch)).await {
+                    tracing::warn!(%error, %namespace, datastage = %name, "cannot write the DataStage's store budget share");
+                }
             }
-        }
+        });
+        futures::future::join_all(writes).await;
         for budget in &budgets {
             let name = budget.name_any();
             let figures = &split.budgets[&name];
@@ -276,12 +298,23 @@ mod tests {
         )
     }
 
-    fn pod(datastage: &str, worker: &str, phase: &str) -> Arc<Pod> {
-        Arc::new(
-            serde_json::from_value(json!({"metadata": {"name": format!("{datastage}-{worker}"), "namespace": "ml",
-                "labels": {DATASTAGE_LABEL: datastage, WORKER_LABEL: worker}}, "status": {"phase": phase}}))
-            .unwrap(),
-        )
+    fn workers(counts: &[(&str, u32)]) -> BTreeMap<(String, String), u32> {
+        counts.iter().map(|(name, n)| (("ml".to_owned(), (*name).to_owned()), *n)).collect()
+    }
+
+    fn job(parallelism: i32, conditions: serde_json::Value) -> Job {
+        serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"parallelism": parallelism, "template": {}},
+            "status": {"conditions": conditions}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_job_counts_its_pods_until_it_is_over() {
+        assert_eq!(pods_of(&job(3, json!([]))), 3);
+        assert!(!job_over(&job(1, json!([{"type": "Suspended", "status": "True"}]))));
+        assert!(job_over(&job(1, json!([{"type": "Complete", "status": "True"}]))));
+        assert!(job_over(&job(1, json!([{"type": "Failed", "status": "True"}]))));
+        assert!(!job_over(&job(1, json!([{"type": "Failed", "status": "False"}]))));
     }
 
     #[test]
@@ -294,15 +327,8 @@ mod tests {
             datastage("other-bucket", "s3://logs", minio, json!({})),
             datastage("other-store", "s3://data", None, json!({})),
         ];
-        let pods = [
-            pod("a", "n1", "Running"),
-            pod("a", "n2", "Pending"),
-            pod("a", "n3", "Succeeded"),
-            pod("b", "n1", "Running"),
-            pod("other-bucket", "n1", "Running"),
-            pod("other-store", "n1", "Running"),
-        ];
-        let split = split(&budgets, &datastages, &pods);
+        let running = workers(&[("a", 2), ("b", 1), ("other-bucket", 1), ("other-store", 1)]);
+        let split = split(&budgets, &datastages, &running);
         let minio_split = &split.budgets["minio"];
         assert_eq!((minio_split.workers, minio_split.datastages, minio_split.throttled), (3, 2, 3));
         assert_eq!(minio_split.share.requests_per_second, Some(33));
@@ -315,21 +341,22 @@ mod tests {
     #[test]
     fn finished_datastages_lose_the_field_and_running_ones_hear_when_their_budget_goes() {
         let had = json!({"storeBudget": {"name": "gone", "workers": 2, "share": {"requestsPerSecond": 5}}});
-        let datastages = [datastage("done", "s3://data", None, had.clone()), datastage("running", "s3://data", None, had)];
-        let pods = [pod("running", "n1", "Running")];
-        let split = split(&[], &datastages, &pods);
+        let datastages =
+            [datastage("done", "s3://data", None, had.clone()), datastage("running", "s3://data", None, had)];
+        let running = workers(&[("running", 1)]);
+        let split = split(&[], &datastages, &running);
         assert_eq!(split.datastages[&("ml".into(), "done".into())], None);
         assert_eq!(split.datastages[&("ml".into(), "running".into())], Some(DataStageBudget::default()));
         // Once told, nothing more to write.
         let told = [datastage("running", "s3://data", None, json!({"storeBudget": {"workers": 0, "share": {}}}))];
-        assert!(super::split(&[], &told, &pods).datastages.is_empty());
+        assert!(super::split(&[], &told, &running).datastages.is_empty());
     }
 
     #[test]
     fn of_two_budgets_on_one_bucket_the_first_by_name_applies_and_the_other_says_so() {
         let budgets = [budget("b-second", "s3://data", None, 10), budget("a-first", "s3://data/", None, 40)];
         let datastages = [datastage("d", "s3://data/x", None, json!({}))];
-        let split = split(&budgets, &datastages, &[pod("d", "n1", "Running")]);
+        let split = split(&budgets, &datastages, &workers(&[("d", 1)]));
         assert_eq!(split.budgets["a-first"].share.requests_per_second, Some(40));
         assert_eq!(split.budgets["b-second"].shadowed_by.as_deref(), Some("a-first"));
         assert_eq!(split.budgets["b-second"].workers, 0);

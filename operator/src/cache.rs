@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Pod, PodSpec};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::{Resource as _, ResourceExt as _};
@@ -281,9 +281,11 @@ pub fn slim_datastage(ds: &mut ferry_crds::DataStage) {
     }
 }
 
-/// A Job as the controller reads it: no pod template, no managed fields.
+/// A Job as the controller reads it: of its spec only its parallelism
+/// (the workers it runs, for store budgets); no managed fields.
 pub fn slim_job(job: &mut Job) {
-    job.spec = None;
+    let parallelism = job.spec.as_ref().and_then(|s| s.parallelism);
+    job.spec = parallelism.map(|parallelism| JobSpec { parallelism: Some(parallelism), ..JobSpec::default() });
     job.meta_mut().managed_fields = None;
 }
 
@@ -370,12 +372,14 @@ mod tests {
             "metadata": {"name": "j", "labels": {"ferry.dev/datastage": "d"},
                          "ownerReferences": [{"apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "name": "d", "uid": "u", "controller": true}],
                          "managedFields": [{"manager": "ferry.dev/operator"}]},
-            "spec": {"template": {"spec": {"containers": [{"name": "c", "args": ["--a", "--b"]}]}}},
+            "spec": {"parallelism": 3, "template": {"spec": {"containers": [{"name": "c", "args": ["--a", "--b"]}]}}},
             "status": {"succeeded": 1},
         }))
         .unwrap();
         slim_job(&mut job);
-        assert!(job.spec.is_none() && job.metadata.managed_fields.is_none());
+        let spec = job.spec.clone().unwrap();
+        assert_eq!(spec.parallelism, Some(3), "the workers it runs, for store budgets");
+        assert!(spec.template.spec.is_none() && job.metadata.managed_fields.is_none(), "no pod template");
         assert_eq!(job.status.unwrap().succeeded, Some(1));
         assert_eq!(job.metadata.owner_references.unwrap()[0].name, "d", "owners map a Job to its DataStage");
 

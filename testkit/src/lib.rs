@@ -139,14 +139,26 @@ impl S3Server {
     /// (`AssumeRoleWithWebIdentity`) under one role with the `readwrite`
     /// policy: [`S3Server::openid_role_arn`] names it.
     pub fn minio_trusting(provider: &OpenIdProvider<'_>) -> Self {
-        Self::start_minio_with(false, &[], Some(provider))
+        Self::start_minio_with(false, &[], Some(provider), None)
+    }
+
+    /// Starts MinIO serving at most `requests` S3 requests at a time
+    /// (`MINIO_API_REQUESTS_MAX`): the rest it answers with 503 SlowDown
+    /// or 429, as a store that throttles its clients.
+    pub fn minio_limited(requests: u32) -> Self {
+        Self::start_minio_with(false, &[], None, Some(requests))
     }
 
     fn start_minio(tls: bool, addresses: &[std::net::IpAddr]) -> Self {
-        Self::start_minio_with(tls, addresses, None)
+        Self::start_minio_with(tls, addresses, None, None)
     }
 
-    fn start_minio_with(tls: bool, addresses: &[std::net::IpAddr], openid: Option<&OpenIdProvider<'_>>) -> Self {
+    fn start_minio_with(
+        tls: bool,
+        addresses: &[std::net::IpAddr],
+        openid: Option<&OpenIdProvider<'_>>,
+        requests_max: Option<u32>,
+    ) -> Self {
         let binary = tool_path("minio");
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
@@ -172,6 +184,9 @@ impl S3Server {
             .env("MINIO_UPDATE", "off")
             // Its own Prometheus metrics without a token: tests read what it sent.
             .env("MINIO_PROMETHEUS_AUTH_TYPE", "public");
+        if let Some(requests) = requests_max {
+            command.env("MINIO_API_REQUESTS_MAX", requests.to_string());
+        }
         if let Some(provider) = openid {
             // MinIO fetches the discovery document and the keys over HTTPS
             // and trusts the CAs in `certs/CAs` besides the system's.

@@ -48,6 +48,24 @@ async fn throttled_and_truncated_gets_are_retried_and_counted() {
 }
 
 #[tokio::test]
+async fn a_store_that_throttles_longer_than_the_attempts_allow_is_waited_out_but_a_fault_is_not() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("p/busy", data(4, 1000));
+    store.insert("p/broken", data(5, 1000));
+    // Twice the attempts in throttles: "later", not "no".
+    store.fail_gets("p/busy", std::iter::repeat_n(Fault::Throttle, 12));
+    // The same number of truncated bodies uses up the attempts.
+    store.fail_gets("p/broken", std::iter::repeat_n(Fault::Truncate, 12));
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&store);
+    let summary = pull(Arc::clone(&engine), "p/", dir.path(), false).await.unwrap();
+    assert_eq!(std::fs::read(dir.path().join("busy")).unwrap(), data(4, 1000));
+    assert!(!dir.path().join("broken").exists());
+    assert_eq!((summary.objects.transferred, summary.objects.failed), (1, 1), "{summary:?}");
+    assert_eq!(summary.throttled, 12, "every throttle retried and counted: {summary:?}");
+}
+
+#[tokio::test]
 async fn a_corrupt_body_is_downloaded_again() {
     let store = Arc::new(MemoryStore::default());
     store.insert("obj", data(3, 4096));

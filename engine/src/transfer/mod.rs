@@ -563,7 +563,12 @@ impl Engine {
     {
         let policy = &self.config.retry;
         let first = Instant::now();
-        let mut attempts = 0;
+        // A throttled attempt says "later", not "no": it does not use up
+        // one of the request's attempts, only time (`max_elapsed` still
+        // bounds it). Its backoff grows like any other, so runs that share
+        // a store that throttles them back off together instead of failing
+        // their objects while the store is busy.
+        let (mut attempts, mut refused) = (0, 0);
         loop {
             attempts += 1;
             let slot = self.budget.request().await;
@@ -578,7 +583,10 @@ impl Engine {
             };
             let Some(reason) = error.retry_reason() else { return Err(error) };
             let delay = policy.backoff(attempts);
-            if attempts >= policy.max_attempts || first.elapsed() + delay > policy.max_elapsed {
+            if reason == crate::store::RetryReason::Throttled {
+                refused += 1;
+            }
+            if attempts - refused >= policy.max_attempts || first.elapsed() + delay > policy.max_elapsed {
                 return Err(error);
             }
             self.metrics.retry(reason);

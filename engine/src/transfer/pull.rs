@@ -338,6 +338,7 @@ pub async fn pull(
         summary.peers = fleet.counts();
     }
     summary.concurrency = Some(engine.concurrency_used());
+    summary.throttled = engine.metrics.throttles();
     Ok(summary)
 }
 

@@ -135,6 +135,7 @@ pub async fn push(engine: Arc<Engine>, source: &Path, prefix: &str) -> Result<Su
         started.elapsed(),
     );
     summary.concurrency = Some(engine.concurrency_used());
+    summary.throttled = engine.metrics.throttles();
     Ok(summary)
 }
 
