@@ -68,6 +68,22 @@ ROWS = [
          "Peers the workers stopped asking (unreachable, stalled, or serving bytes that did not match the store's"
          " checksum); their share was read from the store."),
     ]),
+    ("Store budgets", [
+        ("Budget share per worker", "reqps", "timeseries", 8,
+         [("{{budget}} (StoreBudget)", 'max by (budget) (ferry_operator_store_budget{state="share_requests_per_second"})'),
+          ("{{worker}} follows", f'max by (worker) (ferry_stager_store_share_requests_per_second{{{SEL}}})')],
+         "Requests per second each worker may send under its bucket's StoreBudget, as the operator split it and"
+         " as each worker follows it (0: no budget caps requests)."),
+        ("Workers sharing each budget", "short", "timeseries", 8,
+         [("{{budget}}", 'max by (budget) (ferry_operator_store_budget{state="workers"})')],
+         "Workers running against each budgeted bucket: the operator splits the budget equally among them."),
+        ("Throttled requests", "reqps", "timeseries", 8,
+         [("{{namespace}}/{{datastage}}",
+           f'sum by (namespace, datastage) (rate(ferry_stager_retries_total{{{SEL}, reason="throttled"}}[{RATE}]))'),
+          ("{{budget}} (reported, run)", 'max by (budget) (ferry_operator_store_budget{state="throttled_requests"})')],
+         "Requests the store answered with SlowDown, 429 or 503, per second per DataStage; and the count the"
+         " workers of each budget's DataStages reported in their current runs."),
+    ]),
     ("Errors", [
         ("Retries by reason", "ops", "timeseries", 8,
          [("{{reason}}", f'sum by (reason) (rate(ferry_stager_retries_total{{{SEL}}}[{RATE}]))')],

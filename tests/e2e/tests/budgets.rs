@@ -13,7 +13,8 @@
 //!
 //! Each round prints the time until all 20 finished, the requests the
 //! workers sent and how many the store throttled, from the workers' own
-//! summaries (their pods' termination messages).
+//! summaries (their pods' termination messages). `FERRY_LONG=1` stages
+//! ten times the objects.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -33,8 +34,10 @@ const DATASTAGES: usize = 20;
 const STORE_REQUESTS_MAX: u32 = 8;
 /// Requests per second all workers together may send under the budget.
 const BUDGET_REQUESTS_PER_SECOND: i32 = 80;
-/// Objects in the dataset.
-const OBJECTS: u64 = 30;
+/// Objects in the dataset: 30, or 300 with `FERRY_LONG=1`.
+fn objects() -> u64 {
+    if std::env::var("FERRY_LONG").is_ok_and(|v| v == "1") { 300 } else { 30 }
+}
 const NAMESPACE: &str = "ml";
 
 /// What one round measured.
@@ -67,7 +70,7 @@ impl Setup {
         let s3 = S3Server::minio_limited(STORE_REQUESTS_MAX);
         s3.create_bucket("shared").await;
         let mut files = BTreeMap::new();
-        for i in 0..OBJECTS {
+        for i in 0..objects() {
             // Odd sizes around 64 KiB: the count of requests is what matters.
             files.insert(format!("{i:03}.bin"), pattern(900 + i, 65_536 + 37 * i as usize));
         }
@@ -213,7 +216,7 @@ async fn twenty_datastages_share_a_throttling_bucket_within_a_budget_and_back_of
     assert_eq!(budgeted.succeeded, DATASTAGES, "{budgeted:?}");
     assert!(most_workers > 2, "the budget was split among many workers at once (at most {most_workers} seen)");
     assert!(shares_seen > DATASTAGES, "DataStages showed their share while they ran ({shares_seen} sightings)");
-    assert!(budgeted.requests >= DATASTAGES as u64 * 2 * OBJECTS, "{budgeted:?}");
+    assert!(budgeted.requests >= DATASTAGES as u64 * 2 * objects(), "{budgeted:?}");
     assert!(
         budgeted.throttled_fraction() < 0.01,
         "under the budget the store throttled {} of {} requests",

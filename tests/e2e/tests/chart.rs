@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_crds::{DataStage, Phase};
+use ferry_crds::{DataStage, Phase, StoreBudget};
 use ferry_e2e::tools::{Tools, run_tool};
 use ferry_e2e::{Cluster, create_namespace, image, job_succeeded, object_store, wait_for};
 use ferry_testkit::{free_port, pattern, read_tree, repo_root, tool_path};
@@ -682,6 +682,22 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // A budget for the bucket, generous enough not to slow anything: its
+    // split shows in the StoreBudget, the workers' metrics and the
+    // dashboard. Its status says the operator, under the chart's RBAC,
+    // sees it (and that the worker Jobs below will count it).
+    let budgets: Api<StoreBudget> = Api::all(client.clone());
+    let budget: StoreBudget = serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1",
+        "kind": "StoreBudget", "metadata": {"name": "datasets"},
+        "spec": {"uri": "s3://datasets", "endpoint": s3.endpoint, "requestsPerSecond": 1000, "bandwidth": "1Gi"}}))
+    .unwrap();
+    budgets.create(&PostParams::default(), &budget).await.unwrap();
+    wait_for(&cluster, "the operator to split the StoreBudget", Duration::from_secs(30), || {
+        let budgets = budgets.clone();
+        async move { budgets.get("datasets").await.ok()?.status.filter(|s| s.share.is_some()).map(|_| ()) }
+    })
+    .await;
+
     // A DataStage sharded over two workers onto a claim (hostPath volumes
     // are not allowed under the restricted standard; claims are).
     create_claim(&client, DATA_NS, "corpus", None).await;
@@ -754,6 +770,13 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         }
     })
     .await;
+    // Its two workers (one Indexed Job of two pods) split the budget.
+    assert!(
+        stager_exposition.contains("ferry_stager_store_share_requests_per_second 500"),
+        "each of the two workers follows half the budget:\n{stager_exposition}"
+    );
+    let split = budgets.get("datasets").await.unwrap().status.unwrap();
+    assert!(split.workers <= 2 && split.throttled_requests == 0, "{split:?}");
     let succeeded = wait_for(&cluster, "the DataStage to succeed", Duration::from_secs(120), || {
         let datastages = datastages.clone();
         async move {
@@ -874,6 +897,10 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         (&operator, false, vec!["patch", "jobs.batch", "-n", DATA_NS]),
         (&operator, true, vec!["list", "pods", "-n", OTHER_NS]),
         (&operator, true, vec!["list", "nodes"]),
+        (&operator, true, vec!["watch", "storebudgets.ferry.dev"]),
+        (&operator, true, vec!["patch", "storebudgets.ferry.dev", "--subresource=status"]),
+        (&operator, false, vec!["patch", "storebudgets.ferry.dev"]),
+        (&operator, false, vec!["create", "storebudgets.ferry.dev"]),
         (&operator, true, vec!["watch", "nodes"]),
         (&operator, true, vec!["get", "secrets", "-n", DATA_NS]),
         (&operator, true, vec!["get", "configmaps", "-n", DATA_NS]),
