@@ -671,6 +671,10 @@ pub struct WorkerStatus {
     /// run so far; written by the worker itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttled_requests: Option<i64>,
+    /// The share of a StoreBudget this worker follows now; written by the
+    /// worker itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_share: Option<ferry_contract::StoreShare>,
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -283,6 +283,7 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
     };
     match &observed.report {
         Report::Summary(summary) => {
+            entry.throttled_requests = Some(summary.throttled as i64).filter(|n| *n > 0);
             entry.bytes_done = summary.bytes_in_place() as i64;
             entry.bytes_total = summary.bytes.selected as i64;
             entry.bytes_failed = summary.bytes.failed as i64;

@@ -53,10 +53,12 @@ pub fn worker_patch(
     target: &ReportTarget,
     snapshot: &ferry_engine::transfer::tally::Snapshot,
     rate: f64,
-    throttled: u64,
+    budget: (u64, Option<ferry_contract::StoreShare>),
     peers: Option<(SocketAddr, PeerCounts)>,
 ) -> serde_json::Value {
+    let (throttled, share) = budget;
     let mut entry = WorkerStatus {
+        store_share: share,
         throttled_requests: Some(throttled as i64).filter(|n| *n > 0),
         name: target.worker.clone(),
         node: target.node.clone(),
@@ -103,7 +105,8 @@ pub async fn report(target: ReportTarget, engine: Arc<Engine>, peering: Option<A
         let rate = snapshot.bytes_done.saturating_sub(previous.1) as f64 / elapsed;
         previous = (Instant::now(), snapshot.bytes_done);
         let peers = peering.as_ref().map(|p| (p.address, p.fleet.counts()));
-        let patch = worker_patch(&target, &snapshot, rate, engine.metrics.throttles(), peers);
+        let budget = (engine.metrics.throttles(), engine.store_share());
+        let patch = worker_patch(&target, &snapshot, rate, budget, peers);
         let published = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await;
         match &published {
             Ok(ds) => {
@@ -169,7 +172,8 @@ async fn status_api(target: &ReportTarget) -> Option<(Api<DataStage>, PatchParam
 /// from the summary). Best effort: an error only costs a stale address.
 pub async fn withdraw(target: &ReportTarget, engine: &Engine) {
     let Some((api, params)) = status_api(target).await else { return };
-    let patch = worker_patch(target, &engine.tally.snapshot(), 0.0, engine.metrics.throttles(), None);
+    let budget = (engine.metrics.throttles(), engine.store_share());
+    let patch = worker_patch(target, &engine.tally.snapshot(), 0.0, budget, None);
     if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await {
         tracing::debug!(%error, "cannot withdraw the peer address");
     }
@@ -230,7 +234,7 @@ mod tests {
             bytes_done: 400,
             listing_done: true,
         };
-        let patch = worker_patch(&target, &snapshot, 123.0, 0, None);
+        let patch = worker_patch(&target, &snapshot, 123.0, (0, None), None);
         let workers = patch["status"]["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 1);
         assert_eq!(workers[0]["name"], "node-a");
@@ -241,8 +245,11 @@ mod tests {
         assert_eq!(patch["apiVersion"], "ferry.dev/v1alpha1");
         assert!(workers[0].get("peerAddress").is_none(), "no peers, no address");
         assert!(workers[0].get("throttledRequests").is_none(), "nothing throttled, nothing said");
-        let throttled = worker_patch(&target, &snapshot, 0.0, 7, None);
-        assert_eq!(throttled["status"]["workers"][0]["throttledRequests"], 7);
+        assert!(workers[0].get("storeShare").is_none(), "no budget, no share");
+        let share = ferry_contract::StoreShare { requests_per_second: Some(3), bytes_per_second: None };
+        let budgeted = worker_patch(&target, &snapshot, 0.0, (7, Some(share)), None);
+        assert_eq!(budgeted["status"]["workers"][0]["throttledRequests"], 7);
+        assert_eq!(budgeted["status"]["workers"][0]["storeShare"], json!({"requestsPerSecond": 3}));
     }
 
     #[test]
@@ -250,7 +257,7 @@ mod tests {
         let target = ReportTarget { namespace: "ml".into(), name: "d".into(), worker: "node-a".into(), node: None };
         let counts = PeerCounts { bytes_from_peers: 7, bytes_served: 9, ..PeerCounts::default() };
         let address: SocketAddr = "10.224.3.4:9466".parse().unwrap();
-        let patch = worker_patch(&target, &Default::default(), 0.0, 0, Some((address, counts)));
+        let patch = worker_patch(&target, &Default::default(), 0.0, (0, None), Some((address, counts)));
         let entry = &patch["status"]["workers"][0];
         assert_eq!(entry["peerAddress"], "10.224.3.4:9466");
         assert_eq!(entry["bytesFromPeers"], 7);

@@ -426,6 +426,8 @@ pub struct Engine {
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
     /// Slots for a pull's file creations and commits (see [`Engine::on_disk`]).
     disk_slots: tokio::sync::Semaphore,
+    /// The store budget share this run follows now, if any.
+    share: std::sync::Mutex<Option<ferry_contract::StoreShare>>,
 }
 
 /// File creations and commits in flight per core. Each is a blocking call,
@@ -493,6 +495,7 @@ impl Engine {
             disk_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, usize::from) * DISK_SLOTS_PER_CORE,
             ),
+            share: std::sync::Mutex::new(None),
         });
         engine.follow_share(engine.config.store_share);
         Ok(engine)
@@ -502,6 +505,7 @@ impl Engine {
     /// on (`None`: no budget), within the run's own caps. Requests and
     /// bytes already waiting their turn wait for the new rate.
     pub fn follow_share(&self, share: Option<ferry_contract::StoreShare>) {
+        *self.share.lock().expect("share lock poisoned") = share.filter(|s| !s.is_unlimited());
         let share = share.unwrap_or_default();
         let (requests, bytes) = share.within(self.config.max_request_rate, self.config.max_bandwidth);
         if (self.budget.request_rate.rate(), self.bandwidth.rate()) != (requests, bytes) {
@@ -510,6 +514,11 @@ impl Engine {
         self.budget.request_rate.set_rate(requests);
         self.bandwidth.set_rate(bytes);
         self.metrics.set_store_share(&share);
+    }
+
+    /// The store budget share this run follows now, if any.
+    pub fn store_share(&self) -> Option<ferry_contract::StoreShare> {
+        *self.share.lock().expect("share lock poisoned")
     }
 
     /// Runs `work`, a file creation or commit, on the blocking pool once one

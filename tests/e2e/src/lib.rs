@@ -467,6 +467,31 @@ pub async fn install_crd(cluster: &Cluster) {
     }
 }
 
+/// Workers run as the namespace's default ServiceAccount; lets it do what
+/// the chart's stager Role allows: write its progress (and read back its
+/// StoreBudget share) and, in a fleet, read its peers' addresses.
+///
+/// # Panics
+/// When the Role or RoleBinding cannot be created.
+pub async fn let_workers_report(cluster: &Cluster, namespace: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::PostParams;
+    let client = cluster.client().await.expect("client");
+    let role: Role = serde_json::from_value(serde_json::json!({"metadata": {"name": "stager"},
+        "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages"], "verbs": ["get"]},
+                  {"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}))
+    .expect("a Role");
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({"metadata": {"name": "stager"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}))
+    .expect("a RoleBinding");
+    kube::Api::<Role>::namespaced(client.clone(), namespace).create(&PostParams::default(), &role).await.expect("Role");
+    kube::Api::<RoleBinding>::namespaced(client, namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("RoleBinding");
+}
+
 /// Creates namespace `name` with `labels`, and waits for its default
 /// service account (pods cannot be created before it exists).
 ///

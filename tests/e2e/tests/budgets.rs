@@ -19,10 +19,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ferry_contract::Summary;
+use clap::Parser as _;
+use ferry_contract::{StagerCli, StagerCommand, Summary};
 use ferry_crds::{DataStage, Phase, StoreBudget};
-use ferry_e2e::{Cluster, create_namespace, install_crd, start_operator, wait_for};
+use ferry_e2e::{Cluster, create_namespace, install_crd, let_workers_report, start_operator, wait_for};
 use ferry_testkit::{S3Server, pattern, read_tree};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt as _};
@@ -81,6 +83,8 @@ impl Setup {
         let client = cluster.client().await.unwrap();
         install_crd(&cluster).await;
         create_namespace(&cluster, NAMESPACE, &[]).await;
+        // Workers report their progress and read back their share.
+        let_workers_report(&cluster, NAMESPACE).await;
         let secret: Secret = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "s3"},
             "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}))
@@ -167,6 +171,30 @@ impl Setup {
         }
     }
 
+    /// The requests per second each of the round's DataStages' workers
+    /// started with: the `--store-share` of its worker Jobs.
+    async fn starting_shares(&self, name: &str) -> BTreeMap<String, u32> {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let mut started = BTreeMap::new();
+        for job in jobs.list(&ListParams::default().labels("ferry.dev/worker")).await.unwrap().items {
+            let datastage = job.labels()["ferry.dev/datastage"].clone();
+            if !datastage.starts_with(&format!("{name}-")) {
+                continue;
+            }
+            let args = job.spec.and_then(|s| s.template.spec).and_then(|s| s.containers[0].args.clone());
+            // As the kubelet expands them: the pod's IP where the peers listen.
+            let pod_ip = format!("$({})", ferry_operator::peers::POD_IP_ENV);
+            let args = args.unwrap_or_default().into_iter().map(|arg| arg.replace(&pod_ip, "10.0.0.1"));
+            let cli = StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args))
+                .expect("the operator's arguments parse");
+            let StagerCommand::Pull { options, .. } = cli.command else { panic!("{datastage}: a pull") };
+            if let Some(rate) = options.store_share.and_then(|s| s.requests_per_second) {
+                started.insert(datastage, rate);
+            }
+        }
+        started
+    }
+
     async fn delete_round(&self, name: &str) {
         let datastages: Api<DataStage> = Api::namespaced(self.client.clone(), NAMESPACE);
         let in_round = ListParams::default().labels(&format!("round={name}"));
@@ -194,6 +222,7 @@ async fn twenty_datastages_share_a_throttling_bucket_within_a_budget_and_back_of
     let mut most_workers = 0;
     let mut shares_seen = 0;
     let mut seen = std::collections::BTreeSet::new();
+    let mut followed = BTreeMap::new();
     let budgeted = setup
         .round("budget", json!({}), |listed| {
             for ds in listed {
@@ -209,11 +238,31 @@ async fn twenty_datastages_share_a_throttling_bucket_within_a_budget_and_back_of
                 most_workers = most_workers.max(share.workers);
                 shares_seen += 1;
                 seen.insert((share.workers, per_worker));
+                // The lowest share its workers said they follow.
+                for worker in &ds.status.as_ref().unwrap().workers {
+                    if let Some(rate) = worker.store_share.and_then(|s| s.requests_per_second) {
+                        let lowest = followed.entry(ds.name_any()).or_insert(rate);
+                        *lowest = rate.min(*lowest);
+                    }
+                }
             }
         })
         .await;
     println!("splits seen (workers, requests/s each): {seen:?}");
     assert_eq!(budgeted.succeeded, DATASTAGES, "{budgeted:?}");
+    // Workers follow the split as it changes: those that started first,
+    // with the share of the few workers counted then (their Job's
+    // --store-share), came down to the share of many.
+    let started = setup.starting_shares("budget").await;
+    let came_down: Vec<&String> = followed
+        .iter()
+        .filter(|(ds, lowest)| started.get(*ds).is_some_and(|first| *lowest < first))
+        .map(|(ds, _)| ds)
+        .collect();
+    assert!(
+        !came_down.is_empty(),
+        "no worker was seen following a lower share than it started with; started {started:?}, followed {followed:?}"
+    );
     assert!(most_workers > 2, "the budget was split among many workers at once (at most {most_workers} seen)");
     assert!(shares_seen > DATASTAGES, "DataStages showed their share while they ran ({shares_seen} sightings)");
     assert!(budgeted.requests >= DATASTAGES as u64 * 2 * objects(), "{budgeted:?}");

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
-use ferry_e2e::{Cluster, create_namespace, install_crd, object_store, start_operator, wait_for};
+use ferry_e2e::{Cluster, create_namespace, install_crd, let_workers_report, object_store, start_operator, wait_for};
 use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::core::v1::Secret;
@@ -611,28 +611,11 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     setup.cluster.stop().await;
 }
 
-/// Workers run as the namespace's default ServiceAccount; lets it do what
-/// the chart's stager Role allows: write its progress and, in a fleet, read
-/// its peers' addresses.
-async fn let_workers_report(setup: &Setup, namespace: &str) {
-    let client = setup.cluster.client().await.unwrap();
-    for manifest in [
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "stager", "namespace": namespace},
-               "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages"], "verbs": ["get"]},
-                         {"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "stager", "namespace": namespace},
-               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stager"}}),
-    ] {
-        create_object(&client, namespace, manifest).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn progress_moves_in_the_status_while_a_worker_runs() {
     let setup = setup("progress").await;
     setup.create_secret().await;
-    let_workers_report(&setup, "progress").await;
+    let_workers_report(&setup.cluster, "progress").await;
     setup
         .apply_spec(
             "slow",
@@ -903,7 +886,7 @@ fn egress_counter(setup: &Setup) -> ferry_testkit::CorruptingProxy {
 async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_peers_may_read_them() {
     let setup = setup("fleet").await;
     setup.create_secret().await;
-    let_workers_report(&setup, "fleet").await;
+    let_workers_report(&setup.cluster, "fleet").await;
     let proxy = egress_counter(&setup);
     let sent_before = setup.s3.bytes_sent().await;
     setup
@@ -995,7 +978,7 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
 async fn a_worker_killed_mid_transfer_neither_stops_its_peer_nor_loses_its_own_copy() {
     let setup = setup("fleetkill").await;
     setup.create_secret().await;
-    let_workers_report(&setup, "fleetkill").await;
+    let_workers_report(&setup.cluster, "fleetkill").await;
     setup
         .apply_spec(
             "killed",
@@ -1034,7 +1017,7 @@ async fn a_worker_killed_mid_transfer_neither_stops_its_peer_nor_loses_its_own_c
 async fn a_peer_whose_copy_rotted_cannot_corrupt_the_other_node() {
     let setup = setup("fleetrot").await;
     setup.create_secret().await;
-    let_workers_report(&setup, "fleetrot").await;
+    let_workers_report(&setup.cluster, "fleetrot").await;
     let spec = |placement: serde_json::Value| {
         json!({
             "source": setup.store("s3://datasets/demo"),
