@@ -70,7 +70,8 @@ impl StoreBudgetSpec {
     /// trailing slash and without case.
     pub fn covers(&self, scheme: &str, bucket: &str, endpoint: Option<&str>) -> bool {
         let normal = |endpoint: Option<&str>| endpoint.map(|e| e.trim_end_matches('/').to_ascii_lowercase());
-        self.uri.trim_end_matches('/') == format!("{scheme}://{bucket}")
+        let own: Option<ferry_contract::ObjectLocation> = self.uri.parse().ok();
+        own.is_some_and(|own| own.scheme == scheme && own.bucket == bucket)
             && normal(self.endpoint.as_deref()) == normal(endpoint)
     }
 }

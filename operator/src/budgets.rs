@@ -48,11 +48,22 @@ fn store_of(ds: &DataStage) -> Option<(String, String, Option<String>)> {
     Some((location.scheme, location.bucket, plan.store.endpoint.clone()))
 }
 
-/// The budget that applies to `ds`'s store: of several covering it, the
-/// first by name (the others say so in their status).
+/// The budget that applies to bucket `bucket` of scheme `scheme` at
+/// `endpoint`: of several covering it, the first by name (the others say
+/// so in their status).
+fn applying<'a>(
+    budgets: &'a [Arc<StoreBudget>],
+    scheme: &str,
+    bucket: &str,
+    endpoint: Option<&str>,
+) -> Option<&'a Arc<StoreBudget>> {
+    budgets.iter().filter(|b| b.spec.covers(scheme, bucket, endpoint)).min_by_key(|b| b.name_any())
+}
+
+/// The budget that applies to `ds`'s store.
 fn budget_for<'a>(budgets: &'a [Arc<StoreBudget>], ds: &DataStage) -> Option<&'a Arc<StoreBudget>> {
     let (scheme, bucket, endpoint) = store_of(ds)?;
-    budgets.iter().filter(|b| b.spec.covers(&scheme, &bucket, endpoint.as_deref())).min_by_key(|b| b.name_any())
+    applying(budgets, &scheme, &bucket, endpoint.as_deref())
 }
 
 /// Workers (pods) a Job runs: its parallelism, 1 unless sharded.
@@ -122,12 +133,14 @@ pub fn split(
     for budget in budgets {
         out.budgets.insert(budget.name_any(), BudgetSplit::default());
     }
-    let applying: Vec<(&Arc<DataStage>, Option<&Arc<StoreBudget>>)> =
-        datastages.iter().map(|ds| (ds, budget_for(budgets, ds))).collect();
-    for (ds, budget) in &applying {
+    // Each DataStage with the budget that applies to it and its workers.
+    let under: Vec<(&Arc<DataStage>, Option<&Arc<StoreBudget>>, u32)> = datastages
+        .iter()
+        .map(|ds| (ds, budget_for(budgets, ds), workers.get(&key(ds)).copied().unwrap_or(0)))
+        .collect();
+    for &(ds, budget, running) in &under {
         let Some(budget) = budget else { continue };
         let entry = out.budgets.get_mut(&budget.name_any()).expect("every budget has an entry");
-        let running = workers.get(&key(ds)).copied().unwrap_or(0);
         entry.workers += running;
         entry.datastages += u32::from(running > 0);
         let status = ds.status.as_ref();
@@ -136,16 +149,11 @@ pub fn split(
     for budget in budgets {
         let entry = out.budgets.get_mut(&budget.name_any()).expect("every budget has an entry");
         entry.share = budget.spec.share(entry.workers);
-        let (scheme, bucket) = budget.spec.uri.trim_end_matches('/').split_once("://").unwrap_or_default();
-        let first = budgets
-            .iter()
-            .filter(|b| b.spec.covers(scheme, bucket, budget.spec.endpoint.as_deref()))
-            .min_by_key(|b| b.name_any())
-            .map(|b| b.name_any());
-        entry.shadowed_by = first.filter(|name| *name != budget.name_any());
+        let own: Option<ObjectLocation> = budget.spec.uri.parse().ok();
+        let first = own.and_then(|own| applying(budgets, &own.scheme, &own.bucket, budget.spec.endpoint.as_deref()));
+        entry.shadowed_by = first.map(|b| b.name_any()).filter(|name| *name != budget.name_any());
     }
-    for (ds, budget) in applying {
-        let running = workers.get(&key(ds)).copied().unwrap_or(0);
+    for (ds, budget, running) in under {
         let current = ds.status.as_ref().and_then(|s| s.store_budget.clone());
         let wanted = match (running, budget) {
             (0, _) => None,

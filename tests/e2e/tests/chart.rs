@@ -126,7 +126,7 @@ async fn install_monitoring_crds(tools: &Tools) {
     .await;
 }
 
-async fn install_datastage_crd(tools: &Tools) {
+async fn install_crds(tools: &Tools) {
     for (file, name) in [
         ("ferry.dev_datastages.yaml", "crd/datastages.ferry.dev"),
         ("ferry.dev_storebudgets.yaml", "crd/storebudgets.ferry.dev"),
@@ -244,7 +244,7 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
     for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS] {
         create_namespace(&cluster, namespace, &RESTRICTED).await;
     }
-    install_datastage_crd(&tools).await;
+    install_crds(&tools).await;
     install_monitoring_crds(&tools).await;
     install_stand_in_crds(&tools, "cert-manager.io", &[("Certificate", "certificates"), ("Issuer", "issuers")]).await;
     let combinations: [(&str, Vec<&str>); 6] = [
