@@ -185,6 +185,7 @@ pub struct Metrics {
     peer_waits: Counter,
     peer_waits_open: Gauge,
     concurrency_limit: Gauge,
+    request_rate_cap: Gauge,
     share_requests: Gauge,
     share_bytes: Gauge,
     /// What adaptive concurrency judges a limit by, readable without the
@@ -223,6 +224,7 @@ impl Metrics {
         let peer_waits = Counter::default();
         let peer_waits_open = Gauge::default();
         let concurrency_limit = Gauge::default();
+        let request_rate_cap = Gauge::default();
         let share_requests = Gauge::default();
         let share_bytes = Gauge::default();
         registry.register_with_unit(
@@ -255,6 +257,12 @@ impl Metrics {
             "concurrency_limit",
             "Store requests allowed in flight at once (with --concurrency auto, what the run chose last)",
             concurrency_limit.clone(),
+        );
+        registry.register(
+            "request_rate_cap",
+            "Store requests per second the run may start now: the lowest of --max-request-rate, its store budget \
+             share and the rate throttling taught it (0: no cap)",
+            request_rate_cap.clone(),
         );
         registry.register(
             "store_share_requests_per_second",
@@ -326,6 +334,7 @@ impl Metrics {
             peer_waits,
             peer_waits_open,
             concurrency_limit,
+            request_rate_cap,
             share_requests,
             share_bytes,
             flow: Flow::default(),
@@ -396,6 +405,11 @@ impl Metrics {
     /// Records the number of requests allowed in flight.
     pub fn set_concurrency_limit(&self, limit: usize) {
         self.concurrency_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+
+    /// Records the request-rate cap in force (`None`: no cap).
+    pub fn set_request_rate_cap(&self, cap: Option<u64>) {
+        self.request_rate_cap.set(cap.map_or(0, |cap| i64::try_from(cap).unwrap_or(i64::MAX)));
     }
 
     /// Records this worker's share of a store budget.
@@ -490,6 +504,7 @@ mod tests {
         metrics.peer_bytes_received(5);
         metrics.peer_failure(PeerFailure::Mismatch);
         metrics.set_concurrency_limit(24);
+        metrics.set_request_rate_cap(Some(80));
         let guard = metrics.request_started();
         let text = metrics.encode();
         assert_eq!((metrics.bytes_moved(), metrics.throttles(), metrics.requests_in_flight()), (42, 1, 1));
@@ -502,6 +517,7 @@ mod tests {
             "ferry_stager_retries_total{reason=\"throttled\"} 1",
             "ferry_stager_requests_in_flight 1",
             "ferry_stager_concurrency_limit 24",
+            "ferry_stager_request_rate_cap 80",
             "ferry_stager_verified_objects_total{kind=\"etag_multipart\"} 1",
             "ferry_stager_verified_objects_total{kind=\"crc64nvme\"} 0",
             "ferry_stager_resumed_bytes_total{direction=\"upload\"} 7",

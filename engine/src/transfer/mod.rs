@@ -36,6 +36,7 @@ pub mod readback;
 #[cfg(test)]
 mod resync_tests;
 pub mod tally;
+pub mod throttle;
 pub mod verify;
 
 use std::future::Future;
@@ -314,8 +315,10 @@ pub struct Budget {
     controller_pending: Arc<AtomicBool>,
     /// The most requests an adaptive run may reach.
     ceiling: usize,
-    /// The `--max-request-rate` pacer: requests start no faster than it allows.
-    pub request_rate: Arc<pacing::Pacer>,
+    /// The request-rate cap: requests start no faster than it allows
+    /// (`--max-request-rate`, a store budget share, and with adaptive
+    /// concurrency what throttling taught; see [`throttle`]).
+    pub request_rate: Arc<throttle::RateControl>,
 }
 
 /// A request slot; frees itself and the in-flight gauge on drop.
@@ -364,23 +367,34 @@ impl Budget {
         Ok(Self {
             requests: Arc::new(adaptive::RequestLimit::new(start)),
             memory: Arc::new(Semaphore::new(units)),
-            metrics,
             controller_pending: Arc::new(AtomicBool::new(adaptive)),
             ceiling: concurrency.max(1),
-            request_rate: Arc::new(pacing::Pacer::new(max_request_rate)),
+            request_rate: Arc::new(throttle::RateControl::new(max_request_rate, adaptive, Arc::clone(&metrics))),
+            metrics,
         })
     }
 
-    /// Waits for a request slot (and, under `--max-request-rate`, for the
-    /// request's turn: paced before the slot, so no slot idles while it waits).
+    /// Waits for a request slot (and, under a request-rate cap, for the
+    /// request's turn: paced before the slot, so no slot idles while it
+    /// waits, and again if the cap came down while it waited for the slot,
+    /// so that a queue formed under the old cap does not burst through).
     pub async fn request(&self) -> RequestSlot {
         if self.controller_pending.load(Relaxed) && self.controller_pending.swap(false, Relaxed) {
             let floor = adaptive::ADAPTIVE_MIN_CONCURRENCY as usize;
             let climber = adaptive::Climber::new(self.requests.limit(), floor, self.ceiling);
             tokio::spawn(adaptive::run_controller(Arc::downgrade(&self.requests), Arc::clone(&self.metrics), climber));
         }
-        self.request_rate.take(1).await;
-        let permit = self.requests.acquire().await;
+        let permit = loop {
+            self.request_rate.take().await;
+            // Read after the turn: a decrease while the request queued for
+            // its turn already paced it.
+            let lowered = self.request_rate.lowered();
+            let permit = self.requests.acquire().await;
+            if self.request_rate.lowered() == lowered {
+                break permit;
+            }
+            self.requests.release(permit);
+        };
         RequestSlot {
             permit: Some(permit),
             limit: Arc::clone(&self.requests),
@@ -508,10 +522,10 @@ impl Engine {
         *self.share.lock().expect("share lock poisoned") = share.filter(|s| !s.is_unlimited());
         let share = share.unwrap_or_default();
         let (requests, bytes) = share.within(self.config.max_request_rate, self.config.max_bandwidth);
-        if (self.budget.request_rate.rate(), self.bandwidth.rate()) != (requests, bytes) {
+        let bandwidth_changed = self.bandwidth.rate() != bytes;
+        if self.budget.request_rate.set(requests) | bandwidth_changed {
             tracing::info!(%share, requests_per_second = ?requests, bytes_per_second = ?bytes, "following a store budget share");
         }
-        self.budget.request_rate.set_rate(requests);
         self.bandwidth.set_rate(bytes);
         self.metrics.set_store_share(&share);
     }
@@ -586,11 +600,14 @@ impl Engine {
             let result = attempt().await;
             self.metrics.observe_request(operation, started.elapsed());
             drop(slot);
+            let reason = result.as_ref().err().and_then(Retryable::retry_reason);
+            let throttled = reason == Some(crate::store::RetryReason::Throttled);
+            self.budget.request_rate.answered(throttled, tokio::time::Instant::from_std(started));
             let error = match result {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            let Some(reason) = error.retry_reason() else { return Err(error) };
+            let Some(reason) = reason else { return Err(error) };
             let delay = policy.backoff(attempts);
             if reason == crate::store::RetryReason::Throttled {
                 refused += 1;
