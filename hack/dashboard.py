@@ -71,9 +71,11 @@ ROWS = [
     ("Store budgets", [
         ("Budget share per worker", "reqps", "timeseries", 8,
          [("{{budget}} (StoreBudget)", 'max by (budget) (ferry_operator_store_budget{state="share_requests_per_second"})'),
-          ("{{worker}} follows", f'max by (worker) (ferry_stager_store_share_requests_per_second{{{SEL}}})')],
+          ("{{worker}} follows", f'max by (worker) (ferry_stager_store_share_requests_per_second{{{SEL}}})'),
+          ("{{worker}} cap in force", f'max by (worker) (ferry_stager_request_rate_cap{{{SEL}}})')],
          "Requests per second each worker may send under its bucket's StoreBudget, as the operator split it and"
-         " as each worker follows it (0: no budget caps requests)."),
+         " as each worker follows it (0: no budget caps requests); and the cap in force, the lowest of the share,"
+         " --max-request-rate and the rate the store's refusals taught the worker (0: none)."),
         ("Workers sharing each budget", "short", "timeseries", 8,
          [("{{budget}}", 'max by (budget) (ferry_operator_store_budget{state="workers"})')],
          "Workers running against each budgeted bucket: the operator splits the budget equally among them."),
