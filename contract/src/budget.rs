@@ -25,6 +25,14 @@ pub struct StoreShare {
     pub bytes_per_second: Option<u64>,
 }
 
+/// The tighter of two per-second caps, `None` meaning no cap.
+pub fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl StoreShare {
     /// An equal part of a budget of `requests_per_second` and
     /// `bytes_per_second` for each of `workers`. Rounded down, so the parts
@@ -50,10 +58,6 @@ impl StoreShare {
         own_requests_per_second: Option<u64>,
         own_bytes_per_second: Option<u64>,
     ) -> (Option<u64>, Option<u64>) {
-        let tighter = |share: Option<u64>, own: Option<u64>| match (share, own) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         (
             tighter(self.requests_per_second.map(u64::from), own_requests_per_second),
             tighter(self.bytes_per_second, own_bytes_per_second),

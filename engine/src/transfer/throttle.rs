@@ -114,11 +114,6 @@ impl Governor {
         self.cap
     }
 
-    /// The refused fraction the store has shown lately.
-    pub fn usual(&self) -> f64 {
-        self.usual
-    }
-
     /// Takes one window's answers; returns the cap for the next.
     pub fn observe(&mut self, window: Answers) -> Option<f64> {
         if window.answered == 0 {
@@ -250,11 +245,7 @@ impl RateControl {
     }
 
     fn apply(&self, state: &State) {
-        let learned = state.governor.cap().map(whole);
-        let cap = match (learned, state.set) {
-            (Some(learned), Some(set)) => Some(learned.min(set)),
-            (learned, set) => learned.or(set),
-        };
+        let cap = ferry_contract::budget::tighter(state.governor.cap().map(whole), state.set);
         if cap.is_some_and(|cap| self.pacer.rate().is_none_or(|before| cap < before)) {
             self.lowered.fetch_add(1, Relaxed);
         }
