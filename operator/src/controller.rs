@@ -42,6 +42,7 @@ use crate::metrics::{DataStageProgress, Metrics};
 use crate::runs::{self, Run};
 use crate::schedule::Schedule;
 use crate::status::{self, Inputs, Observed, reasons};
+use crate::watch_backoff::WatchBackoff;
 
 /// The one field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "ferry.dev/operator";
@@ -948,13 +949,17 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     let watches = watcher::Config::default().timeout(WATCH_SECONDS);
     let datastage_changes = watcher(datastages, watches.clone())
         .modify(crate::cache::slim_datastage)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writers.datastages)
         .applied_objects();
-    let controller = Controller::for_stream(datastage_changes, ctx.caches.datastages.clone());
+    // The controller backs off again on every error its watches pass on,
+    // and while it waits it reads none of them: kube's default there (up
+    // to 30 s) stopped every trigger at once.
+    let controller = Controller::for_stream(datastage_changes, ctx.caches.datastages.clone())
+        .trigger_backoff(WatchBackoff::default());
     // StoreBudgets wake no DataStage: the budget loop reads them each period.
     let budget_changes = watcher(Api::<ferry_crds::StoreBudget>::all(client.clone()), watches.clone())
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writers.budgets)
         .for_each(|event| async move {
             if let Err(error) = event {
@@ -966,19 +971,22 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     let owned = watches.clone().labels(DATASTAGE_LABEL);
     let job_changes = watcher(jobs, owned.clone())
         .modify(crate::cache::slim_job)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writers.jobs)
         .touched_objects();
     // A pod's termination message carries its worker's summary.
-    let pod_changes =
-        watcher(pods, owned).modify(crate::cache::slim_pod).default_backoff().reflect(writers.pods).touched_objects();
+    let pod_changes = watcher(pods, owned)
+        .modify(crate::cache::slim_pod)
+        .backoff(WatchBackoff::default())
+        .reflect(writers.pods)
+        .touched_objects();
     // A node's labels, taints, cordon, readiness and existence decide
     // whether it matches or can run a worker; its status heartbeats do not
     // (see `node_wakes`).
     let mut node_wakes = crate::node_wakes::NodeWakes::default();
     let node_changes = watcher(Api::<Node>::all(client), watches)
         .modify(crate::cache::slim_node)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writers.nodes)
         .flat_map(move |event| {
             let woken: Vec<Result<Node, watcher::Error>> = match event {

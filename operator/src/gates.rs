@@ -28,11 +28,12 @@ use kube::api::{Api, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
 use crate::controller::Context;
+use crate::watch_backoff::WatchBackoff;
 use crate::webhook::wiring::{DATA_READY_GATE, DataRequest, GATED_LABEL, UNMOUNTED_ANNOTATION};
 
 /// Annotation saying what a gated pod waits for.
@@ -300,10 +301,18 @@ pub async fn run(ctx: Arc<Context>) {
         Some(ns) => (Api::<Pod>::namespaced(client.clone(), ns), Api::<DataStage>::namespaced(client, ns)),
         None => (Api::<Pod>::all(client.clone()), Api::<DataStage>::all(client)),
     };
-    let controller = Controller::new(pods, watcher::Config::default().labels(&format!("{GATED_LABEL}=true")));
-    let gated = controller.store();
-    controller
-        .watches(datastages, watcher::Config::default(), move |ds| {
+    // The operator's watch backoff, not kube's: gated pods wait on these
+    // watches after an API server restart too.
+    let (gated, writer) = reflector::store();
+    let gated_pods = watcher(pods, watcher::Config::default().labels(&format!("{GATED_LABEL}=true")))
+        .backoff(WatchBackoff::default())
+        .reflect(writer)
+        .applied_objects();
+    let datastage_changes =
+        watcher(datastages, watcher::Config::default()).backoff(WatchBackoff::default()).touched_objects();
+    Controller::for_stream(gated_pods, gated.clone())
+        .trigger_backoff(WatchBackoff::default())
+        .watches_stream(datastage_changes, move |ds| {
             let (namespace, name) = (ds.namespace(), ds.name_any());
             gated
                 .state()

@@ -3,6 +3,7 @@
 //!
 //! * [`config`]: flags, parsed once.
 //! * [`cache`]: Nodes, and DataStages' Jobs and Pods, as watches last saw them.
+//! * [`watch_backoff`]: how soon those watches try again after an error.
 //! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
 //! * [`placement`]: which nodes a per-node DataStage stages onto.
 //! * [`node_wakes`]: which Node events wake DataStages (changes, deletions).
@@ -32,6 +33,7 @@ pub mod placement;
 pub mod runs;
 pub mod schedule;
 pub mod status;
+pub mod watch_backoff;
 pub mod webhook;
 
 use std::sync::Arc;

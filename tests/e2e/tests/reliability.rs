@@ -130,7 +130,7 @@ impl Bench {
         // 1,000 DataStages is a read of all of them from etcd, re-encoded,
         // and at that rate it took a share of the API server's two cores
         // that the scale figures then counted against the operator. The
-        // watch is renewed every 50 s, as the operator's are, so a watch
+        // watch is renewed every 50 s, like the operator's, so a watch
         // left silent by an etcd restart does not stop the wait.
         let (reader, writer) = reflector::store::<DataStage>();
         let config = watcher::Config::default().timeout(50);
@@ -683,7 +683,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     // After etcd restarts, watches that clients resumed on the restarted
     // API server can stay open and silent until their timeout
     // (docs/reliability.md): the operator, and the node agent that stands
-    // in for the kubelet here, renew theirs every minute.
+    // in for the kubelet here, renew theirs every 20 s.
     stages.extend(create(&bench, wave(&bench, 5)).await);
     for component in ["kube-apiserver", "etcd"] {
         tokio::time::sleep(Duration::from_millis(500 + next_random(1500))).await;
@@ -693,8 +693,10 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     }
 
     // 3. The store killed mid-transfer and back after three seconds.
+    let after_restarts = Instant::now();
     stages.extend(create(&bench, wave(&bench, 6)).await);
     bench.wait_worker_running("faults-a", "wave6-0").await;
+    let first_worker_after_restarts = after_restarts.elapsed();
     tokio::task::block_in_place(|| bench.s3.restart(Duration::from_secs(3)));
     log.push("MinIO killed mid-transfer and restarted".into());
 
@@ -712,6 +714,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     println!(
         "reliability: {}",
         json!({"scenario": "faults", "datastages": stages.len(), "faults": log,
+               "first_worker_after_restarts_seconds": first_worker_after_restarts.as_secs_f64(),
                "operator_reconcile_errors_since_last_restart": metrics.lines()
                    .filter(|l| l.starts_with("ferry_operator_reconcile_errors_total"))
                    .collect::<Vec<_>>()})
