@@ -231,7 +231,7 @@ mod tests {
     use super::*;
     use crate::budget::StoreShare;
     use crate::peers::{PeerAddress, PeerOptions};
-    use crate::size::ByteSize;
+    use crate::size::{ByteSize, CapacityReserve};
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
     use std::net::SocketAddr;
@@ -306,7 +306,12 @@ mod tests {
             .prop_map(|(requests_per_second, bytes_per_second)| StoreShare { requests_per_second, bytes_per_second });
         let retries =
             (1u32..=100, duration(), duration(), duration(), proptest::option::of(1u32..), proptest::option::of(share));
-        let capacity = (size(), any::<bool>());
+        let reserve = prop_oneof![
+            size().prop_map(|size| CapacityReserve::Size(Some(size))),
+            Just(CapacityReserve::Size(None)),
+            (0u8..100).prop_map(CapacityReserve::Percent),
+        ];
+        let capacity = (reserve, any::<bool>());
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
             proptest::collection::vec(

@@ -30,5 +30,5 @@ pub use location::ObjectLocation;
 pub use options::{Shard, TransferOptions, VerifyMode};
 pub use peers::{PeerCounts, PeerGroup, PeerOptions};
 pub use reason::Reason;
-pub use size::ByteSize;
+pub use size::{ByteSize, CapacityReserve};
 pub use summary::{Snapshot, SnapshotBuilder, Summary};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::peers::PeerOptions;
-use crate::size::ByteSize;
+use crate::size::{ByteSize, CapacityReserve};
 
 /// The fewest requests an adaptive run keeps in flight.
 pub const ADAPTIVE_MIN_CONCURRENCY: u32 = 4;
@@ -106,9 +106,10 @@ pub struct TransferOptions {
     #[cfg_attr(feature = "cli", arg(long))]
     pub delete_removed: bool,
     /// Pull only: free space to leave on the destination's filesystem beyond what the run
-    /// writes; a pull that would not leave it fails before writing (InsufficientCapacity).
+    /// writes, a size or a percentage of the filesystem's size (10%); a pull that would
+    /// not leave it fails before writing (InsufficientCapacity).
     #[cfg_attr(feature = "cli", arg(long, default_value = DEFAULT_CAPACITY_RESERVE))]
-    pub capacity_reserve: ByteSize,
+    pub capacity_reserve: CapacityReserve,
     /// Pull only: skip the free-space check (a full disk still ends the run with
     /// InsufficientCapacity).
     #[cfg_attr(feature = "cli", arg(long))]

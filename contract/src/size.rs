@@ -127,6 +127,109 @@ impl schemars::JsonSchema for ByteSize {
     }
 }
 
+/// The capacity-reserve grammar: a size in the [`SIZE_PATTERN`] grammar,
+/// `0`, or a whole percentage below 100 (`10%`). [`CapacityReserve::from_str`]
+/// accepts exactly these strings.
+pub const RESERVE_PATTERN: &str = r"^(0|[1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?|[0-9]{1,2}%)$";
+
+/// How to write a reserve, for error messages.
+const RESERVE_HELP: &str =
+    "a size (e.g. 64MiB, 10G, or 0 for none) or a whole percentage of the volume below 100 (e.g. 10%)";
+
+/// Free space a pull leaves on its destination's filesystem beyond what it
+/// writes: a fixed size, or a share of the filesystem's size, which suits
+/// a policy written once for volumes of many sizes (as the kubelet's
+/// `nodefs.available<10%`). Keeps the text it was parsed from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CapacityReserve {
+    /// A fixed number of bytes (none for `0`).
+    Size(Option<ByteSize>),
+    /// This percentage of the filesystem's size, 0 to 99.
+    Percent(u8),
+}
+
+/// A string outside the reserve grammar.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("'{0}' is not a capacity reserve: write {RESERVE_HELP}")]
+pub struct ReserveError(String);
+
+impl CapacityReserve {
+    /// The reserve in bytes on a filesystem of `filesystem_bytes`.
+    pub fn bytes_of(&self, filesystem_bytes: u64) -> u64 {
+        match self {
+            Self::Size(size) => size.as_ref().map_or(0, ByteSize::bytes),
+            // Rounded up: a reserve never leaves less than it says.
+            Self::Percent(percent) => {
+                let share = u128::from(filesystem_bytes) * u128::from(*percent);
+                u64::try_from(share.div_ceil(100)).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
+impl FromStr for CapacityReserve {
+    type Err = ReserveError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || ReserveError(text.to_owned());
+        if text == "0" {
+            return Ok(Self::Size(None));
+        }
+        if let Some(digits) = text.strip_suffix('%') {
+            if digits.is_empty() || digits.len() > 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(err());
+            }
+            return digits.parse().map(Self::Percent).map_err(|_| err());
+        }
+        text.parse().map(|size| Self::Size(Some(size))).map_err(|_| err())
+    }
+}
+
+impl fmt::Display for CapacityReserve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Size(Some(size)) => size.fmt(f),
+            Self::Size(None) => f.write_str("0"),
+            Self::Percent(percent) => write!(f, "{percent}%"),
+        }
+    }
+}
+
+impl Serialize for CapacityReserve {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CapacityReserve {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// In a CRD: a string with the grammar as its CEL rule, as for [`ByteSize`].
+impl schemars::JsonSchema for CapacityReserve {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CapacityReserve".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "maxLength": 20,
+            "x-kubernetes-validations": [{
+                "rule": format!("self.matches('{RESERVE_PATTERN}')"),
+                "message": format!("must be a capacity reserve: {RESERVE_HELP}"),
+            }],
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,14 +261,47 @@ mod tests {
         assert!(ByteSize::from_bytes(0).is_err());
     }
 
+    #[test]
+    fn reserves_are_sizes_or_percentages_of_the_volume() {
+        let reserve = |s: &str| s.parse::<CapacityReserve>().unwrap();
+        assert_eq!(reserve("64MiB").bytes_of(1 << 40), 64 << 20);
+        assert_eq!(reserve("0").bytes_of(1 << 40), 0);
+        assert_eq!(reserve("0%").bytes_of(1 << 40), 0);
+        assert_eq!(reserve("10%").bytes_of(80 << 20), 8 << 20);
+        // Rounded up, and no overflow on the largest filesystems.
+        assert_eq!(reserve("1%").bytes_of(101), 2);
+        assert_eq!(reserve("99%").bytes_of(u64::MAX), u64::MAX - u64::MAX / 100);
+        for text in ["64MiB", "8Mi", "0", "5%", "0%", "99%", "1048576"] {
+            assert_eq!(reserve(text).to_string(), text);
+            let json = serde_json::to_string(&reserve(text)).unwrap();
+            assert_eq!(serde_json::from_str::<CapacityReserve>(&json).unwrap(), reserve(text));
+        }
+        for bad in ["", "100%", "150%", "5.5%", "-1%", "%", "05", "00", "10 %", "1e3", "5%%", "-64MiB"] {
+            let error = bad.parse::<CapacityReserve>().unwrap_err().to_string();
+            assert!(error.contains("a whole percentage of the volume below 100"), "{bad:?}: {error}");
+        }
+    }
+
     /// Strings near the grammar: digits (maybe a leading zero, maybe too
     /// many) followed by the unit characters in any order, plus noise.
     fn near_sizes() -> impl Strategy<Value = String> {
         prop_oneof!["[0-9]{1,17}[kKmMGTBi]{0,3}", "[1-9][0-9]{0,6}[kKMGT]?i?B?", "[ -~]{0,8}",]
     }
 
+    /// Strings near the reserve grammar: sizes, zeros and percentages.
+    fn near_reserves() -> impl Strategy<Value = String> {
+        prop_oneof![near_sizes(), "[0-9]{0,4}%{0,2}", "0{1,3}[kM%]?"]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// The same for reserves: what the CRD admits, the stager accepts.
+        #[test]
+        fn the_reserve_parser_accepts_exactly_what_its_pattern_admits(text in near_reserves()) {
+            let pattern = regex::Regex::new(RESERVE_PATTERN).unwrap();
+            prop_assert_eq!(pattern.is_match(&text), text.parse::<CapacityReserve>().is_ok(), "{:?}", text);
+        }
 
         /// What the CRD's rule admits, the parser accepts, and vice versa.
         #[test]

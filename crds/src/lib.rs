@@ -14,7 +14,7 @@ pub mod plan;
 pub mod readiness;
 
 pub use budget::{DataStageBudget, StoreBudget, StoreBudgetSpec, StoreBudgetStatus};
-pub use ferry_contract::{ByteSize, StoreShare, VerifyMode};
+pub use ferry_contract::{ByteSize, CapacityReserve, StoreShare, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -53,6 +53,7 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
+#[x_kube(validation = Rule::new("!has(self.capacity) || has(self.source.uri)").message("spec.capacity is about the destination volume of a pull; a push writes to object storage: remove capacity"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
@@ -98,6 +99,10 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub workers: Option<i32>,
+
+    /// How a pull treats its destination volume's free space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityPolicy>,
 
     /// How the nodes of a pull onto hostPaths get the dataset: from each
     /// other (`PeerToPeer`) or each from the store (`Direct`). The schema
@@ -366,6 +371,19 @@ pub struct TransferSettings {
     /// take this node's link from its training job. Default: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_serve_bandwidth: Option<ByteSize>,
+}
+
+/// How a pull treats its destination volume's free space.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityPolicy {
+    /// Free space to leave on the destination's filesystem beyond what the
+    /// pull writes: a size (`64MiB`; `0` for none) or a whole percentage of
+    /// the filesystem's size below 100 (`10%`), which suits volumes of
+    /// different sizes. A pull that would not leave it waits with reason
+    /// `InsufficientCapacity` before writing anything. Default 64MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<CapacityReserve>,
 }
 
 /// What happens to staged data when the DataStage is deleted.

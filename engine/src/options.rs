@@ -86,7 +86,7 @@ impl TransferConfig {
             store_share: options.store_share,
             selection,
             capacity: (!options.no_capacity_check)
-                .then(|| CapacityCheck::with_reserve(options.capacity_reserve.bytes())),
+                .then(|| CapacityCheck::with_reserve(options.capacity_reserve.clone())),
         })
     }
 }

@@ -178,6 +178,9 @@ pub fn transfer_options(spec: &DataStageSpec, plan: &Plan<'_>) -> TransferOption
             options.verify = verify;
         }
     }
+    if let Some(reserve) = spec.capacity.as_ref().and_then(|capacity| capacity.reserve.clone()) {
+        options.capacity_reserve = reserve;
+    }
     options
 }
 
@@ -733,6 +736,20 @@ mod tests {
         assert!(expanded.iter().all(|a| !a.contains("hunter2")), "{expanded:?}");
         assert!(expanded.iter().any(|a| a == "s3://datasets/$(AWS_SECRET_ACCESS_KEY)/a$$b$/"), "{expanded:?}");
         assert!(expanded.iter().any(|a| a == &format!("--peer-listen={POD_IP}:9466")), "the pod's IP still expands");
+    }
+
+    #[test]
+    fn a_capacity_reserve_reaches_the_stager_as_written_and_the_default_when_unset() {
+        let mut ds = pull_to_host_path();
+        let reserve_of = |ds: &DataStage| transfer_options(&ds.spec, &ds.spec.plan().unwrap()).capacity_reserve;
+        assert_eq!(reserve_of(&ds).to_string(), ferry_contract::options::DEFAULT_CAPACITY_RESERVE);
+        ds.spec.capacity = Some(ferry_crds::CapacityPolicy { reserve: Some("10%".parse().unwrap()) });
+        assert_eq!(reserve_of(&ds), ferry_contract::CapacityReserve::Percent(10));
+        let plan = ds.spec.plan().unwrap();
+        let workers = plan_workers(&plan, &["a".to_owned()]);
+        let job = build_job(&ds, &plan, &workers[0], &workers, 1, &WorkerDefaults::image("stager:1"));
+        let StagerCommand::Pull { options, .. } = parsed(&pod(&job)).command else { panic!("a pull") };
+        assert_eq!(options.capacity_reserve.to_string(), "10%");
     }
 
     #[test]

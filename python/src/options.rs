@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ferry_contract::options::{Concurrency, MAX_CONCURRENCY, Shard, TransferOptions, VerifyMode, WebIdentityOptions};
-use ferry_contract::size::ByteSize;
+use ferry_contract::size::{ByteSize, CapacityReserve};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -83,7 +83,7 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "memory_limit" => o.memory_limit = size(&name, &value)?,
             "write_buffer" => o.write_buffer = size(&name, &value)?,
             "delete_removed" => o.delete_removed = typed(&name, &value)?,
-            "capacity_reserve" => o.capacity_reserve = size(&name, &value)?,
+            "capacity_reserve" => o.capacity_reserve = reserve(&name, &value)?,
             "no_capacity_check" => o.no_capacity_check = typed(&name, &value)?,
             "max_bandwidth" => o.max_bandwidth = optional_size(&name, &value)?,
             "max_request_rate" => {
@@ -218,6 +218,18 @@ fn size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<ByteSize> {
     }
     let text: String = value.extract().map_err(|_| type_error(name, "int or str", value))?;
     parsed(name, &text)
+}
+
+/// A reserve as bytes (an int, 0 for none) or as text: a size or a
+/// percentage of the volume (`"10%"`).
+fn reserve(name: &str, value: &Bound<'_, PyAny>) -> PyResult<CapacityReserve> {
+    if let Ok(text) = value.extract::<String>() {
+        return parsed(name, &text);
+    }
+    if !value.is_instance_of::<pyo3::types::PyBool>() && value.extract::<i64>().is_ok_and(|bytes| bytes == 0) {
+        return Ok(CapacityReserve::Size(None));
+    }
+    size(name, value).map(|size| CapacityReserve::Size(Some(size)))
 }
 
 fn optional_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<ByteSize>> {

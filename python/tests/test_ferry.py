@@ -119,6 +119,11 @@ def test_pull_and_push_a_directory_with_a_summary_and_progress(s3, tmp_path):
     # Again: nothing to copy.
     again = ferry.pull(f"s3://{bucket}/dataset", destination, **options)
     assert again.objects["transferred"] == 0 and again.objects["skipped"] == 12, again
+    # A reserve is a size or a share of the volume; one no volume leaves is refused.
+    for reserve in (0, "0", "1%", 1 << 20):
+        ferry.pull(f"s3://{bucket}/dataset", tmp_path / "reserve", capacity_reserve=reserve, **options)
+    with pytest.raises(ferry.InsufficientCapacity, match="reserve, 999999T"):
+        ferry.pull(f"s3://{bucket}/dataset", tmp_path / "refused", capacity_reserve="999999T", **options)
 
 
 def test_gcs_round_trip_through_the_emulator(gcs, tmp_path):
@@ -204,6 +209,8 @@ def test_bad_arguments_name_the_argument(s3):
         ferry.read(f"s3://{bucket}/k", concurrency=2.5, **options)
     with pytest.raises(ValueError, match="verify"):
         ferry.read(f"s3://{bucket}/k", verify="maybe", **options)
+    with pytest.raises(ValueError, match="capacity_reserve: '100%' is not a capacity reserve"):
+        ferry.pull(f"s3://{bucket}/k", "/tmp/x", capacity_reserve="100%", **options)
     with pytest.raises(TypeError, match="summary_file"):
         ferry.pull(f"s3://{bucket}/k", "/tmp/x", summary_file="/tmp/s.json", **options)
     with pytest.raises(ValueError, match="uri"):

@@ -6,7 +6,9 @@
 //! every object it is about to copy: what reuse leaves to write, rounded up
 //! to whole blocks, less what a partial an earlier run left already holds
 //! (partials are preallocated, so resuming or restarting one writes into
-//! space it has). The run must leave `--capacity-reserve` free besides. The
+//! space it has). The run must leave its reserve free besides (a size, or a
+//! share of the filesystem: `--capacity-reserve`, a DataStage's
+//! `spec.capacity.reserve`). The
 //! objects of a listing page are charged before any of them is started, so
 //! a dataset listed in one page (S3 and GCS list 1,000 objects a page) is
 //! refused before its first byte is written; a longer listing stops as soon
@@ -26,6 +28,8 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use ferry_contract::CapacityReserve;
+
 use crate::local::partial;
 use crate::local::paths::RelPath;
 use crate::transfer::tally::human_bytes;
@@ -37,6 +41,8 @@ pub struct FreeSpace {
     pub available: u64,
     /// The unit space is allocated in: a file takes whole blocks.
     pub block_size: u64,
+    /// The filesystem's size, which a reserve in percent is a share of.
+    pub total: u64,
 }
 
 /// Measures the free space of the filesystem holding a directory; `None`
@@ -56,21 +62,25 @@ pub fn statvfs_free_space(path: &Path) -> io::Result<Option<FreeSpace>> {
         return Ok(None);
     }
     let block_size = stats.f_frsize.max(1);
-    Ok(Some(FreeSpace { available: stats.f_bavail.saturating_mul(block_size), block_size }))
+    Ok(Some(FreeSpace {
+        available: stats.f_bavail.saturating_mul(block_size),
+        block_size,
+        total: stats.f_blocks.saturating_mul(block_size),
+    }))
 }
 
 /// How a pull checks its destination's free space before writing.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CapacityCheck {
-    /// Bytes to leave free beyond what the run writes.
-    pub reserve: u64,
+    /// Space to leave free beyond what the run writes.
+    pub reserve: CapacityReserve,
     /// How free space is measured.
     pub probe: FreeSpaceProbe,
 }
 
 impl CapacityCheck {
     /// A check with `statvfs` leaving `reserve` bytes free.
-    pub fn with_reserve(reserve: u64) -> Self {
+    pub fn with_reserve(reserve: CapacityReserve) -> Self {
         Self { reserve, probe: statvfs_free_space }
     }
 }
@@ -80,12 +90,14 @@ impl CapacityCheck {
 pub enum CapacityError {
     /// What the run still has to write, with the reserve, exceeds the free space.
     #[error(
-        "destination '{}' has {} free but this run still needs {}{} (+ {} reserve): free space, use a larger volume or lower --capacity-reserve",
-        destination.display(),
+        // The remedy before the path: a worker's status keeps the first
+        // 240 bytes of a failure, and a node's path can be long.
+        "the destination has {} free but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the reserve (spec.capacity.reserve, or --capacity-reserve), free space, or use a larger volume; destination '{}'",
         human_bytes(*available),
         if *listing_finished { "" } else { "at least " },
         human_bytes(*needed),
-        human_bytes(*reserve)
+        human_bytes(*reserve),
+        destination.display()
     )]
     Insufficient {
         /// The destination directory.
@@ -95,8 +107,10 @@ pub enum CapacityError {
         /// Bytes the objects to copy take on disk (those listed so far when
         /// the listing is not finished).
         needed: u64,
-        /// `--capacity-reserve`.
+        /// The reserve in bytes on this filesystem.
         reserve: u64,
+        /// The reserve as the run was told it (`64MiB`, `10%`).
+        reserve_rule: CapacityReserve,
         /// Whether every object had been listed: if not, more may be needed.
         listing_finished: bool,
     },
@@ -135,6 +149,7 @@ pub struct SpaceLedger {
     destination: PathBuf,
     free: FreeSpace,
     reserve: u64,
+    reserve_rule: CapacityReserve,
     /// Bytes on disk the objects charged so far take.
     needed: u64,
     /// Bytes the partials left by earlier runs already hold, by name.
@@ -159,7 +174,8 @@ impl SpaceLedger {
         Some(Self {
             destination: destination.to_path_buf(),
             free,
-            reserve: check.reserve,
+            reserve: check.reserve.bytes_of(free.total),
+            reserve_rule: check.reserve,
             needed: 0,
             held_by_partials: partial::allocated(destination),
         })
@@ -185,6 +201,7 @@ impl SpaceLedger {
             available: self.free.available,
             needed: self.needed,
             reserve: self.reserve,
+            reserve_rule: self.reserve_rule.clone(),
             listing_finished,
         })
     }
@@ -205,7 +222,7 @@ mod tests {
     }
 
     fn ten_mib_free(_: &Path) -> io::Result<Option<FreeSpace>> {
-        Ok(Some(FreeSpace { available: 10 * MIB, block_size: 4096 }))
+        Ok(Some(FreeSpace { available: 10 * MIB, block_size: 4096, total: 80 * MIB }))
     }
 
     fn no_size(_: &Path) -> io::Result<Option<FreeSpace>> {
@@ -216,14 +233,16 @@ mod tests {
         Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSYS.raw_os_error()))
     }
 
-    fn ledger(dir: &Path, reserve: u64) -> SpaceLedger {
-        SpaceLedger::open(CapacityCheck { reserve, probe: ten_mib_free }, dir).expect("a size is reported")
+    /// A ledger of a volume of 80 MiB with 10 MiB free.
+    fn ledger(dir: &Path, reserve: &str) -> SpaceLedger {
+        let check = CapacityCheck { reserve: reserve.parse().unwrap(), probe: ten_mib_free };
+        SpaceLedger::open(check, dir).expect("a size is reported")
     }
 
     #[test]
     fn a_run_fits_only_while_what_it_writes_and_the_reserve_fit_in_the_free_space() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = ledger(dir.path(), MIB);
+        let mut ledger = ledger(dir.path(), "1MiB");
         ledger.charge(&rel("a"), 5 * MIB);
         ledger.charge(&rel("b"), 4 * MIB);
         ledger.check(true).expect("9 MiB and 1 MiB of reserve fit in 10 MiB");
@@ -237,11 +256,11 @@ mod tests {
     #[test]
     fn the_refusal_gives_the_numbers_and_says_when_more_may_be_needed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = ledger(dir.path(), MIB);
+        let mut ledger = ledger(dir.path(), "1MiB");
         ledger.charge(&rel("big"), 24 * MIB);
         let finished = ledger.check(true).unwrap_err().to_string();
         assert!(
-            finished.contains("has 10.0 MiB free but this run still needs 24.0 MiB (+ 1.0 MiB reserve)"),
+            finished.contains("has 10.0 MiB free but this run still needs 24.0 MiB (+ 1.0 MiB reserve, 1MiB)"),
             "{finished}"
         );
         assert!(finished.contains(&dir.path().display().to_string()), "{finished}");
@@ -250,10 +269,27 @@ mod tests {
     }
 
     #[test]
+    fn a_reserve_in_percent_is_a_share_of_the_volume_and_the_refusal_names_where_to_lower_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // 10% of the 80 MiB volume: 8 MiB reserved, 2 MiB left to write.
+        let mut reserved = ledger(dir.path(), "10%");
+        reserved.charge(&rel("a"), 2 * MIB);
+        reserved.check(true).expect("2 MiB and the 8 MiB reserve fit in 10 MiB");
+        reserved.charge(&rel("b"), 1);
+        let refused = reserved.check(true).unwrap_err().to_string();
+        assert!(refused.contains("(+ 8.0 MiB reserve, 10%)"), "{refused}");
+        assert!(refused.contains("spec.capacity.reserve") && refused.contains("--capacity-reserve"), "{refused}");
+        // Without a reserve the whole free space is usable.
+        let mut unreserved = ledger(dir.path(), "0%");
+        unreserved.charge(&rel("a"), 10 * MIB);
+        unreserved.check(true).expect("10 MiB fit in 10 MiB with no reserve");
+    }
+
+    #[test]
     fn empty_files_take_no_blocks_and_small_ones_a_whole_block() {
         let dir = tempfile::tempdir().unwrap();
         // 10 MiB is 2,560 blocks: exactly that many 1-byte files fit.
-        let mut ledger = ledger(dir.path(), 0);
+        let mut ledger = ledger(dir.path(), "0");
         for i in 0..2560 {
             ledger.charge(&rel(&format!("f{i}")), 1);
             ledger.charge(&rel(&format!("empty{i}")), 0);
@@ -271,7 +307,7 @@ mod tests {
         // An earlier run's partial of "ckpt.bin", 8 MiB allocated on disk.
         let part = partials.join(format!("{}.part", partial::name_for(&rel("ckpt.bin"))));
         std::fs::write(part, vec![1u8; 8 * MIB as usize]).unwrap();
-        let mut ledger = ledger(dir.path(), MIB);
+        let mut ledger = ledger(dir.path(), "1MiB");
         ledger.charge(&rel("ckpt.bin"), 9 * MIB);
         ledger.check(true).expect("only the missing MiB and the reserve are needed");
         // Another object's partial is not this one's.
@@ -282,8 +318,14 @@ mod tests {
     #[test]
     fn a_filesystem_that_reports_no_size_or_cannot_be_asked_is_not_checked() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(SpaceLedger::open(CapacityCheck { reserve: 0, probe: no_size }, dir.path()).is_none());
-        assert!(SpaceLedger::open(CapacityCheck { reserve: 0, probe: broken }, dir.path()).is_none());
+        assert!(
+            SpaceLedger::open(CapacityCheck { reserve: CapacityReserve::Size(None), probe: no_size }, dir.path())
+                .is_none()
+        );
+        assert!(
+            SpaceLedger::open(CapacityCheck { reserve: CapacityReserve::Size(None), probe: broken }, dir.path())
+                .is_none()
+        );
     }
 
     #[test]
@@ -292,6 +334,7 @@ mod tests {
         let free = statvfs_free_space(dir.path()).unwrap().expect("a temporary directory's filesystem has a size");
         assert!(free.block_size >= 512, "{free:?}");
         assert!(free.available > 0, "{free:?}");
+        assert!(free.total >= free.available && free.total % free.block_size == 0, "{free:?}");
     }
 
     #[test]

@@ -190,7 +190,7 @@ pub async fn pull(
     );
     // Measured after the staging area swept dead runs' temporary files, and
     // before this run writes anything.
-    let mut ledger = engine.config.capacity.and_then(|check| SpaceLedger::open(check, destination));
+    let mut ledger = engine.config.capacity.clone().and_then(|check| SpaceLedger::open(check, destination));
     tracing::info!(source = %source_uri, destination = %destination.display(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);

@@ -95,6 +95,18 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     assert_refused(&raw, "push-schedule", push, "spec.schedule re-syncs a pull").await;
 
     let mut spec = pull_spec();
+    spec["capacity"] = json!({"reserve": "150%"});
+    assert_refused(&raw, "reserve", spec, "spec.capacity.reserve: Invalid value: \"150%\": must be a capacity reserve: a size (e.g. 64MiB, 10G, or 0 for none) or a whole percentage of the volume below 100").await;
+    let push = json!({"source": {"volume": {"hostPath": "/mnt/out"}}, "destination": {"uri": "s3://b/out"},
+                      "capacity": {"reserve": "1GiB"}});
+    assert_refused(&raw, "push-capacity", push, "spec.capacity is about the destination volume of a pull").await;
+    for (name, reserve) in [("reserve-percent", "10%"), ("reserve-none", "0"), ("reserve-size", "2GiB")] {
+        let mut spec = pull_spec();
+        spec["capacity"] = json!({ "reserve": reserve });
+        api.create(&PostParams::default(), &stage(name, spec)).await.unwrap_or_else(|e| panic!("{reserve}: {e}"));
+    }
+
+    let mut spec = pull_spec();
     spec["reclaimPolicy"] = json!("Keep");
     assert_refused(&raw, "enum", spec, "Unsupported value: \"Keep\": supported values: \"Retain\", \"Delete\"").await;
 

@@ -420,6 +420,52 @@ async fn a_host_path_outside_the_allow_list_is_refused_with_a_condition() {
     setup.cluster.stop().await;
 }
 
+/// A reserve no volume can leave is refused on every node before a byte is
+/// written, with a message that names the DataStage field to change; an
+/// edit to a percentage starts a new run that stages.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reserve_the_volume_cannot_leave_is_refused_naming_the_field_and_lowering_it_stages() {
+    let setup = setup("reserve").await;
+    setup.create_secret().await;
+    setup
+        .apply_spec(
+            "reserved",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"hostPath": "/mnt/ferry/reserved"}},
+                "capacity": {"reserve": "999999T"},
+            }),
+        )
+        .await;
+    let refused = setup
+        .wait_status("reserved", "refused for capacity on a node", |s| {
+            s.workers.iter().any(|w| w.reason.as_deref() == Some("InsufficientCapacity"))
+        })
+        .await;
+    let worker = refused.workers.iter().find(|w| w.reason.as_deref() == Some("InsufficientCapacity")).unwrap();
+    let message = worker.message.as_deref().unwrap_or_default();
+    assert!(message.contains("reserve, 999999T)") && message.contains("spec.capacity.reserve"), "{message}");
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node).map(|d| d.join("mnt/ferry/reserved")).filter(|d| d.exists()) {
+            let staged = read_tree(&dir);
+            assert!(staged.is_empty(), "{node}: nothing is written before the check: {:?}", staged.keys());
+        }
+    }
+
+    let patch = json!({"spec": {"capacity": {"reserve": "1%"}}});
+    setup.datastages.patch("reserved", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let staged = setup
+        .wait_status("reserved", "run 2 Succeeded", |s| s.run == Some(2) && s.phase == Some(Phase::Succeeded))
+        .await;
+    assert!(staged.workers.iter().all(|w| w.reason.as_deref() != Some("InsufficientCapacity")), "{:?}", staged.workers);
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node) {
+            assert!(read_tree(&dir.join("mnt/ferry/reserved")) == setup.files, "{node} holds the dataset");
+        }
+    }
+    setup.cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_uploads_a_node_directory_that_a_pull_brings_back_identical() {
     let setup = setup("push").await;
