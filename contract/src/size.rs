@@ -16,6 +16,49 @@ use serde::{Deserialize, Serialize};
 /// `matches()` uses). [`ByteSize::from_str`] accepts exactly these strings.
 pub const SIZE_PATTERN: &str = r"^([1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?)$";
 
+/// Serde and CRD schema for a type written as text in a grammar: it is
+/// (de)serialized as its `Display`/`FromStr` text, and in a CRD it is a
+/// string whose CEL rule is the grammar, so the API server refuses what the
+/// stager could not parse, with a message that says how to write it (the
+/// API server prefixes the field's path).
+macro_rules! text_in_a_grammar {
+    ($type:ty, $name:literal, $pattern:expr, $must:literal, $help:expr) => {
+        impl Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl schemars::JsonSchema for $type {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                $name.into()
+            }
+
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({
+                    "type": "string",
+                    "maxLength": 20,
+                    "x-kubernetes-validations": [{
+                        "rule": format!("self.matches('{}')", $pattern),
+                        "message": format!("{}: {}", $must, $help),
+                    }],
+                })
+            }
+        }
+    };
+}
+
 /// A positive number of bytes, written and read in the [`SIZE_PATTERN`]
 /// grammar. Keeps the text it was parsed from, so a spec's `8Mi` reaches
 /// the stager's command line as `8Mi`, not as a re-rendered number.
@@ -90,42 +133,7 @@ impl fmt::Display for ByteSize {
     }
 }
 
-impl Serialize for ByteSize {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.text)
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// In a CRD: a string with the grammar as its CEL rule, so the API server
-/// refuses what the stager could not parse, with a message that says how
-/// to write a size (the API server prefixes the field's path).
-impl schemars::JsonSchema for ByteSize {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "ByteSize".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "type": "string",
-            "maxLength": 20,
-            "x-kubernetes-validations": [{
-                "rule": format!("self.matches('{SIZE_PATTERN}')"),
-                "message": format!("must be a size: {SIZE_HELP}"),
-            }],
-        })
-    }
-}
+text_in_a_grammar!(ByteSize, "ByteSize", SIZE_PATTERN, "must be a size", SIZE_HELP);
 
 /// The capacity-reserve grammar: a size in the [`SIZE_PATTERN`] grammar,
 /// `0`, or a whole percentage below 100 (`10%`). [`CapacityReserve::from_str`]
@@ -195,40 +203,7 @@ impl fmt::Display for CapacityReserve {
     }
 }
 
-impl Serialize for CapacityReserve {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for CapacityReserve {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// In a CRD: a string with the grammar as its CEL rule, as for [`ByteSize`].
-impl schemars::JsonSchema for CapacityReserve {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "CapacityReserve".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "type": "string",
-            "maxLength": 20,
-            "x-kubernetes-validations": [{
-                "rule": format!("self.matches('{RESERVE_PATTERN}')"),
-                "message": format!("must be a capacity reserve: {RESERVE_HELP}"),
-            }],
-        })
-    }
-}
+text_in_a_grammar!(CapacityReserve, "CapacityReserve", RESERVE_PATTERN, "must be a capacity reserve", RESERVE_HELP);
 
 #[cfg(test)]
 mod tests {
