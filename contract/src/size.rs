@@ -12,9 +12,18 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// The size grammar's alternatives, unanchored: [`SIZE_PATTERN`] and
+/// [`RESERVE_PATTERN`] are both written from them, so they cannot drift.
+macro_rules! size_alternatives {
+    () => {
+        r"[1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?"
+    };
+}
+use size_alternatives;
+
 /// The size grammar as a regular expression (RE2 syntax, as CEL's
 /// `matches()` uses). [`ByteSize::from_str`] accepts exactly these strings.
-pub const SIZE_PATTERN: &str = r"^([1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?)$";
+pub const SIZE_PATTERN: &str = concat!("^(", size_alternatives!(), ")$");
 
 /// Serde and CRD schema for a type written as text in a grammar: it is
 /// (de)serialized as its `Display`/`FromStr` text, and in a CRD it is a
@@ -138,7 +147,7 @@ text_in_a_grammar!(ByteSize, "ByteSize", SIZE_PATTERN, "must be a size", SIZE_HE
 /// The capacity-reserve grammar: a size in the [`SIZE_PATTERN`] grammar,
 /// `0`, or a whole percentage below 100 (`10%`). [`CapacityReserve::from_str`]
 /// accepts exactly these strings.
-pub const RESERVE_PATTERN: &str = r"^(0|[1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?|[0-9]{1,2}%)$";
+pub const RESERVE_PATTERN: &str = concat!("^(0|", size_alternatives!(), "|[0-9]{1,2}%)$");
 
 /// How to write a reserve, for error messages.
 const RESERVE_HELP: &str =

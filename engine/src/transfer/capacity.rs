@@ -79,7 +79,8 @@ pub struct CapacityCheck {
 }
 
 impl CapacityCheck {
-    /// A check with `statvfs` leaving `reserve` bytes free.
+    /// A check with `statvfs` leaving `reserve` free (a size, or a share of
+    /// the filesystem's size).
     pub fn with_reserve(reserve: CapacityReserve) -> Self {
         Self { reserve, probe: statvfs_free_space }
     }
