@@ -199,6 +199,7 @@ impl TransferOptions {
         switch(args, "--delete-removed", o.delete_removed);
         option(args, "--capacity-reserve", Some(&o.capacity_reserve));
         switch(args, "--no-capacity-check", o.no_capacity_check);
+        option(args, "--dataset-quota", o.dataset_quota.as_ref());
         option(args, "--metrics-addr", o.metrics_addr);
         option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
         option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
@@ -311,7 +312,7 @@ mod tests {
             Just(CapacityReserve::Size(None)),
             (0u8..100).prop_map(CapacityReserve::Percent),
         ];
-        let capacity = (reserve, any::<bool>());
+        let capacity = (reserve, any::<bool>(), proptest::option::of(size()));
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
             proptest::collection::vec(
@@ -363,7 +364,7 @@ mod tests {
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
             let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) =
                 retries;
-            let (capacity_reserve, no_capacity_check) = capacity;
+            let (capacity_reserve, no_capacity_check, dataset_quota) = capacity;
             TransferOptions {
                 endpoint_url,
                 anonymous,
@@ -382,6 +383,7 @@ mod tests {
                 delete_removed,
                 capacity_reserve,
                 no_capacity_check,
+                dataset_quota,
                 metrics_addr,
                 summary_file: summary_file.map(PathBuf::from),
                 termination_log: termination_log.map(PathBuf::from),

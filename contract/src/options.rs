@@ -114,6 +114,12 @@ pub struct TransferOptions {
     /// InsufficientCapacity).
     #[cfg_attr(feature = "cli", arg(long))]
     pub no_capacity_check: bool,
+    /// Pull only: the most bytes the selected dataset may hold at the destination, all
+    /// shards together (e.g. 40GiB); a larger one fails with QuotaExceeded as soon as its
+    /// listing shows it, before the first page that exceeds it is written. The operator
+    /// sets it from the namespace's StagingQuotas.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
+    pub dataset_quota: Option<ByteSize>,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
     #[cfg_attr(feature = "cli", arg(long))]
     pub metrics_addr: Option<SocketAddr>,
@@ -182,6 +188,7 @@ impl Default for TransferOptions {
             delete_removed: false,
             capacity_reserve: DEFAULT_CAPACITY_RESERVE.parse().expect("a valid default"),
             no_capacity_check: false,
+            dataset_quota: None,
             metrics_addr: None,
             summary_file: None,
             termination_log: None,

@@ -29,6 +29,9 @@ pub enum Reason {
     /// The destination filesystem has less free space than the run still
     /// needs, or filled up during it.
     InsufficientCapacity,
+    /// The dataset holds more bytes than the destination's quota leaves it
+    /// (`--dataset-quota`, which the operator sets from StagingQuotas).
+    QuotaExceeded,
     /// The source directory of a push cannot be read.
     SourceUnreadable,
     /// The source directory of a push holds no file to push, where the
@@ -47,7 +50,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a stager reports, `Unknown` excepted.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::BucketNotFound,
         Reason::ObjectNotFound,
         Reason::AccessDenied,
@@ -58,6 +61,7 @@ impl Reason {
         Reason::StoreRejected,
         Reason::DestinationUnusable,
         Reason::InsufficientCapacity,
+        Reason::QuotaExceeded,
         Reason::SourceUnreadable,
         Reason::SourceEmpty,
         Reason::InvalidConfiguration,
@@ -77,6 +81,7 @@ impl Reason {
             Reason::StoreRejected => "StoreRejected",
             Reason::DestinationUnusable => "DestinationUnusable",
             Reason::InsufficientCapacity => "InsufficientCapacity",
+            Reason::QuotaExceeded => "QuotaExceeded",
             Reason::SourceUnreadable => "SourceUnreadable",
             Reason::SourceEmpty => "SourceEmpty",
             Reason::InvalidConfiguration => "InvalidConfiguration",

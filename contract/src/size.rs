@@ -19,7 +19,6 @@ macro_rules! size_alternatives {
         r"[1-9][0-9]{0,14}B?|[1-9][0-9]{0,5}[kKMGT]i?B?"
     };
 }
-use size_alternatives;
 
 /// The size grammar as a regular expression (RE2 syntax, as CEL's
 /// `matches()` uses). [`ByteSize::from_str`] accepts exactly these strings.
@@ -213,6 +212,18 @@ impl fmt::Display for CapacityReserve {
 }
 
 text_in_a_grammar!(CapacityReserve, "CapacityReserve", RESERVE_PATTERN, "must be a capacity reserve", RESERVE_HELP);
+
+/// Formats a byte count with binary units, one decimal: `512 B`, `4.0 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
 
 #[cfg(test)]
 mod tests {

@@ -73,6 +73,10 @@ pub struct Summary {
     /// Why the run could not proceed at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
+    /// A pull its quota refused (`QuotaExceeded`): the whole dataset's bytes
+    /// as far as it was listed, all shards together, so at least this much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_bytes: Option<u64>,
     /// What this run changed in the destination compared with what was
     /// staged there before (pulls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -413,6 +417,8 @@ impl Summary {
             total.seconds = total.seconds.max(shard.seconds);
             total.throughput_bytes_per_second += shard.throughput_bytes_per_second;
             total.reason = total.reason.or(shard.reason);
+            // Every shard counts the whole dataset: the furthest listing says most.
+            total.dataset_bytes = total.dataset_bytes.max(shard.dataset_bytes);
             total.failures.extend(shard.failures);
             total.failures_omitted += shard.failures_omitted;
             total.changes = match (total.changes, shard.changes) {
@@ -545,6 +551,21 @@ mod tests {
         let full = summary(vec![Failure { key: "a".into(), error: "boom".into() }], "s3://b/p/".into());
         let back: Summary = serde_json::from_str(&full.termination_message()).unwrap();
         assert_eq!(back, full);
+    }
+
+    #[test]
+    fn shards_refused_by_a_quota_combine_to_the_furthest_count_of_the_dataset() {
+        let refused = |dataset_bytes| Summary {
+            reason: Some(Reason::QuotaExceeded),
+            dataset_bytes: Some(dataset_bytes),
+            ..Summary::default()
+        };
+        let combined = Summary::combine(vec![refused(5), refused(9), Summary::default()]).unwrap();
+        assert_eq!(combined.dataset_bytes, Some(9));
+        let json = serde_json::to_string(&combined).unwrap();
+        assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), combined);
+        let plain = serde_json::to_value(Summary::default()).unwrap();
+        assert!(plain.get("dataset_bytes").is_none(), "{plain}");
     }
 
     #[test]

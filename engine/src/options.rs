@@ -87,6 +87,7 @@ impl TransferConfig {
             selection,
             capacity: (!options.no_capacity_check)
                 .then(|| CapacityCheck::with_reserve(options.capacity_reserve.clone())),
+            dataset_quota: options.dataset_quota.as_ref().map(ferry_contract::ByteSize::bytes),
         })
     }
 }

@@ -67,9 +67,13 @@ impl Selection {
 
     /// Whether the object at `relative_key` is part of this run.
     pub fn selects(&self, relative_key: &str) -> bool {
-        self.include.as_ref().is_none_or(|set| set.is_match(relative_key))
-            && !self.exclude.is_match(relative_key)
-            && self.shard.is_none_or(|shard| shard.owns(relative_key))
+        self.in_dataset(relative_key) && self.shard.is_none_or(|shard| shard.owns(relative_key))
+    }
+
+    /// Whether the object at `relative_key` is part of the dataset, whichever
+    /// shard copies it: what a quota on the whole dataset counts.
+    pub fn in_dataset(&self, relative_key: &str) -> bool {
+        self.include.as_ref().is_none_or(|set| set.is_match(relative_key)) && !self.exclude.is_match(relative_key)
     }
 }
 

@@ -24,6 +24,12 @@ pyo3::create_exception!(
     FerryError,
     "The destination filesystem has no room for the data."
 );
+pyo3::create_exception!(
+    ferry,
+    QuotaExceeded,
+    FerryError,
+    "The dataset holds more bytes than its quota (dataset_quota) allows."
+);
 pyo3::create_exception!(ferry, SourceUnreadable, FerryError, "The local source cannot be read.");
 pyo3::create_exception!(ferry, SourceEmpty, FerryError, "The local source holds no file to push.");
 pyo3::create_exception!(ferry, InvalidConfiguration, FerryError, "The options do not make sense together.");
@@ -50,6 +56,7 @@ pub fn error(py: Python<'_>, reason: Reason, message: String) -> PyErr {
         Reason::StoreRejected => StoreRejected::new_err(message.clone()),
         Reason::DestinationUnusable => DestinationUnusable::new_err(message.clone()),
         Reason::InsufficientCapacity => InsufficientCapacity::new_err(message.clone()),
+        Reason::QuotaExceeded => QuotaExceeded::new_err(message.clone()),
         Reason::SourceUnreadable => SourceUnreadable::new_err(message.clone()),
         Reason::SourceEmpty => SourceEmpty::new_err(message.clone()),
         Reason::InvalidConfiguration => InvalidConfiguration::new_err(message.clone()),
@@ -90,6 +97,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("StoreRejected", py.get_type::<StoreRejected>())?;
     module.add("DestinationUnusable", py.get_type::<DestinationUnusable>())?;
     module.add("InsufficientCapacity", py.get_type::<InsufficientCapacity>())?;
+    module.add("QuotaExceeded", py.get_type::<QuotaExceeded>())?;
     module.add("SourceUnreadable", py.get_type::<SourceUnreadable>())?;
     module.add("SourceEmpty", py.get_type::<SourceEmpty>())?;
     module.add("InvalidConfiguration", py.get_type::<InvalidConfiguration>())?;

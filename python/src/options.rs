@@ -20,7 +20,7 @@ const CLI_ONLY: [&str; 7] =
     ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name", "peers"];
 
 /// Every keyword argument a call takes besides its positionals.
-pub const NAMES: [&str; 26] = [
+pub const NAMES: [&str; 27] = [
     "endpoint_url",
     "anonymous",
     "region",
@@ -41,6 +41,7 @@ pub const NAMES: [&str; 26] = [
     "delete_removed",
     "capacity_reserve",
     "no_capacity_check",
+    "dataset_quota",
     "max_bandwidth",
     "max_request_rate",
     "max_attempts",
@@ -85,6 +86,7 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "delete_removed" => o.delete_removed = typed(&name, &value)?,
             "capacity_reserve" => o.capacity_reserve = reserve(&name, &value)?,
             "no_capacity_check" => o.no_capacity_check = typed(&name, &value)?,
+            "dataset_quota" => o.dataset_quota = optional_size(&name, &value)?,
             "max_bandwidth" => o.max_bandwidth = optional_size(&name, &value)?,
             "max_request_rate" => {
                 o.max_request_rate = if value.is_none() { None } else { Some(ranged(&name, &value, 1, u32::MAX)?) }
@@ -133,6 +135,7 @@ fn every_option_is_considered(options: TransferOptions) {
         delete_removed: _,
         capacity_reserve: _,
         no_capacity_check: _,
+        dataset_quota: _,
         metrics_addr: _,
         summary_file: _,
         termination_log: _,

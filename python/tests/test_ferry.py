@@ -124,6 +124,13 @@ def test_pull_and_push_a_directory_with_a_summary_and_progress(s3, tmp_path):
         ferry.pull(f"s3://{bucket}/dataset", tmp_path / "reserve", capacity_reserve=reserve, **options)
     with pytest.raises(ferry.InsufficientCapacity, match="reserve, 999999T"):
         ferry.pull(f"s3://{bucket}/dataset", tmp_path / "refused", capacity_reserve="999999T", **options)
+    # A quota on the dataset: what fits stages, what does not writes nothing.
+    size = sum(len(payload) for payload in files.values())
+    ferry.pull(f"s3://{bucket}/dataset", tmp_path / "fits", dataset_quota=size, **options)
+    with pytest.raises(ferry.QuotaExceeded, match="more than its quota") as refused:
+        ferry.pull(f"s3://{bucket}/dataset", tmp_path / "over", dataset_quota=size - 1, **options)
+    assert refused.value.reason == "QuotaExceeded"
+    assert not (tmp_path / "over").exists() or not any(p.is_file() for p in (tmp_path / "over").iterdir())
 
 
 def test_gcs_round_trip_through_the_emulator(gcs, tmp_path):

@@ -122,6 +122,10 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
                 peak_rss_bytes: ferry_engine::transfer::tally::peak_rss_bytes(),
                 failures: vec![Failure { key: String::new(), error: message }],
                 reason: Some(error.reason()),
+                dataset_bytes: match &error {
+                    TransferError::Quota { dataset_bytes, .. } => Some(*dataset_bytes),
+                    _ => None,
+                },
                 ..Summary::default()
             };
             (failed, if error.is_permanent() { ExitStatus::RunRefused } else { ExitStatus::RunFailed })

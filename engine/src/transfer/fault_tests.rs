@@ -224,6 +224,47 @@ async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leave
     assert!(pull(engine, "", dir.path(), false).await.unwrap().complete);
 }
 
+#[tokio::test]
+async fn a_dataset_over_its_quota_is_refused_before_writing_and_every_shard_counts_the_whole() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("a", data(21, 2 * MIB));
+    store.insert("b", data(22, 2 * MIB));
+    store.insert("skip/c", data(23, 8 * MIB));
+    let quota = |bytes: usize, shard: Option<&str>| TransferConfig {
+        dataset_quota: Some(bytes as u64),
+        selection: crate::selection::Selection::new(&[], &["skip/*".into()], shard.map(|s| s.parse().unwrap()))
+            .unwrap(),
+        ..TransferConfig::default()
+    };
+    let engine = |config| Engine::new(Arc::clone(&store) as _, config, Arc::new(Metrics::new())).unwrap();
+    // 4 MiB selected (the excluded 8 MiB do not count) fit a 4 MiB quota.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(pull(engine(quota(4 * MIB, None)), "", dir.path(), false).await.unwrap().complete);
+
+    // Objects already in place count too: the quota is on what the
+    // dataset holds, not on what a run writes.
+    store.insert("d", data(24, MIB));
+    let error = pull(engine(quota(4 * MIB, None)), "", dir.path(), false).await.unwrap_err();
+    assert_eq!(error.reason(), Reason::QuotaExceeded);
+    assert!(error.is_permanent(), "only a new quota helps");
+    let message = error.to_string();
+    // The memory store lists two objects a page: "d" comes in a full one,
+    // which may not be the last.
+    assert!(message.contains("holds at least 5.0 MiB"), "{message}");
+    assert!(message.contains("quota of 4.0 MiB"), "{message}");
+    assert!(!dir.path().join("d").exists(), "nothing was written");
+
+    // Each shard of a fresh destination counts the whole dataset: both
+    // refuse, though each one's share would fit.
+    for shard in ["0/2", "1/2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let gets = store.calls().gets;
+        let error = pull(engine(quota(3 * MIB, Some(shard))), "", dir.path(), false).await.unwrap_err();
+        assert_eq!(error.reason(), Reason::QuotaExceeded, "shard {shard}");
+        assert_eq!(store.calls().gets, gets, "shard {shard} read nothing");
+    }
+}
+
 fn partial_files(root: &std::path::Path) -> usize {
     std::fs::read_dir(root.join(".ferry/partial")).map_or(0, |entries| entries.count())
 }

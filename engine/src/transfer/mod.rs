@@ -140,6 +140,8 @@ pub struct TransferConfig {
     pub selection: Selection,
     /// How a pull checks its destination's free space; `None` for no check.
     pub capacity: Option<CapacityCheck>,
+    /// The most bytes a pull's dataset may hold, all shards together.
+    pub dataset_quota: Option<u64>,
 }
 
 impl Default for TransferConfig {
@@ -201,6 +203,21 @@ pub enum TransferError {
     /// The destination has no room for the run, or ran out of it.
     #[error(transparent)]
     Capacity(#[from] CapacityError),
+    /// The dataset holds more than its quota allows.
+    #[error(
+        "the dataset holds {}{} (all shards together), more than its quota of {} (--dataset-quota; a DataStage's comes from its namespace's StagingQuotas): raise the quota, free it, or stage less (include, exclude)",
+        if *listing_finished { "" } else { "at least " },
+        tally::human_bytes(*dataset_bytes),
+        tally::human_bytes(*quota)
+    )]
+    Quota {
+        /// Bytes of the dataset listed so far.
+        dataset_bytes: u64,
+        /// The quota.
+        quota: u64,
+        /// Whether every object had been listed: if not, the dataset is larger.
+        listing_finished: bool,
+    },
 }
 
 impl TransferError {
@@ -211,6 +228,7 @@ impl TransferError {
             TransferError::Config(_) => Reason::InvalidConfiguration,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.reason(),
             TransferError::Capacity(_) => Reason::InsufficientCapacity,
+            TransferError::Quota { .. } => Reason::QuotaExceeded,
             // Creating the state directory or writing the manifest fails
             // the same way on a full disk.
             TransferError::Staging(StagingError::Prepare { source, .. }) | TransferError::Manifest(source)
@@ -227,7 +245,9 @@ impl TransferError {
     /// Whether another attempt without a change cannot succeed.
     pub fn is_permanent(&self) -> bool {
         match self {
-            TransferError::Config(_) | TransferError::SourceEmpty { .. } => true,
+            // A quota changes only with a new run (the operator's, or the
+            // user's command line).
+            TransferError::Config(_) | TransferError::SourceEmpty { .. } | TransferError::Quota { .. } => true,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.is_permanent(),
             // Space may be freed, or the volume replaced, without a change to the run.
             TransferError::Staging(_)

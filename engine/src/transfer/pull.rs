@@ -201,12 +201,20 @@ pub async fn pull(
     let mut departed = Departed::new(&scratch.join("departed.jsonl"), prefix, &engine.config.selection)
         .map_err(TransferError::Manifest)?;
     let mut out_of_order = false;
+    // The whole dataset's bytes, every shard's objects included, so that
+    // the shards of one dataset all count the same total against its quota.
+    let mut dataset_bytes = 0u64;
 
     let outcome: Result<(), TransferError> = async {
         while let Some(page) = pages.recv().await {
             let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
             let mut to_copy = Vec::new();
             for object in page.objects {
+                if engine.config.dataset_quota.is_some()
+                    && engine.config.selection.in_dataset(relative_key(&object.key, prefix))
+                {
+                    dataset_bytes = dataset_bytes.saturating_add(object.size);
+                }
                 // Every listed key moves the manifest on, refused and
                 // unselected ones too: an object still in the store has
                 // not left it. Entries gone past are departure candidates.
@@ -236,6 +244,11 @@ pub async fn pull(
                     continue;
                 }
                 to_copy.push(planned);
+            }
+            // Like free space, the quota is checked before any of the page
+            // starts: a dataset of one page is refused before any write.
+            if let Some(quota) = engine.config.dataset_quota.filter(|quota| dataset_bytes > *quota) {
+                return Err(TransferError::Quota { dataset_bytes, quota, listing_finished: page.next.is_none() });
             }
             // The whole page is charged before any of it starts: a dataset
             // of one page is refused before its first byte is written.

@@ -291,17 +291,8 @@ pub fn one_line(summary: &Summary) -> String {
     }
 }
 
-/// Formats a byte count with binary units.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
+/// Formats a byte count with binary units (the operator's messages use it too).
+pub use ferry_contract::size::human_bytes;
 
 #[cfg(test)]
 mod tests {
