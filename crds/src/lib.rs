@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 pub mod budget;
 pub mod plan;
+pub mod quota;
 pub mod readiness;
 
 pub use budget::{DataStageBudget, StoreBudget, StoreBudgetSpec, StoreBudgetStatus};
@@ -18,6 +19,7 @@ pub use ferry_contract::{ByteSize, CapacityReserve, StoreShare, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+pub use quota::{StagingQuota, StagingQuotaSpec};
 use serde::{Deserialize, Serialize};
 
 /// The longest DataStage name: its Jobs and pods carry it as a label
@@ -711,10 +713,16 @@ pub fn store_budget_crd_yaml() -> String {
     generated(&StoreBudget::crd())
 }
 
+/// The StagingQuota CRD as YAML, as committed.
+pub fn staging_quota_crd_yaml() -> String {
+    use kube::CustomResourceExt as _;
+    generated(&StagingQuota::crd())
+}
+
 /// Every CRD this crate defines, for a harness or installer that applies them all.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt as _;
-    vec![DataStage::crd(), StoreBudget::crd()]
+    vec![DataStage::crd(), StoreBudget::crd(), StagingQuota::crd()]
 }
 
 fn generated(
@@ -738,14 +746,23 @@ pub const STORE_BUDGET_CRD_PATH: &str = "crds/generated/ferry.dev_storebudgets.y
 /// Every place the StoreBudget CRD is committed, as [`CRD_PATHS`].
 pub const STORE_BUDGET_CRD_PATHS: [&str; 2] = [STORE_BUDGET_CRD_PATH, "charts/ferry/crds/ferry.dev_storebudgets.yaml"];
 
+/// Where the generated StagingQuota CRD lives, relative to the repository root.
+pub const STAGING_QUOTA_CRD_PATH: &str = "crds/generated/ferry.dev_stagingquotas.yaml";
+
+/// Every place the StagingQuota CRD is committed, as [`CRD_PATHS`].
+pub const STAGING_QUOTA_CRD_PATHS: [&str; 2] =
+    [STAGING_QUOTA_CRD_PATH, "charts/ferry/crds/ferry.dev_stagingquotas.yaml"];
+
 /// Every committed CRD file and what it must hold.
 pub fn committed_crds() -> Vec<(&'static str, String)> {
     let datastage = crd_yaml();
     let budget = store_budget_crd_yaml();
+    let quota = staging_quota_crd_yaml();
     CRD_PATHS
         .iter()
         .map(|p| (*p, datastage.clone()))
         .chain(STORE_BUDGET_CRD_PATHS.iter().map(|p| (*p, budget.clone())))
+        .chain(STAGING_QUOTA_CRD_PATHS.iter().map(|p| (*p, quota.clone())))
         .collect()
 }
 

@@ -41,6 +41,10 @@ pub struct Caches {
     /// [`Caches::ready`]: a cluster without the StoreBudget CRD stages
     /// all the same, unbudgeted.
     pub budgets: Store<ferry_crds::StoreBudget>,
+    /// Every StagingQuota (see [`crate::quotas`]). Waited for at most
+    /// [`QUOTA_LIST_PATIENCE`] by [`Caches::ready`]: a cluster without the
+    /// StagingQuota CRD stages all the same, unlimited.
+    pub quotas: Store<ferry_crds::StagingQuota>,
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
@@ -158,6 +162,8 @@ pub struct CacheWriters {
     pub datastages: Writer<ferry_crds::DataStage>,
     /// Fills [`Caches::budgets`].
     pub budgets: Writer<ferry_crds::StoreBudget>,
+    /// Fills [`Caches::quotas`].
+    pub quotas: Writer<ferry_crds::StagingQuota>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -177,18 +183,24 @@ pub fn new() -> (Caches, CacheWriters) {
     let (pods, pod_writer) = reflector::store();
     let (datastages, datastage_writer) = reflector::store();
     let (budgets, budget_writer) = reflector::store();
+    let (quotas, quota_writer) = reflector::store();
     let (created, listed) = (Arc::default(), Arc::default());
     (
-        Caches { nodes, jobs, pods, datastages, budgets, created, listed },
+        Caches { nodes, jobs, pods, datastages, budgets, quotas, created, listed },
         CacheWriters {
             nodes: node_writer,
             jobs: job_writer,
             pods: pod_writer,
             datastages: datastage_writer,
             budgets: budget_writer,
+            quotas: quota_writer,
         },
     )
 }
+
+/// How long [`Caches::ready`] waits for the first listing of StagingQuotas,
+/// once per process, before it goes on without them.
+pub const QUOTA_LIST_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Caches {
     /// Waits until every cache holds its first full listing, so that no
@@ -206,10 +218,14 @@ impl Caches {
             .get_or_init(|| async {
                 // A writer is dropped only when the controller stops, and then
                 // no reconciliation runs either.
+                // Workers started before the quotas are listed would run
+                // unlimited; a cluster without their CRD never lists them.
+                let quotas = tokio::time::timeout(QUOTA_LIST_PATIENCE, self.quotas.wait_until_ready());
                 let _ = tokio::join!(
                     self.nodes.wait_until_ready(),
                     self.jobs.wait_until_ready(),
-                    self.pods.wait_until_ready()
+                    self.pods.wait_until_ready(),
+                    quotas
                 );
             })
             .await;
@@ -436,12 +452,31 @@ mod tests {
         writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         writers.pods.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.quotas.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         for waiter in waiters {
             tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
                 .await
                 .expect("a waiter was never woken")
                 .unwrap();
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cluster_without_staging_quotas_is_waited_for_only_so_long() {
+        let (caches, mut writers) = new();
+        let waiter = tokio::spawn({
+            let caches = caches.clone();
+            async move { caches.ready().await }
+        });
+        writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.pods.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        tokio::time::sleep(QUOTA_LIST_PATIENCE / 2).await;
+        assert!(!waiter.is_finished(), "the quotas may still come");
+        tokio::time::sleep(QUOTA_LIST_PATIENCE).await;
+        assert!(waiter.is_finished(), "no StagingQuota CRD: the caches are ready without it");
+        // Once ready, always ready: later reconciliations do not wait.
+        tokio::time::timeout(std::time::Duration::from_millis(1), caches.ready()).await.unwrap();
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl OperatorConfig {
             service_account: self.stager_service_account.clone().filter(|s| !s.is_empty()),
             metrics_port: Some(self.stager_metrics_port).filter(|p| *p != 0),
             store_share: None,
+            dataset_quotas: std::collections::BTreeMap::new(),
         }
     }
 

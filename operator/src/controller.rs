@@ -16,6 +16,7 @@
 //! one clean-up Job per worker runs `ferry-stager clean` on the same volume
 //! and node, and only when all succeeded is the finalizer removed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -376,16 +377,34 @@ async fn carry_out(
     let namespace = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
     let now = now();
-    let run = runs::current(ds, schedule, now.0);
+    let mut run = runs::current(ds, schedule, now.0);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
     let awaited = ctx.caches.created.fill_in(&namespace, &name, &mut existing);
+    // A run a StagingQuota refused starts again, once its Jobs are over,
+    // when the quota leaves its dataset room; until then the DataStage
+    // waits, saying why.
+    let this_run = run.number.to_string();
+    let run_over = existing
+        .iter()
+        .filter(|job| job.labels().get(RUN_LABEL) == Some(&this_run))
+        .all(|job| status::job_phase(Some(job)).is_finished());
+    if run.started.is_none() && run_over && crate::quotas::refused_in(ds, run.number) {
+        let refused = run.number;
+        let need = |worker: &Worker| crate::quotas::refused_need(ds, &worker.name, refused);
+        let allowance = quota_allowance(ds, ctx, workers, workers.len(), need);
+        if let Some(message) = allowance.first_hold() {
+            return hold_for_quota(ds, ctx, message.to_owned(), None).await;
+        }
+        run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::RoomInQuota) };
+    }
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     retire_jobs_of_deleted_nodes(ds, ctx, &mut existing).await?;
     let recorded = ds.status.as_ref().map(|s| s.workers.as_slice()).unwrap_or_default();
-    let starting: Vec<Worker> =
+    let mut starting: Vec<Worker> =
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
     let (mut created, mut failed) = (Vec::new(), None);
+    let mut held_by_quota = BTreeMap::new();
     if !starting.is_empty() {
         // A new DataStage waits for its Jobs as long as the requests made
         // before them one after another, each queued behind all else the
@@ -403,8 +422,21 @@ async fn carry_out(
             publish_run_started(ds, ctx, &run).await;
             return write_blocked(ds, ctx, blocked).await;
         }
+        let need = |worker: &Worker| crate::quotas::refused_need(ds, &worker.name, run.number);
+        let allowance = quota_allowance(ds, ctx, &starting, workers.len(), need);
+        if !allowance.held.is_empty() {
+            let nothing_else = existing.is_empty() && !workers.iter().any(|w| finished_in(recorded, w, run.number));
+            if let (true, Some(message)) = (nothing_else && allowance.room.is_empty(), allowance.first_hold()) {
+                return hold_for_quota(ds, ctx, message.to_owned(), Some(&run)).await;
+            }
+            // Workers the quota has room for start; the others wait, each
+            // entry saying why.
+            starting.retain(|worker| !allowance.held.contains_key(&worker.name));
+            held_by_quota = allowance.held;
+        }
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
         let mut defaults = ctx.config.worker_defaults();
+        defaults.dataset_quotas = allowance.room;
         let new_pods = starting.len() * plan.pods_per_worker as usize;
         defaults.store_share =
             crate::budgets::share_for_new_workers(ctx, ds, u32::try_from(new_pods).unwrap_or(u32::MAX));
@@ -442,6 +474,12 @@ async fn carry_out(
     let inputs = Inputs { run: &run, direction: plan.direction, fanout: plan.fanout, observed: &observed, now: &now };
     let mut status = status::aggregate(ds, &inputs);
     status.workers.extend(departed_entries);
+    for entry in status.workers.iter_mut() {
+        if let Some(message) = held_by_quota.get(&entry.name) {
+            entry.reason = Some(ferry_contract::Reason::QuotaExceeded.to_string());
+            entry.message = Some(message.clone());
+        }
+    }
     if status.phase.is_some_and(Phase::is_finished) && status.run == Some(run.number) {
         let last = status.last_sync_time.as_ref().map_or(now.0, |t| t.0);
         status.next_sync_time =
@@ -458,6 +496,9 @@ async fn carry_out(
     update_status(ds, ctx, status).await?;
     Ok(match (phase, next_sync) {
         _ if resync => Action::requeue(Duration::from_millis(500)),
+        // Room appears when a quota is raised (watched) or another
+        // DataStage shrinks or goes (not watched for this).
+        _ if !held_by_quota.is_empty() => Action::requeue(QUOTA_RECHECK),
         // Jobs, their pods and the workers' reports are watched and wake
         // the DataStage; the requeue only guards against a missed event,
         // or a Job taken as created that the cache has not shown yet.
@@ -472,6 +513,51 @@ async fn carry_out(
         }
         _ => Action::await_change(),
     })
+}
+
+/// How often a DataStage a StagingQuota holds back looks for room.
+const QUOTA_RECHECK: Duration = Duration::from_secs(10);
+
+/// The room the StagingQuotas of `ds`'s namespace leave each of `starting`
+/// (of `places` workers in the run), from what the namespace's other
+/// DataStages hold as the caches show them; `need` is what a worker's
+/// dataset is known to need.
+fn quota_allowance(
+    ds: &DataStage,
+    ctx: &Context,
+    starting: &[Worker],
+    places: usize,
+    need: impl Fn(&Worker) -> Option<u64>,
+) -> crate::quotas::Allowance {
+    let namespace = ds.namespace();
+    let quotas = ctx.caches.quotas.state();
+    let quotas: Vec<&ferry_crds::StagingQuota> =
+        quotas.iter().filter(|quota| quota.namespace() == namespace).map(|quota| &**quota).collect();
+    if quotas.is_empty() {
+        return crate::quotas::Allowance::default();
+    }
+    let datastages = ctx.caches.datastages.state();
+    let others = datastages
+        .iter()
+        .filter(|other| other.namespace() == namespace && other.metadata.uid != ds.metadata.uid)
+        .map(|other| &**other);
+    crate::quotas::allowance(ds, starting, places, &crate::quotas::usage(others), &quotas, need)
+}
+
+/// Holds the DataStage back for a StagingQuota: no worker starts; the
+/// status and a Warning say which quota and what would make room. With
+/// `run`, the run that waits (its start is announced once it starts).
+async fn hold_for_quota(ds: &DataStage, ctx: &Context, message: String, run: Option<&Run>) -> Result<Action, Error> {
+    let reason = ferry_contract::Reason::QuotaExceeded.as_str();
+    // Announced when the hold begins or its reason changes, not at every
+    // look for room.
+    let conditions = ds.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    if !conditions.iter().any(|c| c.reason == reason && c.message == message) {
+        let waiting = run.map_or_else(String::new, |run| format!("run {} waits: ", run.number));
+        publish(ctx, ds, EventType::Warning, reason, format!("{waiting}{message}"), "Sync").await;
+    }
+    let blocked = Blocked { phase: Phase::Pending, failed: false, reason, message, retry: Some(QUOTA_RECHECK) };
+    write_blocked(ds, ctx, blocked).await
 }
 
 /// The Event of a run that starts with this reconciliation.
@@ -966,7 +1052,24 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
                 tracing::debug!(%error, "StoreBudget watch (is the StoreBudget CRD installed?)");
             }
         });
+    // A StagingQuota's change wakes its namespace's pulls: one it held back
+    // may fit now, and the room of workers yet to start is worked out anew.
+    let quotas = match &ctx.config.watch_namespace {
+        Some(ns) => Api::<ferry_crds::StagingQuota>::namespaced(client.clone(), ns),
+        None => Api::<ferry_crds::StagingQuota>::all(client.clone()),
+    };
+    let quota_changes = watcher(quotas, watches.clone())
+        .backoff(WatchBackoff::default())
+        .reflect(writers.quotas)
+        .touched_objects()
+        .filter_map(|event| async move {
+            event
+                .map_err(|error| tracing::debug!(%error, "StagingQuota watch (is the StagingQuota CRD installed?)"))
+                .ok()
+        })
+        .map(Ok::<_, watcher::Error>);
     let datastages = controller.store();
+    let in_namespace = datastages.clone();
     let pods_on_nodes = ctx.caches.pods.clone();
     let owned = watches.clone().labels(DATASTAGE_LABEL);
     let job_changes = watcher(jobs, owned.clone())
@@ -1000,6 +1103,15 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         .watches_stream(pod_changes, |pod| {
             let name = pod.labels().get(DATASTAGE_LABEL)?;
             Some(ObjectRef::<DataStage>::new(name).within(&pod.namespace()?))
+        })
+        .watches_stream(quota_changes, move |quota| {
+            let namespace = quota.namespace();
+            in_namespace
+                .state()
+                .into_iter()
+                .filter(|ds| ds.namespace() == namespace)
+                .map(|ds| ObjectRef::from_obj(&*ds))
+                .collect::<Vec<_>>()
         })
         .watches_stream(node_changes, move |node| {
             // DataStages placed per node, and those with a worker on it.

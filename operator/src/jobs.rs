@@ -17,7 +17,7 @@ use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
     WebIdentityOptions,
 };
-use ferry_contract::{ExitStatus, ObjectLocation};
+use ferry_contract::{ByteSize, ExitStatus, ObjectLocation};
 use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
 use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
 use k8s_openapi::api::batch::v1::{
@@ -138,12 +138,22 @@ pub struct WorkerDefaults {
     /// follow later changes through the DataStage's status); `None`: no
     /// budget covers their store.
     pub store_share: Option<ferry_contract::StoreShare>,
+    /// The room the namespace's StagingQuotas leave each worker about to
+    /// start, by worker name (`--dataset-quota`); a worker not named here
+    /// is not limited.
+    pub dataset_quotas: BTreeMap<String, u64>,
 }
 
 impl WorkerDefaults {
     /// Defaults with only an image: no ServiceAccount, no metrics port.
     pub fn image(image: &str) -> Self {
-        Self { image: image.to_owned(), service_account: None, metrics_port: None, store_share: None }
+        Self {
+            image: image.to_owned(),
+            service_account: None,
+            metrics_port: None,
+            store_share: None,
+            dataset_quotas: BTreeMap::new(),
+        }
     }
 }
 
@@ -221,6 +231,13 @@ pub fn stager_cli(
     options.worker = Some(worker.name.clone());
     options.metrics_addr = defaults.metrics_port.map(|port| ([0, 0, 0, 0], port).into());
     options.store_share = defaults.store_share;
+    if plan.direction == Direction::Pull {
+        // A size of more than 15 digits is written in KiB, rounded down.
+        options.dataset_quota = defaults
+            .dataset_quotas
+            .get(&worker.name)
+            .and_then(|bytes| ByteSize::from_bytes(*bytes).or_else(|_| ByteSize::from_bytes(bytes >> 10 << 10)).ok());
+    }
     // The CRD admits only URIs this parses; a spec from before its rules gets
     // the stager's own error for it.
     let location: ObjectLocation = plan.uri.parse().unwrap_or_else(|_| ObjectLocation {
@@ -893,12 +910,29 @@ mod tests {
     }
 
     #[test]
+    fn a_pulls_workers_get_the_room_their_quota_leaves_them_and_others_none() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let rooms = BTreeMap::from([("a".to_owned(), 3 << 20), ("b".to_owned(), (1 << 50) + 1)]);
+        let defaults = WorkerDefaults { dataset_quotas: rooms, ..WorkerDefaults::image("stager:1") };
+        let quota_of = |node: &str| {
+            let job = build_job(&ds, &plan, &Worker::on_node(node), &[], 1, &defaults);
+            let StagerCommand::Pull { options, .. } = parsed(&pod(&job)).command else { panic!("a pull") };
+            options.dataset_quota.map(|size| size.bytes())
+        };
+        assert_eq!(quota_of("a"), Some(3 << 20));
+        assert_eq!(quota_of("b"), Some(1 << 50), "16 digits: rounded down to whole KiB");
+        assert_eq!(quota_of("c"), None, "no quota names it");
+    }
+
+    #[test]
     fn workers_get_the_operators_service_account_and_metrics_port_unless_the_spec_names_its_own() {
         let defaults = WorkerDefaults {
             image: "stager:1".into(),
             service_account: Some("ferry-stager".into()),
             metrics_port: Some(9464),
             store_share: None,
+            dataset_quotas: BTreeMap::new(),
         };
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();

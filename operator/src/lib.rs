@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod node_wakes;
 pub mod peers;
 pub mod placement;
+pub mod quotas;
 pub mod runs;
 pub mod schedule;
 pub mod status;

@@ -8,7 +8,8 @@
 //! alters what a run does (a new digest of the run's inputs), when the
 //! schedule comes due after a finished run, or when the workers of a pull
 //! finished with different snapshots of the dataset (decided in
-//! [`crate::status`]). Pure functions with the clock passed in.
+//! [`crate::status`]), or when a StagingQuota that refused a run leaves
+//! room for it (decided in [`crate::controller`] from [`crate::quotas`]). Pure functions with the clock passed in.
 
 use ferry_crds::{DataStage, DataStageSpec, Phase};
 use k8s_openapi::jiff::Timestamp;
@@ -28,6 +29,8 @@ pub enum Trigger {
     SpecChanged,
     /// The schedule came due.
     Scheduled,
+    /// A StagingQuota that refused the last run leaves its dataset room now.
+    RoomInQuota,
 }
 
 impl Trigger {
@@ -37,6 +40,7 @@ impl Trigger {
             Trigger::Created => "RunStarted",
             Trigger::SpecChanged => "SpecChanged",
             Trigger::Scheduled => "ScheduledSync",
+            Trigger::RoomInQuota => "RoomInQuota",
         }
     }
 }

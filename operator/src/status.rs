@@ -295,6 +295,11 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
             }
             entry.snapshot = summary.snapshot.as_ref().map(|s| s.digest.clone());
             entry.reason = summary.reason.map(|r| r.to_string());
+            // What a quota refused is the whole dataset the worker selected,
+            // as far as it listed: the operator waits for room for that much.
+            if let Some(dataset) = summary.dataset_bytes.filter(|_| summary.reason == Some(Reason::QuotaExceeded)) {
+                entry.bytes_total = dataset as i64;
+            }
             entry.message = summary_message(summary);
             if fanout == Fanout::PeerToPeer {
                 fold_peer_counts(&mut entry, summary);

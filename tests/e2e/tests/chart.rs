@@ -130,6 +130,7 @@ async fn install_crds(tools: &Tools) {
     for (file, name) in [
         ("ferry.dev_datastages.yaml", "crd/datastages.ferry.dev"),
         ("ferry.dev_storebudgets.yaml", "crd/storebudgets.ferry.dev"),
+        ("ferry.dev_stagingquotas.yaml", "crd/stagingquotas.ferry.dev"),
     ] {
         let crd = chart_dir().join("crds").join(file);
         tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");

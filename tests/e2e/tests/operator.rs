@@ -466,6 +466,92 @@ async fn a_reserve_the_volume_cannot_leave_is_refused_naming_the_field_and_lower
     setup.cluster.stop().await;
 }
 
+/// The condition message of a DataStage a StagingQuota holds back.
+fn quota_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
+    (status.phase == Some(Phase::Pending))
+        .then(|| status.conditions.iter().find(|c| c.reason == "QuotaExceeded"))
+        .flatten()
+        .map(|c| c.message.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_raised() {
+    use ferry_crds::StagingQuota;
+    use k8s_openapi::api::batch::v1::Job;
+    let setup = setup("quota").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    let quotas: Api<StagingQuota> = Api::namespaced(client.clone(), "quota");
+    let quota = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StagingQuota", "metadata": {"name": "disk"},
+        "spec": {"bytesPerNode": "20Mi"}});
+    quotas.create(&PostParams::default(), &serde_json::from_value(quota).unwrap()).await.unwrap();
+    let set_quota = |per_node: &'static str| {
+        let quotas = quotas.clone();
+        async move {
+            let patch = json!({"spec": {"bytesPerNode": per_node}});
+            quotas.patch("disk", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        }
+    };
+    let dataset: usize = setup.files.values().map(Vec::len).sum();
+    let nodes = ["node-a", "node-b"];
+    let staged_on_every_node = |name: &str| {
+        for node in nodes {
+            if let Some(dir) = setup.cluster.node_dir(node) {
+                assert!(read_tree(&dir.join("mnt/ferry").join(name)) == setup.files, "{node} holds {name}");
+            }
+        }
+    };
+
+    // 13.5 MiB per node fits a quota of 20 MiB per node; each worker is
+    // told the room it has.
+    setup.apply("first", "/mnt/ferry/first").await;
+    setup.wait_status("first", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    staged_on_every_node("first");
+    let job = Api::<Job>::namespaced(client.clone(), "quota").get("first-node-a-r1").await.unwrap();
+    let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap_or_default();
+    assert!(args.iter().any(|arg| arg == "--dataset-quota=20MiB"), "{args:?}");
+
+    // A second copy leaves 6.5 MiB of room on each node: its workers find
+    // the dataset larger, write nothing, and it waits naming the quota.
+    setup.apply("second", "/mnt/ferry/second").await;
+    let held = setup.wait_status("second", "held by the quota", |s| quota_hold(s).is_some()).await;
+    let message = quota_hold(&held).unwrap();
+    assert!(message.contains("StagingQuota disk allows 20.0 MiB per node (bytesPerNode)"), "{message}");
+    assert!(message.contains("the dataset needs at least 13.5 MiB"), "{message} ({dataset} bytes)");
+    for node in nodes {
+        if let Some(dir) = setup.cluster.node_dir(node).map(|d| d.join("mnt/ferry/second")).filter(|d| d.exists()) {
+            assert!(read_tree(&dir).is_empty(), "{node}: the refused dataset wrote nothing");
+        }
+    }
+
+    // Raised, the quota has room: the refused run starts again and stages.
+    set_quota("40Mi").await;
+    let staged =
+        setup.wait_status("second", "run 2 Succeeded", |s| s.run == Some(2) && s.phase == Some(Phase::Succeeded)).await;
+    assert!(staged.conditions.iter().all(|c| c.reason != "QuotaExceeded"), "{:?}", staged.conditions);
+    staged_on_every_node("second");
+
+    // A quota the namespace already fills holds a new DataStage back before
+    // any worker starts, with a Warning; raising it lets it run.
+    set_quota("20Mi").await;
+    setup.apply("third", "/mnt/ferry/third").await;
+    let held = setup.wait_status("third", "held before it starts", |s| quota_hold(s).is_some()).await;
+    let message = quota_hold(&held).unwrap();
+    assert!(message.contains("hold 26.9 MiB on node node-"), "{message}");
+    assert!(message.contains("which leaves 0 B"), "{message}");
+    let third_jobs = Api::<Job>::namespaced(client.clone(), "quota")
+        .list(&kube::api::ListParams::default().labels("ferry.dev/datastage=third"))
+        .await
+        .unwrap();
+    assert!(third_jobs.items.is_empty(), "no worker starts: {:?}", third_jobs.items.len());
+    let events = event_reasons(&client, "quota", "third").await;
+    assert!(events.iter().any(|(kind, reason)| kind == "Warning" && reason == "QuotaExceeded"), "{events:?}");
+    set_quota("60Mi").await;
+    setup.wait_status("third", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    staged_on_every_node("third");
+    setup.cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_uploads_a_node_directory_that_a_pull_brings_back_identical() {
     let setup = setup("push").await;
@@ -550,7 +636,7 @@ async fn a_pull_onto_a_shared_claim_is_sharded_over_three_workers() {
         )
         .await;
     let status = setup.wait_status("sharded", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
-    let job = Api::<Job>::namespaced(client, "shards").get("sharded-shared-r1").await.unwrap();
+    let job = Api::<Job>::namespaced(client.clone(), "shards").get("sharded-shared-r1").await.unwrap();
     let job_status = job.status.unwrap();
     assert_eq!(job_status.succeeded, Some(3), "three indexed workers completed");
     assert_eq!(job.spec.unwrap().completion_mode.as_deref(), Some("Indexed"));
@@ -561,6 +647,38 @@ async fn a_pull_onto_a_shared_claim_is_sharded_over_three_workers() {
         let extra: Vec<&String> = staged.keys().filter(|k| !setup.files.contains_key(*k)).collect();
         assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}, extra {extra:?}");
         assert_eq!(staged, setup.files, "the shards add up to the dataset");
+    }
+
+    // A quota on the namespace's bytes in all, which the first copy fills
+    // but for 6.5 MiB: every shard of a second copy counts the whole
+    // dataset, so all three refuse it (none writes its smaller share), and
+    // the DataStage waits naming the quota until the quota goes.
+    let quotas: Api<ferry_crds::StagingQuota> = Api::namespaced(client.clone(), "shards");
+    let quota = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StagingQuota", "metadata": {"name": "team"},
+        "spec": {"bytes": "20Mi"}});
+    quotas.create(&PostParams::default(), &serde_json::from_value(quota).unwrap()).await.unwrap();
+    setup
+        .apply_spec(
+            "again",
+            json!({
+                "source": setup.store("s3://datasets/demo"),
+                "destination": {"volume": {"persistentVolumeClaim": {"claimName": "shared", "subPath": "again"}}},
+                "workers": 3,
+                "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+            }),
+        )
+        .await;
+    let held = setup.wait_status("again", "held by the quota", |s| quota_hold(s).is_some()).await;
+    let message = quota_hold(&held).unwrap();
+    assert!(message.contains("the dataset needs at least 13.5 MiB"), "{message}");
+    assert!(message.contains("StagingQuota team allows 20.0 MiB in all (bytes)"), "{message}");
+    if let Some(dir) = setup.cluster.node_dir("node-b").map(|d| d.join("mnt/ferry/shared/again")) {
+        assert!(read_tree(&dir).is_empty(), "no shard wrote its share");
+    }
+    quotas.delete("team", &Default::default()).await.unwrap();
+    setup.wait_status("again", "run 2 Succeeded", |s| s.run == Some(2) && s.phase == Some(Phase::Succeeded)).await;
+    if let Some(node_b) = setup.cluster.node_dir("node-b") {
+        assert_eq!(read_tree(&node_b.join("mnt/ferry/shared/again")), setup.files);
     }
     setup.cluster.stop().await;
 }

@@ -1,0 +1,298 @@
+//! StagingQuotas: the bytes a namespace's pulls may hold, per node and in
+//! all (see [`ferry_crds::StagingQuota`]).
+//!
+//! What a DataStage holds is what its workers reported: per worker, the
+//! bytes its dataset selected (a failed worker: only the bytes it put in
+//! place). Before a pull's workers start, the operator works out the room
+//! each quota leaves it, per worker, from what the namespace's other
+//! DataStages hold, and passes the smallest to the worker as
+//! `--dataset-quota`; the worker counts its whole dataset as it lists it and
+//! refuses with `QuotaExceeded` before writing a page that goes over. A
+//! worker the quota already leaves no room, or less than its last refused
+//! run showed the dataset needs, does not start: the DataStage waits with
+//! reason `QuotaExceeded` and a message naming the quota, and starts again
+//! once there is room (a quota raised, a DataStage deleted).
+//!
+//! What the operator cannot see is a dataset nobody has listed yet: two
+//! pulls that start together are each checked against what the other had
+//! reported then, so together they may go over a quota by what they list
+//! in their first seconds. Each one alone never does.
+//!
+//! Pure functions over the caches, unit-tested without a cluster.
+
+use std::collections::BTreeMap;
+
+use ferry_contract::Reason;
+use ferry_crds::plan::Direction;
+use ferry_crds::{DataStage, Phase, StagingQuota, WorkerStatus};
+use kube::ResourceExt as _;
+
+use crate::jobs::Worker;
+use ferry_contract::size::human_bytes;
+
+/// What the other DataStages of a namespace hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes on each node (pulls onto a hostPath).
+    pub per_node: BTreeMap<String, u64>,
+    /// Bytes everywhere: every node's, and every claim's.
+    pub total: u64,
+}
+
+/// The bytes a worker's entry says its place holds.
+fn held(worker: &WorkerStatus) -> u64 {
+    let done = u64::try_from(worker.bytes_done).unwrap_or(0);
+    let selected = u64::try_from(worker.bytes_total).unwrap_or(0);
+    // A failed worker (refused by a quota, say) holds what it put in place;
+    // any other is on its way to holding all it selected.
+    if worker.phase == Some(Phase::Failed) { done } else { done.max(selected) }
+}
+
+/// What `datastages` hold, pushes excepted (they write to the store).
+pub fn usage<'a>(datastages: impl IntoIterator<Item = &'a DataStage>) -> Usage {
+    let mut usage = Usage::default();
+    for ds in datastages {
+        let Ok(plan) = ds.spec.plan() else { continue };
+        if plan.direction != Direction::Pull {
+            continue;
+        }
+        for worker in ds.status.iter().flat_map(|s| &s.workers) {
+            let bytes = held(worker);
+            usage.total = usage.total.saturating_add(bytes);
+            if let (true, Some(node)) = (plan.per_node(), &worker.node) {
+                let on_node = usage.per_node.entry(node.clone()).or_default();
+                *on_node = on_node.saturating_add(bytes);
+            }
+        }
+    }
+    usage
+}
+
+/// What the quotas allow the workers about to start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allowance {
+    /// The room each worker that may start gets (`--dataset-quota`), by
+    /// worker name; absent: no quota applies.
+    pub room: BTreeMap<String, u64>,
+    /// The workers that wait, each with why (naming the quota).
+    pub held: BTreeMap<String, String>,
+}
+
+impl Allowance {
+    /// The first held worker's message, for a condition.
+    pub fn first_hold(&self) -> Option<&str> {
+        self.held.values().next().map(String::as_str)
+    }
+}
+
+/// The bytes the worker named `name` showed its dataset needs when a quota
+/// refused it in run `run`: at least that much (a refused listing may have
+/// stopped early).
+pub fn refused_need(ds: &DataStage, name: &str, run: i64) -> Option<u64> {
+    ds.status
+        .iter()
+        .flat_map(|s| &s.workers)
+        .find(|w| w.name == name && w.run == Some(run) && w.reason.as_deref() == Some(Reason::QuotaExceeded.as_str()))
+        .map(|w| u64::try_from(w.bytes_total).unwrap_or(0))
+}
+
+/// Whether a quota refused a worker of run `run`: it failed with
+/// `QuotaExceeded` (a worker held back before it started is Pending).
+pub fn refused_in(ds: &DataStage, run: i64) -> bool {
+    ds.status.iter().flat_map(|s| &s.workers).any(|w| {
+        w.run == Some(run)
+            && w.phase == Some(Phase::Failed)
+            && w.reason.as_deref() == Some(Reason::QuotaExceeded.as_str())
+    })
+}
+
+/// The room `quotas` leave each of `starting` (workers of `ds`, whose run
+/// has `places` workers in all), given what the namespace's `others` hold;
+/// `need` is what a worker's dataset is known to need, if anything.
+pub fn allowance(
+    ds: &DataStage,
+    starting: &[Worker],
+    places: usize,
+    others: &Usage,
+    quotas: &[&StagingQuota],
+    need: impl Fn(&Worker) -> Option<u64>,
+) -> Allowance {
+    let mut result = Allowance { room: BTreeMap::new(), held: BTreeMap::new() };
+    let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
+    let namespace = ds.namespace().unwrap_or_default();
+    for worker in starting {
+        // The tightest quota for this worker, and what it says.
+        let mut tightest: Option<(u64, String)> = None;
+        for quota in quotas {
+            let name = quota.name_any();
+            if let (Some(limit), Some(node), true) = (&quota.spec.bytes_per_node, &worker.node, per_node) {
+                let held = others.per_node.get(node).copied().unwrap_or(0);
+                let room = limit.bytes().saturating_sub(held);
+                let what = format!(
+                    "StagingQuota {name} allows {} per node (bytesPerNode) and other DataStages of namespace {namespace} hold {} on node {node}",
+                    human_bytes(limit.bytes()),
+                    human_bytes(held)
+                );
+                if tightest.as_ref().is_none_or(|(r, _)| room < *r) {
+                    tightest = Some((room, what));
+                }
+            }
+            if let Some(limit) = &quota.spec.bytes {
+                // Every place holds the whole dataset.
+                let room = limit.bytes().saturating_sub(others.total) / places.max(1) as u64;
+                let what = format!(
+                    "StagingQuota {name} allows {} in all (bytes), other DataStages of namespace {namespace} hold {}, and this one holds a copy in each of {} places",
+                    human_bytes(limit.bytes()),
+                    human_bytes(others.total),
+                    places.max(1)
+                );
+                if tightest.as_ref().is_none_or(|(r, _)| room < *r) {
+                    tightest = Some((room, what));
+                }
+            }
+        }
+        let Some((room, what)) = tightest else { continue };
+        let needed = need(worker);
+        let fits = room > 0 && needed.is_none_or(|needed| needed <= room);
+        if fits {
+            result.room.insert(worker.name.clone(), room);
+            continue;
+        }
+        let place = worker.node.as_deref().map_or_else(String::new, |node| format!(" on node {node}"));
+        let needs =
+            needed.map_or_else(String::new, |n| format!("the dataset needs at least {}{place} but ", human_bytes(n)));
+        result.held.insert(
+            worker.name.clone(),
+            format!(
+                "{needs}{what}, which leaves {}: raise the quota or delete DataStages of namespace {namespace} that hold data there; this one starts when there is room",
+                human_bytes(room)
+            ),
+        );
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ds(name: &str, destination: serde_json::Value, workers: serde_json::Value) -> DataStage {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": name, "namespace": "team"},
+            "spec": {"source": {"uri": "s3://b/p"}, "destination": destination},
+            "status": {"workers": workers},
+        }))
+        .unwrap()
+    }
+
+    fn host_path() -> serde_json::Value {
+        json!({"volume": {"hostPath": "/mnt/d"}})
+    }
+
+    fn quota(name: &str, spec: serde_json::Value) -> StagingQuota {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "StagingQuota",
+            "metadata": {"name": name, "namespace": "team"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn what_datastages_hold_is_what_their_workers_selected_or_a_failed_one_put_in_place() {
+        let a = ds(
+            "a",
+            host_path(),
+            json!([
+                {"name": "n1", "node": "n1", "phase": "Succeeded", "bytesDone": 5 * MIB, "bytesTotal": 5 * MIB},
+                {"name": "n2", "node": "n2", "phase": "Running", "bytesDone": MIB, "bytesTotal": 5 * MIB},
+                {"name": "n3", "node": "n3", "phase": "Failed", "bytesDone": MIB, "bytesTotal": 9 * MIB},
+            ]),
+        );
+        let claim = ds(
+            "c",
+            json!({"volume": {"persistentVolumeClaim": {"claimName": "pvc"}}}),
+            json!([{"name": "shared", "node": "n1", "phase": "Succeeded", "bytesDone": 2 * MIB, "bytesTotal": 2 * MIB}]),
+        );
+        let push: DataStage = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "p", "namespace": "team"},
+            "spec": {"source": {"volume": {"hostPath": "/mnt/out"}}, "destination": {"uri": "s3://b/out"}},
+            "status": {"workers": [{"name": "n1", "node": "n1", "phase": "Succeeded", "bytesDone": 50 * MIB, "bytesTotal": 50 * MIB}]},
+        }))
+        .unwrap();
+        let usage = usage([&a, &claim, &push]);
+        assert_eq!(
+            usage.per_node,
+            BTreeMap::from([("n1".into(), 5 * MIB), ("n2".into(), 5 * MIB), ("n3".into(), MIB)])
+        );
+        assert_eq!(usage.total, 13 * MIB, "the claim counts in all, on no node; the push not at all");
+    }
+
+    #[test]
+    fn each_worker_gets_the_tightest_room_and_one_without_room_waits_naming_the_quota() {
+        let new = ds("new", host_path(), json!([]));
+        let others = Usage { per_node: BTreeMap::from([("n1".into(), 6 * MIB)]), total: 6 * MIB };
+        let per_node = quota("disk", json!({"bytesPerNode": "10Mi"}));
+        let in_all = quota("all", json!({"bytes": "20Mi"}));
+        let workers = [Worker::on_node("n1"), Worker::on_node("n2")];
+        let given = allowance(&new, &workers, 2, &others, &[&per_node, &in_all], |_| None);
+        // n1: 10 - 6 = 4 MiB per node; n2: (20 - 6) / 2 = 7 MiB in all, tighter than 10.
+        assert_eq!(given.room, BTreeMap::from([("n1".into(), 4 * MIB), ("n2".into(), 7 * MIB)]));
+        assert!(given.held.is_empty());
+
+        let full = Usage { per_node: BTreeMap::from([("n1".into(), 10 * MIB)]), total: 10 * MIB };
+        let given = allowance(&new, &workers, 2, &full, &[&per_node], |_| None);
+        assert_eq!(given.room, BTreeMap::from([("n2".into(), 10 * MIB)]));
+        let message = given.held.get("n1").unwrap();
+        assert!(message.contains("StagingQuota disk allows 10.0 MiB per node (bytesPerNode)"), "{message}");
+        assert!(message.contains("hold 10.0 MiB on node n1"), "{message}");
+        assert!(message.contains("which leaves 0 B"), "{message}");
+    }
+
+    #[test]
+    fn a_dataset_known_to_need_more_than_the_room_waits_and_starts_once_the_quota_grows() {
+        let new = ds("new", host_path(), json!([]));
+        let workers = [Worker::on_node("n1")];
+        let needs_12 = |_: &Worker| Some(12 * MIB);
+        let small = quota("disk", json!({"bytesPerNode": "10Mi"}));
+        let held = allowance(&new, &workers, 1, &Usage::default(), &[&small], needs_12);
+        let message = held.first_hold().unwrap();
+        assert!(
+            message.starts_with("the dataset needs at least 12.0 MiB on node n1 but StagingQuota disk"),
+            "{message}"
+        );
+        let raised = quota("disk", json!({"bytesPerNode": "12Mi"}));
+        let fits = allowance(&new, &workers, 1, &Usage::default(), &[&raised], needs_12);
+        assert_eq!(fits.room, BTreeMap::from([("n1".into(), 12 * MIB)]));
+    }
+
+    #[test]
+    fn without_a_quota_no_worker_is_limited_and_a_claim_has_no_per_node_limit() {
+        let claim = ds("c", json!({"volume": {"persistentVolumeClaim": {"claimName": "pvc"}}}), json!([]));
+        let given = allowance(&claim, &[Worker::shared()], 1, &Usage::default(), &[], |_| None);
+        assert!(given.room.is_empty() && given.held.is_empty());
+        let per_node = quota("disk", json!({"bytesPerNode": "1Mi"}));
+        let given = allowance(&claim, &[Worker::shared()], 1, &Usage::default(), &[&per_node], |_| None);
+        assert!(given.room.is_empty() && given.held.is_empty(), "{given:?}");
+    }
+
+    #[test]
+    fn a_refused_worker_of_the_run_says_what_its_dataset_needs() {
+        let refused = ds(
+            "r",
+            host_path(),
+            json!([{"name": "n1", "node": "n1", "phase": "Failed", "run": 2, "reason": "QuotaExceeded", "bytesTotal": 12 * MIB}]),
+        );
+        assert_eq!(refused_need(&refused, "n1", 2), Some(12 * MIB));
+        assert_eq!(refused_need(&refused, "n1", 3), None, "another run");
+        assert!(refused_in(&refused, 2) && !refused_in(&refused, 1));
+        let held = ds(
+            "h",
+            host_path(),
+            json!([{"name": "n1", "node": "n1", "phase": "Pending", "run": 2, "reason": "QuotaExceeded"}]),
+        );
+        assert!(!refused_in(&held, 2), "held back before it started: it starts when there is room");
+    }
+}
