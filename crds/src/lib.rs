@@ -19,7 +19,7 @@ pub use ferry_contract::{ByteSize, CapacityReserve, StoreShare, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
-pub use quota::{StagingQuota, StagingQuotaSpec};
+pub use quota::{StagingQuota, StagingQuotaSpec, StagingQuotaStatus};
 use serde::{Deserialize, Serialize};
 
 /// The longest DataStage name: its Jobs and pods carry it as a label

@@ -19,10 +19,13 @@ use serde::{Deserialize, Serialize};
     shortname = "squota",
     category = "ferry",
     namespaced,
+    status = "StagingQuotaStatus",
     derive = "PartialEq",
     doc = "A StagingQuota limits the bytes the DataStages of its namespace may hold on node disks and claims, per node and in all. A pull that would go over it waits, with a condition naming the quota, until there is room.",
     printcolumn = r#"{"name":"Per node","type":"string","jsonPath":".spec.bytesPerNode"}"#,
     printcolumn = r#"{"name":"In all","type":"string","jsonPath":".spec.bytes"}"#,
+    printcolumn = r#"{"name":"Used","type":"string","jsonPath":".status.used"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waitingDataStages"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -39,6 +42,28 @@ pub struct StagingQuotaSpec {
     /// onto a persistentVolumeClaim once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<ByteSize>,
+}
+
+/// What the namespace's pulls hold now, as the operator last counted it
+/// (every few seconds) from what their workers reported.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StagingQuotaStatus {
+    /// Bytes held in all.
+    #[serde(default)]
+    pub used_bytes: i64,
+    /// Bytes held on the node that holds most.
+    #[serde(default)]
+    pub used_bytes_on_fullest_node: i64,
+    /// That node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fullest_node: Option<String>,
+    /// The same for people, e.g. `26.9 MiB in all, 13.5 MiB on node-a`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<String>,
+    /// DataStages of the namespace waiting for room (reason `QuotaExceeded`).
+    #[serde(default)]
+    pub waiting_data_stages: i64,
 }
 
 #[cfg(test)]

@@ -1140,7 +1140,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
                 tracing::debug!(%error, "reconcile loop");
             }
         });
-    tokio::join!(reconciling, budget_changes, crate::budgets::run(ctx));
+    tokio::join!(reconciling, budget_changes, crate::budgets::run(Arc::clone(&ctx)), crate::quotas::run(ctx));
 }
 
 /// Builds the context once at start-up, and the writers [`run`] fills its

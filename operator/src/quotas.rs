@@ -18,14 +18,25 @@
 //! reported then, so together they may go over a quota by what they list
 //! in their first seconds. Each one alone never does.
 //!
-//! Pure functions over the caches, unit-tested without a cluster.
+//! Every few seconds [`run`] writes each quota's status: what its
+//! namespace holds in all and on its fullest node, and how many DataStages
+//! wait for room (`kubectl get squota`).
+//!
+//! Pure functions over the caches, unit-tested without a cluster; [`run`]
+//! is the one loop.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_contract::Reason;
 use ferry_crds::plan::Direction;
-use ferry_crds::{DataStage, Phase, StagingQuota, WorkerStatus};
-use kube::ResourceExt as _;
+use ferry_crds::{DataStage, Phase, StagingQuota, StagingQuotaStatus, WorkerStatus};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource as _, ResourceExt as _};
+use serde_json::json;
+
+use crate::controller::Context;
 
 use crate::jobs::Worker;
 use ferry_contract::size::human_bytes;
@@ -172,6 +183,67 @@ pub fn allowance(
     result
 }
 
+/// Whether `ds` waits for room in a quota.
+fn waiting_for_room(ds: &DataStage) -> bool {
+    ds.status.as_ref().is_some_and(|s| {
+        s.phase == Some(Phase::Pending) && s.conditions.iter().any(|c| c.reason == Reason::QuotaExceeded.as_str())
+    })
+}
+
+/// The status of a quota over `datastages`, those of its namespace.
+pub fn quota_status<'a>(datastages: impl IntoIterator<Item = &'a DataStage> + Clone) -> StagingQuotaStatus {
+    let held = usage(datastages.clone());
+    let fullest = held.per_node.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)));
+    let on_node = fullest.map(|(node, bytes)| format!(", {} on {node}", human_bytes(*bytes))).unwrap_or_default();
+    StagingQuotaStatus {
+        used_bytes: i64::try_from(held.total).unwrap_or(i64::MAX),
+        used_bytes_on_fullest_node: fullest.map_or(0, |(_, bytes)| i64::try_from(*bytes).unwrap_or(i64::MAX)),
+        fullest_node: fullest.map(|(node, _)| node.clone()),
+        used: Some(format!("{} in all{on_node}", human_bytes(held.total))),
+        waiting_data_stages: datastages.into_iter().filter(|ds| waiting_for_room(ds)).count() as i64,
+    }
+}
+
+/// The field manager of quota statuses.
+pub const FIELD_MANAGER: &str = "ferry.dev/operator-quotas";
+
+/// How often quota statuses are brought up to date.
+const PERIOD: Duration = Duration::from_secs(5);
+
+/// Writes every StagingQuota's status that changed, every [`PERIOD`],
+/// until the process stops.
+pub async fn run(ctx: Arc<Context>) {
+    ctx.caches.ready().await;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut ticks = tokio::time::interval(PERIOD);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let quotas = ctx.caches.quotas.state();
+        if quotas.is_empty() {
+            continue;
+        }
+        let datastages = ctx.caches.datastages.state();
+        for quota in quotas {
+            let namespace = quota.namespace();
+            let in_namespace = datastages.iter().filter(|ds| ds.namespace() == namespace).map(|ds| &**ds);
+            let status = quota_status(in_namespace);
+            if quota.status.as_ref() == Some(&status) {
+                continue;
+            }
+            let (name, namespace) = (quota.name_any(), namespace.unwrap_or_default());
+            let patch = json!({
+                "apiVersion": StagingQuota::api_version(&()), "kind": StagingQuota::kind(&()),
+                "metadata": {"name": name, "namespace": namespace}, "status": status,
+            });
+            let api: Api<StagingQuota> = Api::namespaced(ctx.client.clone(), &namespace);
+            if let Err(error) = api.patch_status(&name, &params, &Patch::Apply(&patch)).await {
+                tracing::warn!(%error, %namespace, quota = %name, "cannot write the StagingQuota's status");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +348,36 @@ mod tests {
         let per_node = quota("disk", json!({"bytesPerNode": "1Mi"}));
         let given = allowance(&claim, &[Worker::shared()], 1, &Usage::default(), &[&per_node], |_| None);
         assert!(given.room.is_empty() && given.held.is_empty(), "{given:?}");
+    }
+
+    #[test]
+    fn a_quotas_status_shows_the_namespace_in_all_on_its_fullest_node_and_who_waits() {
+        let a = ds(
+            "a",
+            host_path(),
+            json!([
+                {"name": "n1", "node": "n1", "phase": "Succeeded", "bytesDone": 3 * MIB, "bytesTotal": 3 * MIB},
+                {"name": "n2", "node": "n2", "phase": "Succeeded", "bytesDone": 3 * MIB, "bytesTotal": 3 * MIB},
+            ]),
+        );
+        let mut waiting =
+            ds("w", host_path(), json!([{"name": "n2", "node": "n2", "phase": "Succeeded", "bytesTotal": MIB}]));
+        waiting.status = Some(
+            serde_json::from_value(json!({
+                "phase": "Pending",
+                "workers": [{"name": "n2", "node": "n2", "phase": "Succeeded", "bytesTotal": MIB}],
+                "conditions": [{"type": "Progressing", "status": "True", "reason": "QuotaExceeded", "message": "m",
+                                "lastTransitionTime": "2026-11-26T00:00:00Z"}],
+            }))
+            .unwrap(),
+        );
+        let status = quota_status([&a, &waiting]);
+        assert_eq!((status.used_bytes, status.used_bytes_on_fullest_node), (7 * MIB as i64, 4 * MIB as i64));
+        assert_eq!(status.fullest_node.as_deref(), Some("n2"));
+        assert_eq!(status.used.as_deref(), Some("7.0 MiB in all, 4.0 MiB on n2"));
+        assert_eq!(status.waiting_data_stages, 1);
+        let empty = quota_status(std::iter::empty::<&DataStage>());
+        assert_eq!((empty.used.as_deref(), empty.fullest_node), (Some("0 B in all"), None));
     }
 
     #[test]

@@ -510,6 +510,23 @@ async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_
     let job = Api::<Job>::namespaced(client.clone(), "quota").get("first-node-a-r1").await.unwrap();
     let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap_or_default();
     assert!(args.iter().any(|arg| arg == "--dataset-quota=20MiB"), "{args:?}");
+    // The quota's status shows what the namespace holds (`kubectl get squota`).
+    let quota_status = |check: fn(&ferry_crds::StagingQuotaStatus, i64) -> bool| {
+        let quotas = quotas.clone();
+        async move {
+            let status = quotas.get("disk").await.ok()?.status?;
+            check(&status, dataset as i64).then_some(status)
+        }
+    };
+    let used = wait_for(&setup.cluster, "the quota's status to count the first copy", Duration::from_secs(30), || {
+        quota_status(|s, dataset| s.used_bytes == 2 * dataset && s.used_bytes_on_fullest_node == dataset)
+    })
+    .await;
+    assert_eq!(
+        used.used.as_deref(),
+        Some("26.9 MiB in all, 13.5 MiB on node-a"),
+        "ties go to the first node by name: {used:?}"
+    );
 
     // A second copy leaves 6.5 MiB of room on each node: its workers find
     // the dataset larger, write nothing, and it waits naming the quota.
@@ -546,6 +563,10 @@ async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_
     assert!(third_jobs.items.is_empty(), "no worker starts: {:?}", third_jobs.items.len());
     let events = event_reasons(&client, "quota", "third").await;
     assert!(events.iter().any(|(kind, reason)| kind == "Warning" && reason == "QuotaExceeded"), "{events:?}");
+    wait_for(&setup.cluster, "the quota's status to count the waiting DataStage", Duration::from_secs(30), || {
+        quota_status(|s, _| s.waiting_data_stages == 1)
+    })
+    .await;
     set_quota("60Mi").await;
     setup.wait_status("third", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
     staged_on_every_node("third");
