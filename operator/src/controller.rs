@@ -1058,16 +1058,20 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         Some(ns) => Api::<ferry_crds::StagingQuota>::namespaced(client.clone(), ns),
         None => Api::<ferry_crds::StagingQuota>::all(client.clone()),
     };
+    let mut quota_wakes = crate::quotas::QuotaWakes::default();
     let quota_changes = watcher(quotas, watches.clone())
         .backoff(WatchBackoff::default())
         .reflect(writers.quotas)
-        .touched_objects()
-        .filter_map(|event| async move {
-            event
-                .map_err(|error| tracing::debug!(%error, "StagingQuota watch (is the StagingQuota CRD installed?)"))
-                .ok()
-        })
-        .map(Ok::<_, watcher::Error>);
+        .flat_map(move |event| {
+            let woken: Vec<Result<ferry_crds::StagingQuota, watcher::Error>> = match event {
+                Ok(event) => quota_wakes.on(event).into_iter().map(Ok).collect(),
+                Err(error) => {
+                    tracing::debug!(%error, "StagingQuota watch (is the StagingQuota CRD installed?)");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(woken)
+        });
     let datastages = controller.store();
     let in_namespace = datastages.clone();
     let pods_on_nodes = ctx.caches.pods.clone();

@@ -183,6 +183,62 @@ pub fn allowance(
     result
 }
 
+/// Which StagingQuota watch events wake their namespace's DataStages: a
+/// quota that appears, whose spec changes (a new generation), or that goes.
+/// The status the operator writes every few seconds wakes nothing: with
+/// many DataStages in a namespace every write would reconcile them all.
+/// (kube-runtime's `predicate_filter` on the generation would also drop a
+/// deletion, which is exactly when room appears.)
+#[derive(Debug, Default)]
+pub struct QuotaWakes {
+    generations: BTreeMap<(String, String), Option<i64>>,
+    relisted: Option<std::collections::BTreeSet<(String, String)>>,
+}
+
+impl QuotaWakes {
+    /// The quotas `event` should wake the namespaces of. One deleted while
+    /// the watch was down shows only as missing from the next listing, and
+    /// is returned by namespace and name once that listing is done.
+    pub fn on(&mut self, event: kube::runtime::watcher::Event<StagingQuota>) -> Vec<StagingQuota> {
+        use kube::runtime::watcher::Event;
+        let key = |quota: &StagingQuota| (quota.namespace().unwrap_or_default(), quota.name_any());
+        match event {
+            Event::Init => {
+                self.relisted = Some(Default::default());
+                Vec::new()
+            }
+            Event::InitApply(quota) | Event::Apply(quota) => {
+                if let Some(listed) = &mut self.relisted {
+                    listed.insert(key(&quota));
+                }
+                let generation = quota.metadata.generation;
+                if self.generations.insert(key(&quota), generation) == Some(generation) {
+                    Vec::new()
+                } else {
+                    vec![quota]
+                }
+            }
+            Event::InitDone => {
+                let Some(listed) = self.relisted.take() else { return Vec::new() };
+                let gone: Vec<(String, String)> =
+                    self.generations.keys().filter(|key| !listed.contains(*key)).cloned().collect();
+                gone.into_iter()
+                    .map(|(namespace, name)| {
+                        self.generations.remove(&(namespace.clone(), name.clone()));
+                        let mut quota = StagingQuota::new(&name, Default::default());
+                        quota.metadata.namespace = Some(namespace);
+                        quota
+                    })
+                    .collect()
+            }
+            Event::Delete(quota) => {
+                self.generations.remove(&key(&quota));
+                vec![quota]
+            }
+        }
+    }
+}
+
 /// Whether `ds` waits for room in a quota.
 fn waiting_for_room(ds: &DataStage) -> bool {
     ds.status.as_ref().is_some_and(|s| {
@@ -378,6 +434,33 @@ mod tests {
         assert_eq!(status.waiting_data_stages, 1);
         let empty = quota_status(std::iter::empty::<&DataStage>());
         assert_eq!((empty.used.as_deref(), empty.fullest_node), (Some("0 B in all"), None));
+    }
+
+    #[test]
+    fn a_quota_wakes_its_namespace_when_it_comes_changes_or_goes_but_not_for_its_status() {
+        use kube::runtime::watcher::Event;
+        let at = |generation: i64, used: i64| {
+            let mut quota = quota("disk", json!({"bytesPerNode": "1Gi"}));
+            quota.metadata.generation = Some(generation);
+            quota.status = Some(StagingQuotaStatus { used_bytes: used, ..Default::default() });
+            quota
+        };
+        let mut wakes = QuotaWakes::default();
+        assert_eq!(wakes.on(Event::Apply(at(1, 0))).len(), 1, "new");
+        assert!(wakes.on(Event::Apply(at(1, 5))).is_empty(), "its status");
+        assert_eq!(wakes.on(Event::Apply(at(2, 5))).len(), 1, "its spec");
+        assert_eq!(wakes.on(Event::Delete(at(2, 5))).len(), 1, "gone");
+        assert_eq!(wakes.on(Event::Apply(at(1, 0))).len(), 1, "back");
+        // Deleted while the watch was down: missing from the next listing.
+        wakes.on(Event::Init);
+        assert!(
+            wakes
+                .on(Event::InitDone)
+                .iter()
+                .map(|q| (q.namespace(), q.name_any()))
+                .eq([(Some("team".to_owned()), "disk".to_owned())])
+        );
+        assert!(wakes.on(Event::InitDone).is_empty(), "only once");
     }
 
     #[test]
