@@ -96,6 +96,33 @@ impl Allowance {
     }
 }
 
+/// Which limit of a quota leaves a worker least room, with what it
+/// counted, for the message of a worker it holds back.
+enum Limit<'a> {
+    /// `bytesPerNode`, on the worker's node.
+    PerNode { limit: u64, held: u64, node: &'a str },
+    /// `bytes`, split over the DataStage's places.
+    InAll { limit: u64, held: u64, places: usize },
+}
+
+impl Limit<'_> {
+    fn describe(&self, quota: &str, namespace: &str) -> String {
+        match self {
+            Limit::PerNode { limit, held, node } => format!(
+                "StagingQuota {quota} allows {} per node (bytesPerNode) and other DataStages of namespace {namespace} hold {} on node {node}",
+                human_bytes(*limit),
+                human_bytes(*held)
+            ),
+            Limit::InAll { limit, held, places } => format!(
+                "StagingQuota {quota} allows {} in all (bytes), other DataStages of namespace {namespace} hold {}, and this one holds a copy in each of {} places",
+                human_bytes(*limit),
+                human_bytes(*held),
+                places.max(&1)
+            ),
+        }
+    }
+}
+
 /// The bytes the worker named `name` showed its dataset needs when a quota
 /// refused it in run `run`: at least that much (a refused listing may have
 /// stopped early).
@@ -128,47 +155,37 @@ pub fn allowance(
     quotas: &[&StagingQuota],
     need: impl Fn(&Worker) -> Option<u64>,
 ) -> Allowance {
-    let mut result = Allowance { room: BTreeMap::new(), held: BTreeMap::new() };
+    let mut result = Allowance::default();
     let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
     let namespace = ds.namespace().unwrap_or_default();
     for worker in starting {
-        // The tightest quota for this worker, and what it says.
-        let mut tightest: Option<(u64, String)> = None;
+        // The tightest limit for this worker; it is put in words only if
+        // it holds the worker back.
+        let mut tightest: Option<(u64, &StagingQuota, Limit)> = None;
         for quota in quotas {
-            let name = quota.name_any();
             if let (Some(limit), Some(node), true) = (&quota.spec.bytes_per_node, &worker.node, per_node) {
                 let held = others.per_node.get(node).copied().unwrap_or(0);
                 let room = limit.bytes().saturating_sub(held);
-                let what = format!(
-                    "StagingQuota {name} allows {} per node (bytesPerNode) and other DataStages of namespace {namespace} hold {} on node {node}",
-                    human_bytes(limit.bytes()),
-                    human_bytes(held)
-                );
-                if tightest.as_ref().is_none_or(|(r, _)| room < *r) {
-                    tightest = Some((room, what));
+                if tightest.as_ref().is_none_or(|(r, _, _)| room < *r) {
+                    tightest = Some((room, quota, Limit::PerNode { limit: limit.bytes(), held, node }));
                 }
             }
             if let Some(limit) = &quota.spec.bytes {
                 // Every place holds the whole dataset.
                 let room = limit.bytes().saturating_sub(others.total) / places.max(1) as u64;
-                let what = format!(
-                    "StagingQuota {name} allows {} in all (bytes), other DataStages of namespace {namespace} hold {}, and this one holds a copy in each of {} places",
-                    human_bytes(limit.bytes()),
-                    human_bytes(others.total),
-                    places.max(1)
-                );
-                if tightest.as_ref().is_none_or(|(r, _)| room < *r) {
-                    tightest = Some((room, what));
+                if tightest.as_ref().is_none_or(|(r, _, _)| room < *r) {
+                    tightest = Some((room, quota, Limit::InAll { limit: limit.bytes(), held: others.total, places }));
                 }
             }
         }
-        let Some((room, what)) = tightest else { continue };
+        let Some((room, quota, limit)) = tightest else { continue };
         let needed = need(worker);
         let fits = room > 0 && needed.is_none_or(|needed| needed <= room);
         if fits {
             result.room.insert(worker.name.clone(), room);
             continue;
         }
+        let what = limit.describe(&quota.name_any(), &namespace);
         let place = worker.node.as_deref().map_or_else(String::new, |node| format!(" on node {node}"));
         let needs =
             needed.map_or_else(String::new, |n| format!("the dataset needs at least {}{place} but ", human_bytes(n)));
