@@ -200,6 +200,7 @@ impl TransferOptions {
         option(args, "--capacity-reserve", Some(&o.capacity_reserve));
         switch(args, "--no-capacity-check", o.no_capacity_check);
         option(args, "--dataset-quota", o.dataset_quota.as_ref());
+        option(args, "--capacity-claimed", o.capacity_claimed.as_ref());
         option(args, "--metrics-addr", o.metrics_addr);
         option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
         option(args, "--termination-log", o.termination_log.as_ref().map(|p| p.display().to_string()));
@@ -231,6 +232,7 @@ impl TransferOptions {
 mod tests {
     use super::*;
     use crate::budget::StoreShare;
+    use crate::disk::CapacityClaims;
     use crate::peers::{PeerAddress, PeerOptions};
     use crate::size::{ByteSize, CapacityReserve};
     use clap::{CommandFactory as _, FromArgMatches as _};
@@ -312,7 +314,12 @@ mod tests {
             Just(CapacityReserve::Size(None)),
             (0u8..100).prop_map(CapacityReserve::Percent),
         ];
-        let capacity = (reserve, any::<bool>(), proptest::option::of(size()));
+        let claims = proptest::collection::btree_map("[0-9]{1,3}:[0-9]{1,3}", 1u64.., 1..4).prop_map(|map| {
+            let mut claims = CapacityClaims::default();
+            map.iter().for_each(|(filesystem, bytes)| claims.add(filesystem, *bytes));
+            claims
+        });
+        let capacity = (reserve, any::<bool>(), proptest::option::of(size()), proptest::option::of(claims));
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
             proptest::collection::vec(
@@ -364,7 +371,7 @@ mod tests {
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
             let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) =
                 retries;
-            let (capacity_reserve, no_capacity_check, dataset_quota) = capacity;
+            let (capacity_reserve, no_capacity_check, dataset_quota, capacity_claimed) = capacity;
             TransferOptions {
                 endpoint_url,
                 anonymous,
@@ -384,6 +391,7 @@ mod tests {
                 capacity_reserve,
                 no_capacity_check,
                 dataset_quota,
+                capacity_claimed,
                 metrics_addr,
                 summary_file: summary_file.map(PathBuf::from),
                 termination_log: termination_log.map(PathBuf::from),

@@ -2,8 +2,9 @@
 //! use: what a transfer can be told ([`options`]) and, with the `cli`
 //! feature, the stager's command line over it (`cli`), the sizes it takes ([`size`],
 //! the same grammar the DataStage CRD admits), its exit codes ([`exit`]),
-//! the reasons it gives for a run that could not proceed ([`reason`]) and
-//! the summary it leaves behind ([`summary`]).
+//! the reasons it gives for a run that could not proceed ([`reason`]), what
+//! it found of its destination's filesystem ([`disk`]) and the summary it
+//! leaves behind ([`summary`]).
 //!
 //! Nothing here talks to Kubernetes or to a store: the crate is small so
 //! that the CRD types, the operator, the engine and the Python package can
@@ -12,6 +13,7 @@
 pub mod budget;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod disk;
 pub mod exit;
 pub mod hash;
 pub mod location;
@@ -25,6 +27,7 @@ pub mod summary;
 pub use budget::StoreShare;
 #[cfg(feature = "cli")]
 pub use cli::{StagerCli, StagerCommand};
+pub use disk::{CapacityClaims, DiskSpace};
 pub use exit::ExitStatus;
 pub use location::ObjectLocation;
 pub use options::{Shard, TransferOptions, VerifyMode};

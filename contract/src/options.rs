@@ -120,6 +120,12 @@ pub struct TransferOptions {
     /// sets it from the namespace's StagingQuotas.
     #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub dataset_quota: Option<ByteSize>,
+    /// Pull only: bytes other pulls on this node are still to write, by filesystem
+    /// (FILESYSTEM=BYTES,... with the device number as MAJOR:MINOR); the claim on the
+    /// destination's filesystem counts as taken in the free-space check. The operator
+    /// sets it from the running workers of other DataStages on the node.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FS=BYTES,..."))]
+    pub capacity_claimed: Option<crate::disk::CapacityClaims>,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
     #[cfg_attr(feature = "cli", arg(long))]
     pub metrics_addr: Option<SocketAddr>,
@@ -189,6 +195,7 @@ impl Default for TransferOptions {
             capacity_reserve: DEFAULT_CAPACITY_RESERVE.parse().expect("a valid default"),
             no_capacity_check: false,
             dataset_quota: None,
+            capacity_claimed: None,
             metrics_addr: None,
             summary_file: None,
             termination_log: None,

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::disk::DiskSpace;
 use crate::hash::{FNV_OFFSET, fnv1a_from};
 use crate::peers::PeerCounts;
 use crate::reason::Reason;
@@ -77,6 +78,11 @@ pub struct Summary {
     /// as far as it was listed, all shards together, so at least this much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset_bytes: Option<u64>,
+    /// A pull: its destination's filesystem, measured when the run ended,
+    /// or, for a run refused for room, when it was refused (with what it
+    /// needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskSpace>,
     /// What this run changed in the destination compared with what was
     /// staged there before (pulls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -419,6 +425,14 @@ impl Summary {
             total.reason = total.reason.or(shard.reason);
             // Every shard counts the whole dataset: the furthest listing says most.
             total.dataset_bytes = total.dataset_bytes.max(shard.dataset_bytes);
+            // Shards share one destination: a refusal's need says most,
+            // else the latest measurement.
+            total.disk = match (total.disk.take(), shard.disk) {
+                (Some(a), Some(b)) => {
+                    Some(if (b.needed_bytes, b.measured_at) > (a.needed_bytes, a.measured_at) { b } else { a })
+                }
+                (a, b) => a.or(b),
+            };
             total.failures.extend(shard.failures);
             total.failures_omitted += shard.failures_omitted;
             total.changes = match (total.changes, shard.changes) {
@@ -568,6 +582,29 @@ mod tests {
         assert!(plain.get("dataset_bytes").is_none(), "{plain}");
     }
 
+    #[test]
+    fn shards_on_one_destination_combine_to_the_largest_need_else_the_latest_measurement() {
+        let disk = |needed_bytes, measured_at| Summary {
+            disk: Some(DiskSpace {
+                filesystem: "0:52".into(),
+                size_bytes: 100,
+                free_bytes: 40,
+                needed_bytes,
+                measured_at,
+            }),
+            ..Summary::default()
+        };
+        let refused = Summary::combine(vec![disk(None, 9), disk(Some(60), 5), disk(Some(50), 7), Summary::default()]);
+        assert_eq!(refused.unwrap().disk.unwrap().needed_bytes, Some(60));
+        let measured = Summary::combine(vec![disk(None, 5), Summary::default(), disk(None, 9)]).unwrap();
+        assert_eq!(measured.disk.as_ref().unwrap().measured_at, 9);
+        let json = measured.termination_message();
+        assert!(
+            json.contains(r#""disk":{"filesystem":"0:52","sizeBytes":100,"freeBytes":40,"measuredAt":9}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), measured);
+    }
     #[test]
     fn snapshots_do_not_depend_on_order_and_shards_combine() {
         let objects = [("a", "e1", 1), ("b/c", "e2", 20), ("d", "e3", 300)];

@@ -85,8 +85,10 @@ impl TransferConfig {
             max_request_rate: options.max_request_rate.map(u64::from),
             store_share: options.store_share,
             selection,
-            capacity: (!options.no_capacity_check)
-                .then(|| CapacityCheck::with_reserve(options.capacity_reserve.clone())),
+            capacity: (!options.no_capacity_check).then(|| CapacityCheck {
+                claimed: options.capacity_claimed.clone().unwrap_or_default(),
+                ..CapacityCheck::with_reserve(options.capacity_reserve.clone())
+            }),
             dataset_quota: options.dataset_quota.as_ref().map(ferry_contract::ByteSize::bytes),
         })
     }

@@ -15,9 +15,18 @@ use pyo3::types::PyDict;
 
 /// Options of the CLI that make no sense in-process: they write files or
 /// report to Kubernetes on the CLI's behalf.
-/// `peers` stands for the `--peer-*` flags: fleet staging is between worker pods.
-const CLI_ONLY: [&str; 7] =
-    ["metrics_addr", "summary_file", "termination_log", "report_to", "worker", "node_name", "peers"];
+/// `peers` stands for the `--peer-*` flags: fleet staging is between worker pods;
+/// `capacity_claimed` is what the operator tells a worker of others on its node.
+const CLI_ONLY: [&str; 8] = [
+    "metrics_addr",
+    "summary_file",
+    "termination_log",
+    "report_to",
+    "worker",
+    "node_name",
+    "peers",
+    "capacity_claimed",
+];
 
 /// Every keyword argument a call takes besides its positionals.
 pub const NAMES: [&str; 27] = [
@@ -136,6 +145,7 @@ fn every_option_is_considered(options: TransferOptions) {
         capacity_reserve: _,
         no_capacity_check: _,
         dataset_quota: _,
+        capacity_claimed: _,
         metrics_addr: _,
         summary_file: _,
         termination_log: _,

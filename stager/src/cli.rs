@@ -126,6 +126,7 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
                     TransferError::Quota { dataset_bytes, .. } => Some(*dataset_bytes),
                     _ => None,
                 },
+                disk: error.disk().cloned(),
                 ..Summary::default()
             };
             (failed, if error.is_permanent() { ExitStatus::RunRefused } else { ExitStatus::RunFailed })

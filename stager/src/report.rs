@@ -46,7 +46,8 @@ pub struct ReportTarget {
 }
 
 /// The status fragment a worker applies (pure, unit-tested): its own
-/// entry's progress counters and nothing else. The phase, run and snapshot
+/// entry's progress counters, and the disk it found (so that pulls on the
+/// same node count what it still writes), and nothing else. The phase, run and snapshot
 /// of an entry are the operator's to write, from the worker's Job and its
 /// final summary, so a late progress report cannot undo a finished one.
 pub fn worker_patch(
@@ -55,9 +56,11 @@ pub fn worker_patch(
     rate: f64,
     budget: (u64, Option<ferry_contract::StoreShare>),
     peers: Option<(SocketAddr, PeerCounts)>,
+    disk: Option<ferry_contract::DiskSpace>,
 ) -> serde_json::Value {
     let (throttled, share) = budget;
     let mut entry = WorkerStatus {
+        disk,
         store_share: share,
         throttled_requests: Some(throttled as i64).filter(|n| *n > 0),
         name: target.worker.clone(),
@@ -106,7 +109,7 @@ pub async fn report(target: ReportTarget, engine: Arc<Engine>, peering: Option<A
         previous = (Instant::now(), snapshot.bytes_done);
         let peers = peering.as_ref().map(|p| (p.address, p.fleet.counts()));
         let budget = (engine.metrics.throttles(), engine.store_share());
-        let patch = worker_patch(&target, &snapshot, rate, budget, peers);
+        let patch = worker_patch(&target, &snapshot, rate, budget, peers, tally.disk());
         let published = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await;
         match &published {
             Ok(ds) => {
@@ -173,7 +176,7 @@ async fn status_api(target: &ReportTarget) -> Option<(Api<DataStage>, PatchParam
 pub async fn withdraw(target: &ReportTarget, engine: &Engine) {
     let Some((api, params)) = status_api(target).await else { return };
     let budget = (engine.metrics.throttles(), engine.store_share());
-    let patch = worker_patch(target, &engine.tally.snapshot(), 0.0, budget, None);
+    let patch = worker_patch(target, &engine.tally.snapshot(), 0.0, budget, None, engine.tally.disk());
     if let Err(error) = api.patch_status(&target.name, &params, &Patch::Apply(&patch)).await {
         tracing::debug!(%error, "cannot withdraw the peer address");
     }
@@ -234,7 +237,7 @@ mod tests {
             bytes_done: 400,
             listing_done: true,
         };
-        let patch = worker_patch(&target, &snapshot, 123.0, (0, None), None);
+        let patch = worker_patch(&target, &snapshot, 123.0, (0, None), None, None);
         let workers = patch["status"]["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 1);
         assert_eq!(workers[0]["name"], "node-a");
@@ -247,9 +250,22 @@ mod tests {
         assert!(workers[0].get("throttledRequests").is_none(), "nothing throttled, nothing said");
         assert!(workers[0].get("storeShare").is_none(), "no budget, no share");
         let share = ferry_contract::StoreShare { requests_per_second: Some(3), bytes_per_second: None };
-        let budgeted = worker_patch(&target, &snapshot, 0.0, (7, Some(share)), None);
+        let budgeted = worker_patch(&target, &snapshot, 0.0, (7, Some(share)), None, None);
         assert_eq!(budgeted["status"]["workers"][0]["throttledRequests"], 7);
         assert_eq!(budgeted["status"]["workers"][0]["storeShare"], json!({"requestsPerSecond": 3}));
+        assert!(workers[0].get("disk").is_none(), "no measurement, nothing said");
+        let disk = ferry_contract::DiskSpace {
+            filesystem: "0:52".into(),
+            size_bytes: 9,
+            free_bytes: 8,
+            needed_bytes: None,
+            measured_at: 5,
+        };
+        let measured = worker_patch(&target, &snapshot, 0.0, (0, None), None, Some(disk));
+        assert_eq!(
+            measured["status"]["workers"][0]["disk"],
+            json!({"filesystem": "0:52", "sizeBytes": 9, "freeBytes": 8, "measuredAt": 5})
+        );
     }
 
     #[test]
@@ -257,7 +273,7 @@ mod tests {
         let target = ReportTarget { namespace: "ml".into(), name: "d".into(), worker: "node-a".into(), node: None };
         let counts = PeerCounts { bytes_from_peers: 7, bytes_served: 9, ..PeerCounts::default() };
         let address: SocketAddr = "10.224.3.4:9466".parse().unwrap();
-        let patch = worker_patch(&target, &Default::default(), 0.0, (0, None), Some((address, counts)));
+        let patch = worker_patch(&target, &Default::default(), 0.0, (0, None), Some((address, counts)), None);
         let entry = &patch["status"]["workers"][0];
         assert_eq!(entry["peerAddress"], "10.224.3.4:9466");
         assert_eq!(entry["bytesFromPeers"], 7);

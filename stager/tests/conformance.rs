@@ -925,10 +925,12 @@ async fn an_unreachable_endpoint_ends_quickly_with_a_clear_message(backend: Back
     assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
 }
 
-/// The run ended, retryably, because the destination has no room, and said
-/// so with the numbers.
-fn assert_insufficient_capacity(run: &common::Run, says: &str) {
-    assert_eq!(run.code(), 3, "another attempt may succeed once there is room: {}", run.stderr);
+/// The run ended because the destination has no room, and said so with the
+/// numbers: refused before writing a need larger than the filesystem
+/// (exit 4: no attempt can fit it), or with room to be freed, or filled up
+/// while writing (exit 3: another attempt may find room, and resumes).
+fn assert_insufficient_capacity(run: &common::Run, code: i32, says: &str) {
+    assert_eq!(run.code(), code, "{}", run.stderr);
     assert_eq!(run.summary["reason"], "InsufficientCapacity", "{:#}", run.summary);
     let message = run.summary["failures"][0]["error"].as_str().unwrap_or_default();
     assert!(message.contains(says), "{message}");
@@ -952,8 +954,10 @@ async fn a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_
     // Anywhere: a reserve no filesystem has refuses the pull before it writes.
     let dst = tempfile::tempdir().unwrap();
     let refused = stager(&server, &["pull", &source, dst.path().to_str().unwrap(), "--capacity-reserve", "999999T"]);
-    assert_insufficient_capacity(&refused, "free but this run still needs");
+    assert_insufficient_capacity(&refused, 4, "free but this run still needs");
     assert!(read_tree(dst.path()).is_empty());
+    let disk = &refused.summary["disk"];
+    assert!(disk["neededBytes"].as_u64().unwrap() > disk["sizeBytes"].as_u64().unwrap(), "never fits: {disk:#}");
 
     let small = match SmallFilesystem::mount("8m") {
         Ok(small) => small,
@@ -978,17 +982,24 @@ async fn a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_
             termination.path().to_str().unwrap(),
         ],
     );
-    assert_insufficient_capacity(&refused, "has 8.0 MiB free but this run still needs");
+    assert_insufficient_capacity(&refused, 4, "has 8.0 MiB free but this run still needs");
     assert!(refused.elapsed < Duration::from_secs(15), "took {:?}", refused.elapsed);
     assert!(read_tree(small.path()).is_empty(), "nothing is written when the dataset cannot fit");
     // What the operator reads back into the worker's status.
     let reported: serde_json::Value = serde_json::from_slice(&std::fs::read(termination.path()).unwrap()).unwrap();
     assert_eq!(reported["reason"], "InsufficientCapacity", "{reported:#}");
+    // With what the filesystem holds and what the run needed, the reserve
+    // included: it could fit once room is freed.
+    let disk = &reported["disk"];
+    let (size, free, needed) = (disk["sizeBytes"].as_u64(), disk["freeBytes"].as_u64(), disk["neededBytes"].as_u64());
+    assert_eq!((size, free), (Some(8 * MIB as u64), Some(8 * MIB as u64)), "{disk:#}");
+    assert!(needed.is_some_and(|n| n > 9 * MIB as u64 && n <= size.unwrap() * 2), "{disk:#}");
+    assert!(disk["filesystem"].as_str().is_some_and(|fs| fs.contains(':')), "{disk:#}");
 
     // Without the check, the disk fills up during the run: the same reason,
     // and what is under a final name is complete and correct.
     let filled = stager(&server, &["pull", &source, dir, "--no-capacity-check"]);
-    assert_insufficient_capacity(&filled, "filled up");
+    assert_insufficient_capacity(&filled, 3, "filled up");
     let staged = read_tree(small.path());
     assert!(staged.len() < files.len(), "the disk did not fill up: {:#}", filled.summary);
     for (rel, data) in &staged {
@@ -1000,6 +1011,13 @@ async fn a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_
     small.resize("32m");
     let resumed = stager(&server, &["pull", &source, dir, "--capacity-reserve", "1MiB"]);
     resumed.assert_ok();
+    // A finished pull reports the filesystem as it left it.
+    let left = resumed.summary["disk"]["freeBytes"].as_u64().unwrap();
+    assert!(
+        left < 32 * MIB as u64 - total as u64 && resumed.summary["disk"].get("neededBytes").is_none(),
+        "{:#}",
+        resumed.summary
+    );
     assert_eq!(resumed.skipped() as usize, staged.len(), "{:#}", resumed.summary);
     assert_eq!(resumed.transferred() as usize, files.len() - staged.len());
     assert_eq!(read_tree(small.path()), files);

@@ -28,7 +28,9 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ferry_contract::CapacityReserve;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ferry_contract::{CapacityClaims, CapacityReserve, DiskSpace};
 
 use crate::local::partial;
 use crate::local::paths::RelPath;
@@ -43,6 +45,9 @@ pub struct FreeSpace {
     pub block_size: u64,
     /// The filesystem's size, which a reserve in percent is a share of.
     pub total: u64,
+    /// The device number of the filesystem (`st_dev`), which tells
+    /// destinations that share one apart from those that do not.
+    pub device: u64,
 }
 
 /// Measures the free space of the filesystem holding a directory; `None`
@@ -66,7 +71,29 @@ pub fn statvfs_free_space(path: &Path) -> io::Result<Option<FreeSpace>> {
         available: stats.f_bavail.saturating_mul(block_size),
         block_size,
         total: stats.f_blocks.saturating_mul(block_size),
+        device: rustix::fs::stat(path)?.st_dev,
     }))
+}
+
+impl FreeSpace {
+    /// The filesystem's name in reports and claims: its device number as
+    /// `MAJOR:MINOR`.
+    pub fn filesystem(&self) -> String {
+        format!("{}:{}", rustix::fs::major(self.device), rustix::fs::minor(self.device))
+    }
+
+    /// The measurement as the stager reports it, taken now; `needed` for a
+    /// refusal.
+    pub fn report(&self, needed: Option<u64>) -> DiskSpace {
+        let measured_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        DiskSpace {
+            filesystem: self.filesystem(),
+            size_bytes: self.total,
+            free_bytes: self.available,
+            needed_bytes: needed,
+            measured_at,
+        }
+    }
 }
 
 /// How a pull checks its destination's free space before writing.
@@ -74,15 +101,18 @@ pub fn statvfs_free_space(path: &Path) -> io::Result<Option<FreeSpace>> {
 pub struct CapacityCheck {
     /// Space to leave free beyond what the run writes.
     pub reserve: CapacityReserve,
+    /// What other pulls on the node still write, by filesystem: the claim
+    /// on the destination's counts as taken.
+    pub claimed: CapacityClaims,
     /// How free space is measured.
     pub probe: FreeSpaceProbe,
 }
 
 impl CapacityCheck {
     /// A check with `statvfs` leaving `reserve` free (a size, or a share of
-    /// the filesystem's size).
+    /// the filesystem's size), nothing claimed by others.
     pub fn with_reserve(reserve: CapacityReserve) -> Self {
-        Self { reserve, probe: statvfs_free_space }
+        Self { reserve, claimed: CapacityClaims::default(), probe: statvfs_free_space }
     }
 }
 
@@ -93,8 +123,9 @@ pub enum CapacityError {
     #[error(
         // The remedy before the path: a worker's status keeps the first
         // 240 bytes of a failure, and a node's path can be long.
-        "the destination has {} free but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the reserve (spec.capacity.reserve, or --capacity-reserve), free space, or use a larger volume; destination '{}'",
+        "the destination has {} free{} but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the reserve (spec.capacity.reserve, or --capacity-reserve), free space, or use a larger volume; destination '{}'",
         human_bytes(*available),
+        if *claimed > 0 { format!(" of which other pulls on this node still write {}", human_bytes(*claimed)) } else { String::new() },
         if *listing_finished { "" } else { "at least " },
         human_bytes(*needed),
         human_bytes(*reserve),
@@ -105,6 +136,8 @@ pub enum CapacityError {
         destination: PathBuf,
         /// Its filesystem's free space when the run started.
         available: u64,
+        /// Of it, what other pulls on the node still write there.
+        claimed: u64,
         /// Bytes the objects to copy take on disk (those listed so far when
         /// the listing is not finished).
         needed: u64,
@@ -114,6 +147,9 @@ pub enum CapacityError {
         reserve_rule: CapacityReserve,
         /// Whether every object had been listed: if not, more may be needed.
         listing_finished: bool,
+        /// The measurement with the need (objects and reserve), as the
+        /// stager reports it.
+        disk: DiskSpace,
     },
     /// A write failed because the filesystem is full (or a quota reached).
     #[error(
@@ -148,9 +184,12 @@ pub fn is_disk_full(error: &io::Error) -> bool {
 #[derive(Debug)]
 pub struct SpaceLedger {
     destination: PathBuf,
+    probe: FreeSpaceProbe,
     free: FreeSpace,
     reserve: u64,
     reserve_rule: CapacityReserve,
+    /// What other pulls on the node still write to this filesystem.
+    claimed: u64,
     /// Bytes on disk the objects charged so far take.
     needed: u64,
     /// Bytes the partials left by earlier runs already hold, by name.
@@ -174,9 +213,11 @@ impl SpaceLedger {
         };
         Some(Self {
             destination: destination.to_path_buf(),
+            probe: check.probe,
             free,
             reserve: check.reserve.bytes_of(free.total),
             reserve_rule: check.reserve,
+            claimed: check.claimed.on(&free.filesystem()),
             needed: 0,
             held_by_partials: partial::allocated(destination),
         })
@@ -194,17 +235,36 @@ impl SpaceLedger {
     /// # Errors
     /// [`CapacityError::Insufficient`] when it does not.
     pub fn check(&self, listing_finished: bool) -> Result<(), CapacityError> {
-        if self.needed.saturating_add(self.reserve) <= self.free.available {
+        if self.needed.saturating_add(self.reserve).saturating_add(self.claimed) <= self.free.available {
             return Ok(());
         }
         Err(CapacityError::Insufficient {
             destination: self.destination.clone(),
             available: self.free.available,
+            claimed: self.claimed,
             needed: self.needed,
             reserve: self.reserve,
             reserve_rule: self.reserve_rule.clone(),
             listing_finished,
+            disk: self.free.report(Some(self.needed.saturating_add(self.reserve))),
         })
+    }
+
+    /// The destination's filesystem as the run found it.
+    pub fn found(&self) -> DiskSpace {
+        self.free.report(None)
+    }
+
+    /// The destination's filesystem as it is now (at the end of a run);
+    /// `None` when it can no longer be measured.
+    pub fn measure_now(&self) -> Option<DiskSpace> {
+        match (self.probe)(&self.destination) {
+            Ok(free) => free.map(|free| free.report(None)),
+            Err(error) => {
+                tracing::warn!(destination = %self.destination.display(), %error, "cannot measure free space at the end of the run");
+                None
+            }
+        }
     }
 }
 
@@ -223,7 +283,7 @@ mod tests {
     }
 
     fn ten_mib_free(_: &Path) -> io::Result<Option<FreeSpace>> {
-        Ok(Some(FreeSpace { available: 10 * MIB, block_size: 4096, total: 80 * MIB }))
+        Ok(Some(FreeSpace { available: 10 * MIB, block_size: 4096, total: 80 * MIB, device: 7 << 8 | 3 }))
     }
 
     fn no_size(_: &Path) -> io::Result<Option<FreeSpace>> {
@@ -236,7 +296,11 @@ mod tests {
 
     /// A ledger of a volume of 80 MiB with 10 MiB free.
     fn ledger(dir: &Path, reserve: &str) -> SpaceLedger {
-        let check = CapacityCheck { reserve: reserve.parse().unwrap(), probe: ten_mib_free };
+        let check = CapacityCheck {
+            reserve: reserve.parse().unwrap(),
+            claimed: CapacityClaims::default(),
+            probe: ten_mib_free,
+        };
         SpaceLedger::open(check, dir).expect("a size is reported")
     }
 
@@ -249,9 +313,13 @@ mod tests {
         ledger.check(true).expect("9 MiB and 1 MiB of reserve fit in 10 MiB");
         ledger.charge(&rel("c"), 1);
         let error = ledger.check(true).unwrap_err();
-        let CapacityError::Insufficient { available, needed, reserve, .. } = error else { panic!("{error}") };
+        let CapacityError::Insufficient { available, needed, reserve, disk, .. } = error else { panic!("{error}") };
         // The one byte takes a whole block.
         assert_eq!((available, needed, reserve), (10 * MIB, 9 * MIB + 4096, MIB));
+        // The report the operator gets: the need with the reserve.
+        assert_eq!((disk.filesystem.as_str(), disk.size_bytes, disk.free_bytes), ("7:3", 80 * MIB, 10 * MIB));
+        assert_eq!(disk.needed_bytes, Some(10 * MIB + 4096));
+        assert!(disk.could_ever_fit());
     }
 
     #[test]
@@ -284,6 +352,29 @@ mod tests {
         let mut unreserved = ledger(dir.path(), "0%");
         unreserved.charge(&rel("a"), 10 * MIB);
         unreserved.check(true).expect("10 MiB fit in 10 MiB with no reserve");
+    }
+
+    #[test]
+    fn what_other_pulls_on_the_node_still_write_to_this_filesystem_counts_as_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut claimed = CapacityClaims::default();
+        claimed.add("7:3", 6 * MIB);
+        // Another filesystem's claim is not this one's.
+        claimed.add("7:4", 100 * MIB);
+        let check = CapacityCheck { reserve: "1MiB".parse().unwrap(), claimed, probe: ten_mib_free };
+        let mut ledger = SpaceLedger::open(check, dir.path()).unwrap();
+        ledger.charge(&rel("a"), 3 * MIB);
+        ledger.check(true).expect("3 MiB, the reserve and the 6 MiB claimed fit in 10 MiB");
+        ledger.charge(&rel("b"), 1);
+        let error = ledger.check(true).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("the destination has 10.0 MiB free of which other pulls on this node still write 6.0 MiB but this run still needs 3.0 MiB"),
+            "{message}"
+        );
+        // The need it reports is its own: the others' claim passes.
+        let CapacityError::Insufficient { disk, .. } = error else { panic!() };
+        assert_eq!(disk.needed_bytes, Some(4 * MIB + 4096));
     }
 
     #[test]
@@ -320,12 +411,18 @@ mod tests {
     fn a_filesystem_that_reports_no_size_or_cannot_be_asked_is_not_checked() {
         let dir = tempfile::tempdir().unwrap();
         assert!(
-            SpaceLedger::open(CapacityCheck { reserve: CapacityReserve::Size(None), probe: no_size }, dir.path())
-                .is_none()
+            SpaceLedger::open(
+                CapacityCheck { probe: no_size, ..CapacityCheck::with_reserve(CapacityReserve::Size(None)) },
+                dir.path()
+            )
+            .is_none()
         );
         assert!(
-            SpaceLedger::open(CapacityCheck { reserve: CapacityReserve::Size(None), probe: broken }, dir.path())
-                .is_none()
+            SpaceLedger::open(
+                CapacityCheck { probe: broken, ..CapacityCheck::with_reserve(CapacityReserve::Size(None)) },
+                dir.path()
+            )
+            .is_none()
         );
     }
 
@@ -357,5 +454,22 @@ mod tests {
         for error in &other {
             assert!(!is_disk_full(error), "{error}");
         }
+    }
+
+    #[test]
+    fn a_real_filesystem_reports_its_device_so_destinations_on_it_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let measured = |path: &Path| statvfs_free_space(path).unwrap().expect("a real filesystem reports its size");
+        let (on_a, on_b) = (measured(&a).report(None), measured(&b).report(None));
+        assert_eq!(on_a.filesystem, on_b.filesystem, "one filesystem, one name");
+        let dev = rustix::fs::stat(&a).unwrap().st_dev;
+        assert_eq!(on_a.filesystem, format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev)));
+        assert!(on_a.size_bytes >= on_a.free_bytes && on_a.measured_at > 1_700_000_000, "{on_a:?}");
+        let check = CapacityCheck::with_reserve("0".parse().unwrap());
+        let at_the_end = SpaceLedger::open(check, &a).unwrap().measure_now().unwrap();
+        assert_eq!((at_the_end.filesystem, at_the_end.needed_bytes), (on_a.filesystem, None));
     }
 }

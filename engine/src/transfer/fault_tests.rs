@@ -178,14 +178,14 @@ async fn the_bandwidth_cap_holds_back_the_gets_of_small_objects_not_only_their_w
 
 /// A destination filesystem with 7 MiB free, in 4 KiB blocks.
 fn seven_mib_free(_: &std::path::Path) -> std::io::Result<Option<FreeSpace>> {
-    Ok(Some(FreeSpace { available: 7 * MIB as u64, block_size: 4096, total: 64 * MIB as u64 }))
+    Ok(Some(FreeSpace { available: 7 * MIB as u64, block_size: 4096, total: 64 * MIB as u64, device: 0 }))
 }
 
 #[tokio::test]
 async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leaves_is_counted() {
     let store = Arc::new(MemoryStore::default());
     let config = TransferConfig {
-        capacity: Some(CapacityCheck { reserve: "1MiB".parse().unwrap(), probe: seven_mib_free }),
+        capacity: Some(CapacityCheck { probe: seven_mib_free, ..CapacityCheck::with_reserve("1MiB".parse().unwrap()) }),
         ..TransferConfig::default()
     };
     let engine = || Engine::new(Arc::clone(&store) as _, config.clone(), Arc::new(Metrics::new())).unwrap();
@@ -207,7 +207,12 @@ async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leave
     store.insert("d", data(14, 7 * MIB));
     let error = pull(engine(), "", dir.path(), false).await.unwrap_err();
     assert_eq!(error.reason(), Reason::InsufficientCapacity);
-    assert!(!error.is_permanent(), "freeing space needs no change to the run");
+    // Freeing space needs no change to the run; the refusal says how much
+    // it needs, for the operator to wait for.
+    assert!(!error.is_permanent(), "{error}");
+    let disk = error.disk().expect("the refusal reports the disk");
+    assert_eq!((disk.free_bytes, disk.size_bytes), (7 * MIB as u64, 64 * MIB as u64));
+    assert!(disk.needed_bytes.is_some_and(|n| n >= 8 * MIB as u64) && disk.could_ever_fit(), "{disk:?}");
     let message = crate::error_chain(&error);
     assert!(
         message.contains("has 7.0 MiB free but this run still needs at least 7.0 MiB (+ 1.0 MiB reserve, 1MiB)"),

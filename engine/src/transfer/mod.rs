@@ -242,6 +242,15 @@ impl TransferError {
         }
     }
 
+    /// What a pull refused for room found of its destination's filesystem,
+    /// and needed of it.
+    pub fn disk(&self) -> Option<&ferry_contract::DiskSpace> {
+        match self {
+            TransferError::Capacity(CapacityError::Insufficient { disk, .. }) => Some(disk),
+            _ => None,
+        }
+    }
+
     /// Whether another attempt without a change cannot succeed.
     pub fn is_permanent(&self) -> bool {
         match self {
@@ -249,11 +258,17 @@ impl TransferError {
             // user's command line).
             TransferError::Config(_) | TransferError::SourceEmpty { .. } | TransferError::Quota { .. } => true,
             TransferError::List { source, .. } | TransferError::Store { source, .. } => source.is_permanent(),
-            // Space may be freed, or the volume replaced, without a change to the run.
+            // A need larger than the whole filesystem never fits. Any other
+            // refusal may fit once space is freed, which needs no change to
+            // the run: a Job retries it a few times, then the operator
+            // waits for room from the need the summary reports.
+            TransferError::Capacity(CapacityError::Insufficient { disk, .. }) => !disk.could_ever_fit(),
+            // A disk that filled up under the run (other writers) may have
+            // room again a moment later, and the next attempt resumes.
             TransferError::Staging(_)
             | TransferError::Manifest(_)
             | TransferError::Source { .. }
-            | TransferError::Capacity(_) => false,
+            | TransferError::Capacity(CapacityError::DiskFull { .. }) => false,
         }
     }
 }
@@ -674,6 +689,34 @@ mod tests {
         }
         for error in [TransferError::Manifest(denied()), prepare(denied())] {
             assert_eq!(error.reason(), Reason::DestinationUnusable, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_for_room_is_final_only_when_the_need_is_larger_than_the_filesystem() {
+        let refused = |needed: u64| {
+            TransferError::Capacity(CapacityError::Insufficient {
+                destination: "/d".into(),
+                available: 10,
+                claimed: 0,
+                needed: needed - 2,
+                reserve: 2,
+                reserve_rule: "2".parse().unwrap(),
+                listing_finished: true,
+                disk: ferry_contract::DiskSpace {
+                    filesystem: "0:52".into(),
+                    size_bytes: 100,
+                    free_bytes: 10,
+                    needed_bytes: Some(needed),
+                    measured_at: 1,
+                },
+            })
+        };
+        for (needed, never_fits) in [(11, false), (100, false), (101, true)] {
+            let error = refused(needed);
+            assert_eq!(error.reason(), Reason::InsufficientCapacity);
+            assert_eq!(error.is_permanent(), never_fits, "{needed} of 100: {error}");
+            assert_eq!(error.disk().and_then(|d| d.needed_bytes), Some(needed));
         }
     }
 

@@ -191,6 +191,9 @@ pub async fn pull(
     // Measured after the staging area swept dead runs' temporary files, and
     // before this run writes anything.
     let mut ledger = engine.config.capacity.clone().and_then(|check| SpaceLedger::open(check, destination));
+    if let Some(ledger) = &ledger {
+        engine.tally.measured(ledger.found());
+    }
     tracing::info!(source = %source_uri, destination = %destination.display(), "pull started");
 
     let (pages_tx, mut pages) = mpsc::channel(2);
@@ -352,6 +355,7 @@ pub async fn pull(
     }
     summary.concurrency = Some(engine.concurrency_used());
     summary.throttled = engine.metrics.throttles();
+    summary.disk = ledger.as_ref().and_then(SpaceLedger::measure_now);
     Ok(summary)
 }
 

@@ -37,6 +37,8 @@ pub struct Tally {
     updated: AmountCounter,
     removed: AmountCounter,
     staged: Mutex<SnapshotBuilder>,
+    /// A pull's destination filesystem as the run found it, before writing.
+    disk: Mutex<Option<ferry_contract::DiskSpace>>,
 }
 
 /// Objects and bytes, counted lock-free.
@@ -173,6 +175,17 @@ impl Tally {
     /// A request was sent to the store.
     pub fn requested(&self) {
         self.requests.fetch_add(1, Relaxed);
+    }
+
+    /// The destination's filesystem as a pull found it before writing.
+    pub fn measured(&self, disk: ferry_contract::DiskSpace) {
+        *self.disk.lock().expect("not poisoned") = Some(disk);
+    }
+
+    /// What [`Tally::measured`] recorded, for live reports: while the run
+    /// writes, others on the node count what it still has to write.
+    pub fn disk(&self) -> Option<ferry_contract::DiskSpace> {
+        self.disk.lock().expect("not poisoned").clone()
     }
 
     /// The set of objects is complete.
