@@ -695,6 +695,12 @@ pub struct WorkerStatus {
     /// worker itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_share: Option<ferry_contract::StoreShare>,
+    /// The destination's filesystem on this node as the worker last
+    /// measured it: its size, what was free, and, when the worker was
+    /// refused for room, what it needed. The operator learns from it what
+    /// room Ferry's destinations have on each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<ferry_contract::DiskSpace>,
 }
 
 fn is_zero(n: &i64) -> bool {

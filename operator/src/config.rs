@@ -120,6 +120,7 @@ impl OperatorConfig {
             metrics_port: Some(self.stager_metrics_port).filter(|p| *p != 0),
             store_share: None,
             dataset_quotas: std::collections::BTreeMap::new(),
+            capacity_claims: std::collections::BTreeMap::new(),
         }
     }
 

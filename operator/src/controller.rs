@@ -35,6 +35,7 @@ use kube::{Api, Resource as _, ResourceExt as _};
 
 use crate::cache::{CacheWriters, Caches};
 use crate::config::OperatorConfig;
+use crate::disks::AfterRefusal;
 use crate::events::EventPublisher;
 use crate::jobs::{
     CLEANUP_LABEL, DATASTAGE_LABEL, RUN_LABEL, WORKER_LABEL, Worker, build_cleanup_job, build_job, plan_workers,
@@ -93,6 +94,9 @@ pub struct Context {
     pub events: EventPublisher,
     /// Nodes, and the Jobs and Pods of DataStages, as the watches last saw them.
     pub caches: Caches,
+    /// Where Ferry removed staged data: a sign of room for DataStages a
+    /// full disk holds back.
+    pub cleaned: crate::disks::Cleaned,
 }
 
 impl std::fmt::Debug for Context {
@@ -394,9 +398,29 @@ async fn carry_out(
         let need = |worker: &Worker| crate::quotas::refused_need(ds, &worker.name, refused);
         let allowance = quota_allowance(ds, ctx, workers, workers.len(), need);
         if let Some(message) = allowance.first_hold() {
-            return hold_for_quota(ds, ctx, message.to_owned(), None).await;
+            return hold(ds, ctx, ferry_contract::Reason::QuotaExceeded, message.to_owned(), None).await;
         }
         run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::RoomInQuota) };
+    }
+    // A run a full disk refused waits the same way, and starts again when
+    // one of its nodes may have room (crate::disks says when).
+    let mut room_found = None;
+    let refused =
+        if run.started.is_none() && run_over { crate::disks::refused_for_room(ds, run.number) } else { Vec::new() };
+    if !refused.is_empty() {
+        let datastages = ctx.caches.datastages.state();
+        let disks = crate::disks::Disks::measured_by(datastages.iter().map(|other| &**other));
+        let seconds = u64::try_from(now.0.as_second()).unwrap_or_default();
+        match crate::disks::after_refusal(&refused, &disks, &ctx.cleaned, seconds) {
+            Some(AfterRefusal::Wait(message)) => {
+                return hold(ds, ctx, ferry_contract::Reason::InsufficientCapacity, message, None).await;
+            }
+            Some(AfterRefusal::LookAgain(why)) => {
+                run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::RoomOnDisk) };
+                room_found = Some(why);
+            }
+            None => {}
+        }
     }
     retire_other_runs(&jobs, &mut existing, run.number).await?;
     retire_jobs_of_deleted_nodes(ds, ctx, &mut existing).await?;
@@ -419,7 +443,7 @@ async fn carry_out(
             None => missing_ca_bundle(ds, plan, ctx).await?,
         };
         if let Some(blocked) = missing {
-            publish_run_started(ds, ctx, &run).await;
+            publish_run_started(ds, ctx, &run, room_found.as_deref()).await;
             return write_blocked(ds, ctx, blocked).await;
         }
         let need = |worker: &Worker| crate::quotas::refused_need(ds, &worker.name, run.number);
@@ -427,7 +451,7 @@ async fn carry_out(
         if !allowance.held.is_empty() {
             let nothing_else = existing.is_empty() && !workers.iter().any(|w| finished_in(recorded, w, run.number));
             if let (true, Some(message)) = (nothing_else && allowance.room.is_empty(), allowance.first_hold()) {
-                return hold_for_quota(ds, ctx, message.to_owned(), Some(&run)).await;
+                return hold(ds, ctx, ferry_contract::Reason::QuotaExceeded, message.to_owned(), Some(&run)).await;
             }
             // Workers the quota has room for start; the others wait, each
             // entry saying why.
@@ -437,6 +461,9 @@ async fn carry_out(
         let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
         let mut defaults = ctx.config.worker_defaults();
         defaults.dataset_quotas = allowance.room;
+        if plan.direction == Direction::Pull {
+            defaults.capacity_claims = capacity_claims(ds, ctx, &starting);
+        }
         let new_pods = starting.len() * plan.pods_per_worker as usize;
         defaults.store_share =
             crate::budgets::share_for_new_workers(ctx, ds, u32::try_from(new_pods).unwrap_or(u32::MAX));
@@ -460,7 +487,7 @@ async fn carry_out(
             }
         }
     }
-    publish_run_started(ds, ctx, &run).await;
+    publish_run_started(ds, ctx, &run, room_found.as_deref()).await;
     for (job_name, worker) in created {
         let node = worker.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
         let note = format!("created Job {job_name}{node} for run {}", run.number);
@@ -498,7 +525,7 @@ async fn carry_out(
         _ if resync => Action::requeue(Duration::from_millis(500)),
         // Room appears when a quota is raised (watched) or another
         // DataStage shrinks or goes (not watched for this).
-        _ if !held_by_quota.is_empty() => Action::requeue(QUOTA_RECHECK),
+        _ if !held_by_quota.is_empty() => Action::requeue(ROOM_RECHECK),
         // Jobs, their pods and the workers' reports are watched and wake
         // the DataStage; the requeue only guards against a missed event,
         // or a Job taken as created that the cache has not shown yet.
@@ -515,8 +542,9 @@ async fn carry_out(
     })
 }
 
-/// How often a DataStage a StagingQuota holds back looks for room.
-const QUOTA_RECHECK: Duration = Duration::from_secs(10);
+/// How often a DataStage a StagingQuota or a full disk holds back looks
+/// for room (in the operator's caches: a check costs no request).
+const ROOM_RECHECK: Duration = Duration::from_secs(10);
 
 /// The room the StagingQuotas of `ds`'s namespace leave each of `starting`
 /// (of `places` workers in the run), from what the namespace's other
@@ -544,11 +572,37 @@ fn quota_allowance(
     crate::quotas::allowance(ds, starting, places, &crate::quotas::usage(others), &quotas, need)
 }
 
-/// Holds the DataStage back for a StagingQuota: no worker starts; the
-/// status and a Warning say which quota and what would make room. With
+/// What other DataStages' running pulls still write on the node of each of
+/// `starting`, by worker name (workers on no node get none).
+fn capacity_claims(
+    ds: &DataStage,
+    ctx: &Context,
+    starting: &[Worker],
+) -> BTreeMap<String, ferry_contract::CapacityClaims> {
+    let datastages = ctx.caches.datastages.state();
+    let others: Vec<&DataStage> =
+        datastages.iter().filter(|other| other.metadata.uid != ds.metadata.uid).map(|other| &**other).collect();
+    starting
+        .iter()
+        .filter_map(|worker| {
+            let node = worker.node.as_deref()?;
+            Some((worker.name.clone(), crate::disks::claims_on(node, others.iter().copied())))
+        })
+        .collect()
+}
+
+/// Holds the DataStage back for room, in a StagingQuota (`QuotaExceeded`)
+/// or on a node's disk (`InsufficientCapacity`): no worker starts; the
+/// status and a Warning say what is needed and what would make room. With
 /// `run`, the run that waits (its start is announced once it starts).
-async fn hold_for_quota(ds: &DataStage, ctx: &Context, message: String, run: Option<&Run>) -> Result<Action, Error> {
-    let reason = ferry_contract::Reason::QuotaExceeded.as_str();
+async fn hold(
+    ds: &DataStage,
+    ctx: &Context,
+    reason: ferry_contract::Reason,
+    message: String,
+    run: Option<&Run>,
+) -> Result<Action, Error> {
+    let reason = reason.as_str();
     // Announced when the hold begins or its reason changes, not at every
     // look for room.
     let conditions = ds.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
@@ -556,14 +610,16 @@ async fn hold_for_quota(ds: &DataStage, ctx: &Context, message: String, run: Opt
         let waiting = run.map_or_else(String::new, |run| format!("run {} waits: ", run.number));
         publish(ctx, ds, EventType::Warning, reason, format!("{waiting}{message}"), "Sync").await;
     }
-    let blocked = Blocked { phase: Phase::Pending, failed: false, reason, message, retry: Some(QUOTA_RECHECK) };
+    let blocked = Blocked { phase: Phase::Pending, failed: false, reason, message, retry: Some(ROOM_RECHECK) };
     write_blocked(ds, ctx, blocked).await
 }
 
-/// The Event of a run that starts with this reconciliation.
-async fn publish_run_started(ds: &DataStage, ctx: &Context, run: &Run) {
+/// The Event of a run that starts with this reconciliation; `why` adds
+/// what prompted it.
+async fn publish_run_started(ds: &DataStage, ctx: &Context, run: &Run, why: Option<&str>) {
     if let Some(trigger) = run.started {
-        let message = format!("run {} started ({})", run.number, trigger.reason());
+        let why = why.map(|why| format!(": {why}")).unwrap_or_default();
+        let message = format!("run {} started ({}){why}", run.number, trigger.reason());
         publish(ctx, ds, EventType::Normal, trigger.reason(), message, "Sync").await;
     }
 }
@@ -999,6 +1055,10 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
         "Delete",
     )
     .await;
+    let seconds = u64::try_from(now().0.as_second()).unwrap_or_default();
+    for target in &targets {
+        ctx.cleaned.record(target.node.as_deref().unwrap_or_default(), seconds);
+    }
     set_finalizer(ds, ctx, false).await?;
     Ok(Action::await_change())
 }
@@ -1153,7 +1213,7 @@ pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metric
     let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
     let events = EventPublisher::new(client.clone(), reporter);
     let (caches, writers) = crate::cache::new();
-    (Arc::new(Context { client, config, metrics, events, caches }), writers)
+    (Arc::new(Context { client, config, metrics, events, caches, cleaned: Default::default() }), writers)
 }
 
 #[cfg(test)]

@@ -142,6 +142,10 @@ pub struct WorkerDefaults {
     /// start, by worker name (`--dataset-quota`); a worker not named here
     /// is not limited.
     pub dataset_quotas: BTreeMap<String, u64>,
+    /// What other DataStages' pulls on each worker's node still write, by
+    /// worker name (`--capacity-claimed`); a worker not named here has no
+    /// claim to count.
+    pub capacity_claims: BTreeMap<String, ferry_contract::CapacityClaims>,
 }
 
 impl WorkerDefaults {
@@ -153,6 +157,7 @@ impl WorkerDefaults {
             metrics_port: None,
             store_share: None,
             dataset_quotas: BTreeMap::new(),
+            capacity_claims: BTreeMap::new(),
         }
     }
 }
@@ -237,6 +242,7 @@ pub fn stager_cli(
             .dataset_quotas
             .get(&worker.name)
             .and_then(|bytes| ByteSize::from_bytes(*bytes).or_else(|_| ByteSize::from_bytes(bytes >> 10 << 10)).ok());
+        options.capacity_claimed = defaults.capacity_claims.get(&worker.name).filter(|c| !c.is_empty()).cloned();
     }
     // The CRD admits only URIs this parses; a spec from before its rules gets
     // the stager's own error for it.
@@ -926,6 +932,27 @@ mod tests {
     }
 
     #[test]
+    fn a_pulls_workers_are_told_what_others_on_their_node_still_write() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let mut claims = ferry_contract::CapacityClaims::default();
+        claims.add("259:1", 5 << 20);
+        let defaults = WorkerDefaults {
+            capacity_claims: BTreeMap::from([("a".to_owned(), claims.clone()), ("b".to_owned(), Default::default())]),
+            ..WorkerDefaults::image("stager:1")
+        };
+        let claims_of = |node: &str| {
+            let job = build_job(&ds, &plan, &Worker::on_node(node), &[], 1, &defaults);
+            let args = pod(&job).containers[0].args.clone().unwrap_or_default();
+            let StagerCommand::Pull { options, .. } = parsed(&pod(&job)).command else { panic!("a pull") };
+            (options.capacity_claimed, args.iter().any(|arg| arg.starts_with("--capacity-claimed")))
+        };
+        assert_eq!(claims_of("a"), (Some(claims), true));
+        assert_eq!(claims_of("b"), (None, false), "nothing claimed, no flag");
+        assert_eq!(claims_of("c"), (None, false));
+    }
+
+    #[test]
     fn workers_get_the_operators_service_account_and_metrics_port_unless_the_spec_names_its_own() {
         let defaults = WorkerDefaults {
             image: "stager:1".into(),
@@ -933,6 +960,7 @@ mod tests {
             metrics_port: Some(9464),
             store_share: None,
             dataset_quotas: BTreeMap::new(),
+            capacity_claims: BTreeMap::new(),
         };
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();

@@ -11,6 +11,9 @@
 //! * [`schedule`]: cron schedules of re-syncs.
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`peers`]: what the workers of a PeerToPeer DataStage need to feed each other.
+//! * [`budgets`]: StoreBudgets: the share of one each new worker gets.
+//! * [`quotas`]: StagingQuotas: the room they leave each worker, their status.
+//! * [`disks`]: room on nodes' disks, and when a run a full disk refused starts again.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
 //! * [`leader`]: Lease-based leader election, so replicas are safe.
 //! * [`webhook`]: the admission webhook that wires training pods to their data.
@@ -21,6 +24,7 @@ pub mod budgets;
 pub mod cache;
 pub mod config;
 pub mod controller;
+pub mod disks;
 pub mod events;
 pub mod gates;
 pub mod http;

@@ -9,7 +9,8 @@
 //! schedule comes due after a finished run, or when the workers of a pull
 //! finished with different snapshots of the dataset (decided in
 //! [`crate::status`]), or when a StagingQuota that refused a run leaves
-//! room for it (decided in [`crate::controller`] from [`crate::quotas`]). Pure functions with the clock passed in.
+//! room for it, or a node's disk that refused it may have room (decided in
+//! [`crate::controller`] from [`crate::quotas`] and [`crate::disks`]). Pure functions with the clock passed in.
 
 use ferry_crds::{DataStage, DataStageSpec, Phase};
 use k8s_openapi::jiff::Timestamp;
@@ -31,6 +32,8 @@ pub enum Trigger {
     Scheduled,
     /// A StagingQuota that refused the last run leaves its dataset room now.
     RoomInQuota,
+    /// A node's disk that had no room for the last run may have it now.
+    RoomOnDisk,
 }
 
 impl Trigger {
@@ -41,6 +44,7 @@ impl Trigger {
             Trigger::SpecChanged => "SpecChanged",
             Trigger::Scheduled => "ScheduledSync",
             Trigger::RoomInQuota => "RoomInQuota",
+            Trigger::RoomOnDisk => "RoomOnDisk",
         }
     }
 }

@@ -300,6 +300,7 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
             if let Some(dataset) = summary.dataset_bytes.filter(|_| summary.reason == Some(Reason::QuotaExceeded)) {
                 entry.bytes_total = dataset as i64;
             }
+            entry.disk = summary.disk.clone();
             entry.message = summary_message(summary);
             if fanout == Fanout::PeerToPeer {
                 fold_peer_counts(&mut entry, summary);
@@ -325,6 +326,11 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
             entry.bytes_served = live.bytes_served;
             entry.peer_failures = live.peer_failures;
         }
+    }
+    // The last measurement of the worker's disk stands until a new summary
+    // brings another: the operator counts on it to know the node's room.
+    if entry.disk.is_none() {
+        entry.disk = recorded.and_then(|w| w.disk.clone());
     }
     entry
 }

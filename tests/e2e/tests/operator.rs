@@ -466,6 +466,102 @@ async fn a_reserve_the_volume_cannot_leave_is_refused_naming_the_field_and_lower
     setup.cluster.stop().await;
 }
 
+/// The condition message of a DataStage a full disk holds back.
+fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
+    (status.phase == Some(Phase::Pending))
+        .then(|| status.conditions.iter().find(|c| c.reason == "InsufficientCapacity"))
+        .flatten()
+        .map(|c| c.message.as_str())
+}
+
+/// Each node's hostPath root is a small filesystem of its own: a copy that
+/// does not fit after another was staged waits (not Failed), saying what
+/// it needs and what is free, with nothing written; deleting the first
+/// DataStage frees the room and the second starts again by itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_a_full_disk_refuses_waits_for_room_and_stages_once_another_datastage_is_deleted() {
+    let setup = setup("disks").await;
+    let nodes = ["node-a", "node-b"];
+    let mut disks = Vec::new();
+    for node in nodes {
+        let Some(dir) = setup.cluster.node_dir(node) else {
+            eprintln!("SKIP: this test needs the process-based nodes, whose disks it can mount");
+            return;
+        };
+        match ferry_testkit::SmallFilesystem::mount_on(&dir.join("mnt/ferry"), "32m") {
+            Ok(disk) => disks.push(disk),
+            Err(why) => {
+                eprintln!("SKIP: this test mounts a tmpfs as each node's disk (run it as root): {why}");
+                return;
+            }
+        }
+    }
+    setup.create_secret().await;
+    let copy = |name: &str, reserve: &str| {
+        json!({
+            "source": setup.store("s3://datasets/demo"),
+            "destination": {"volume": {"hostPath": format!("/mnt/ferry/{name}")}},
+            "capacity": {"reserve": reserve},
+            "reclaimPolicy": "Delete",
+            // A refused worker's Job would retry with backoff first (space
+            // freed by others a moment later); here it gives up at once.
+            "backoffLimit": 0,
+        })
+    };
+
+    // 13.5 MiB of 32 MiB: the first copy fits, and its workers report the
+    // disk they left.
+    setup.apply_spec("first", copy("first", "0")).await;
+    let first = setup.wait_status("first", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    let dataset: u64 = setup.files.values().map(|f| f.len() as u64).sum();
+    for worker in &first.workers {
+        let disk = worker.disk.as_ref().unwrap_or_else(|| panic!("{} reports its disk: {worker:?}", worker.name));
+        assert_eq!(disk.size_bytes, 32 << 20, "{disk:?}");
+        assert!(disk.free_bytes <= (32 << 20) - dataset && disk.needed_bytes.is_none(), "{disk:?}");
+    }
+
+    // The second copy with an 8 MiB reserve needs 21.5 MiB where 18.5 MiB
+    // are left: refused before writing on both nodes, and it waits.
+    setup.apply_spec("second", copy("second", "8MiB")).await;
+    let held = setup.wait_status("second", "waiting for room", |s| disk_hold(s).is_some()).await;
+    let message = disk_hold(&held).unwrap();
+    assert!(message.starts_with("waiting for room: node node-"), "{message}");
+    assert!(message.contains("(its reserve included) where ") && message.contains("of 32.0 MiB is free"), "{message}");
+    assert!(message.contains("spec.capacity.reserve"), "{message}");
+    assert_eq!(held.run, Some(1));
+    for worker in &held.workers {
+        assert_eq!(worker.reason.as_deref(), Some("InsufficientCapacity"), "{worker:?}");
+        let disk = worker.disk.as_ref().expect("the refusal's numbers");
+        assert!(disk.needed_bytes.is_some_and(|n| n > disk.free_bytes), "{disk:?}");
+    }
+    for node in nodes {
+        let dir = setup.cluster.node_dir(node).unwrap().join("mnt/ferry/second");
+        assert!(!dir.exists() || read_tree(&dir).is_empty(), "{node}: nothing written before the check");
+    }
+    // Still waiting a while later, without another run.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let still = setup.datastages.get("second").await.unwrap().status.unwrap();
+    assert!(disk_hold(&still).is_some() && still.run == Some(1), "{still:?}");
+
+    // Deleting the first copy removes its data from both nodes; the second
+    // starts again by itself and stages byte-identical.
+    setup.datastages.delete("first", &Default::default()).await.unwrap();
+    let staged =
+        setup.wait_status("second", "run 2 Succeeded", |s| s.run == Some(2) && s.phase == Some(Phase::Succeeded)).await;
+    assert!(staged.conditions.iter().all(|c| c.reason != "InsufficientCapacity"), "{:?}", staged.conditions);
+    for node in nodes {
+        let root = setup.cluster.node_dir(node).unwrap().join("mnt/ferry");
+        assert!(read_tree(&root.join("second")) == setup.files, "{node} holds the second copy");
+        assert!(!root.join("first").exists() || read_tree(&root.join("first")).is_empty(), "{node}: first removed");
+    }
+    let client = setup.cluster.client().await.unwrap();
+    let events = event_reasons(&client, "disks", "second").await;
+    assert!(events.iter().any(|(kind, reason)| kind == "Warning" && reason == "InsufficientCapacity"), "{events:?}");
+    assert!(events.iter().any(|(_, reason)| reason == "RoomOnDisk"), "{events:?}");
+    setup.cluster.stop().await;
+    drop(disks);
+}
+
 /// The condition message of a DataStage a StagingQuota holds back.
 fn quota_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
     (status.phase == Some(Phase::Pending))
