@@ -35,6 +35,10 @@ pub struct DiskSpace {
     /// included (at least this much when its listing had not finished).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needed_bytes: Option<u64>,
+    /// A pull refused for room: of the free bytes, what other pulls on the
+    /// node were still to write there (`--capacity-claimed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_bytes: Option<u64>,
     /// When it was measured, in seconds since the Unix epoch.
     pub measured_at: u64,
 }
@@ -48,9 +52,13 @@ impl DiskSpace {
     }
 
     /// "needs 29.5 MiB free (its reserve included) where 26.5 MiB of
-    /// 40.0 MiB is free", or without a need what is free.
+    /// 40.0 MiB is free" (with "and other pulls still write 3.0 MiB of it"
+    /// when others claimed some), or without a need what is free.
     pub fn describe(&self) -> String {
-        let free = format!("{} of {} is free", human_bytes(self.free_bytes), human_bytes(self.size_bytes));
+        let mut free = format!("{} of {} is free", human_bytes(self.free_bytes), human_bytes(self.size_bytes));
+        if let Some(claimed) = self.claimed_bytes.filter(|claimed| *claimed > 0) {
+            free.push_str(&format!(" and other pulls still write {} of it", human_bytes(claimed)));
+        }
         match self.needed_bytes {
             Some(needed) => format!("needs {} free (its reserve included) where {free}", human_bytes(needed)),
             None => free,
@@ -132,17 +140,18 @@ mod tests {
             size_bytes: 40 * MIB,
             free_bytes: 26 * MIB,
             needed_bytes: Some(30 * MIB),
+            claimed_bytes: Some(MIB),
             measured_at: 1_764_196_000,
         };
         let json = serde_json::to_value(&refused).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"filesystem": "259:1", "sizeBytes": 40 * MIB, "freeBytes": 26 * MIB, "neededBytes": 30 * MIB, "measuredAt": 1_764_196_000})
+            serde_json::json!({"filesystem": "259:1", "sizeBytes": 40 * MIB, "freeBytes": 26 * MIB, "neededBytes": 30 * MIB, "claimedBytes": MIB, "measuredAt": 1_764_196_000})
         );
         assert_eq!(serde_json::from_value::<DiskSpace>(json).unwrap(), refused);
-        let measured = DiskSpace { needed_bytes: None, ..refused.clone() };
+        let measured = DiskSpace { needed_bytes: None, claimed_bytes: None, ..refused.clone() };
         let json = serde_json::to_string(&measured).unwrap();
-        assert!(!json.contains("neededBytes"), "{json}");
+        assert!(!json.contains("neededBytes") && !json.contains("claimedBytes"), "{json}");
         assert_eq!(serde_json::from_str::<DiskSpace>(&json).unwrap(), measured);
     }
 
@@ -173,6 +182,11 @@ mod tests {
         let waits = DiskSpace { needed_bytes: Some(30 * MIB), ..disk.clone() };
         assert!(waits.could_ever_fit());
         assert_eq!(waits.describe(), "needs 30.0 MiB free (its reserve included) where 26.0 MiB of 40.0 MiB is free");
+        let claimed = DiskSpace { claimed_bytes: Some(3 * MIB), ..waits.clone() };
+        assert_eq!(
+            claimed.describe(),
+            "needs 30.0 MiB free (its reserve included) where 26.0 MiB of 40.0 MiB is free and other pulls still write 3.0 MiB of it"
+        );
         assert!(DiskSpace { needed_bytes: Some(40 * MIB), ..disk.clone() }.could_ever_fit(), "exactly the size fits");
         assert!(!DiskSpace { needed_bytes: Some(40 * MIB + 1), ..disk }.could_ever_fit());
     }

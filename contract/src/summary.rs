@@ -590,6 +590,7 @@ mod tests {
                 size_bytes: 100,
                 free_bytes: 40,
                 needed_bytes,
+                claimed_bytes: None,
                 measured_at,
             }),
             ..Summary::default()

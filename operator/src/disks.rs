@@ -199,6 +199,7 @@ mod tests {
             size_bytes: 40 * MIB,
             free_bytes: free,
             needed_bytes: needed,
+            claimed_bytes: None,
             measured_at: at,
         }
     }

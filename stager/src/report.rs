@@ -259,6 +259,7 @@ mod tests {
             size_bytes: 9,
             free_bytes: 8,
             needed_bytes: None,
+            claimed_bytes: None,
             measured_at: 5,
         };
         let measured = worker_patch(&target, &snapshot, 0.0, (0, None), None, Some(disk));

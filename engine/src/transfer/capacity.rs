@@ -84,13 +84,14 @@ impl FreeSpace {
 
     /// The measurement as the stager reports it, taken now; `needed` for a
     /// refusal.
-    pub fn report(&self, needed: Option<u64>) -> DiskSpace {
+    pub fn report(&self, needed: Option<u64>, claimed: Option<u64>) -> DiskSpace {
         let measured_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
         DiskSpace {
             filesystem: self.filesystem(),
             size_bytes: self.total,
             free_bytes: self.available,
             needed_bytes: needed,
+            claimed_bytes: claimed,
             measured_at,
         }
     }
@@ -246,20 +247,20 @@ impl SpaceLedger {
             reserve: self.reserve,
             reserve_rule: self.reserve_rule.clone(),
             listing_finished,
-            disk: self.free.report(Some(self.needed.saturating_add(self.reserve))),
+            disk: self.free.report(Some(self.needed.saturating_add(self.reserve)), Some(self.claimed)),
         })
     }
 
     /// The destination's filesystem as the run found it.
     pub fn found(&self) -> DiskSpace {
-        self.free.report(None)
+        self.free.report(None, None)
     }
 
     /// The destination's filesystem as it is now (at the end of a run);
     /// `None` when it can no longer be measured.
     pub fn measure_now(&self) -> Option<DiskSpace> {
         match (self.probe)(&self.destination) {
-            Ok(free) => free.map(|free| free.report(None)),
+            Ok(free) => free.map(|free| free.report(None, None)),
             Err(error) => {
                 tracing::warn!(destination = %self.destination.display(), %error, "cannot measure free space at the end of the run");
                 None
@@ -374,7 +375,7 @@ mod tests {
         );
         // The need it reports is its own: the others' claim passes.
         let CapacityError::Insufficient { disk, .. } = error else { panic!() };
-        assert_eq!(disk.needed_bytes, Some(4 * MIB + 4096));
+        assert_eq!((disk.needed_bytes, disk.claimed_bytes), (Some(4 * MIB + 4096), Some(6 * MIB)));
     }
 
     #[test]
@@ -463,7 +464,7 @@ mod tests {
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
         let measured = |path: &Path| statvfs_free_space(path).unwrap().expect("a real filesystem reports its size");
-        let (on_a, on_b) = (measured(&a).report(None), measured(&b).report(None));
+        let (on_a, on_b) = (measured(&a).report(None, None), measured(&b).report(None, None));
         assert_eq!(on_a.filesystem, on_b.filesystem, "one filesystem, one name");
         let dev = rustix::fs::stat(&a).unwrap().st_dev;
         assert_eq!(on_a.filesystem, format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev)));

@@ -708,6 +708,7 @@ mod tests {
                     size_bytes: 100,
                     free_bytes: 10,
                     needed_bytes: Some(needed),
+                    claimed_bytes: None,
                     measured_at: 1,
                 },
             })

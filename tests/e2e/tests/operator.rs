@@ -475,11 +475,11 @@ fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
 }
 
 /// Each node's hostPath root is a small filesystem of its own: a copy that
-/// does not fit after another was staged waits (not Failed), saying what
-/// it needs and what is free, with nothing written; deleting the first
-/// DataStage frees the room and the second starts again by itself.
+/// does not fit beside another waits (not Failed), saying what it needs and
+/// what is free, with nothing written; deleting the first DataStage frees
+/// the room and the second starts again by itself.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_copy_a_full_disk_refuses_waits_for_room_and_stages_once_another_datastage_is_deleted() {
+async fn a_copy_that_does_not_fit_beside_another_waits_for_room_and_stages_once_the_other_is_deleted() {
     let setup = setup("disks").await;
     let nodes = ["node-a", "node-b"];
     let mut disks = Vec::new();
@@ -526,7 +526,10 @@ async fn a_copy_a_full_disk_refuses_waits_for_room_and_stages_once_another_datas
     let held = setup.wait_status("second", "waiting for room", |s| disk_hold(s).is_some()).await;
     let message = disk_hold(&held).unwrap();
     assert!(message.starts_with("waiting for room: node node-"), "{message}");
-    assert!(message.contains("(its reserve included) where ") && message.contains("of 32.0 MiB is free"), "{message}");
+    assert!(
+        message.contains("needs 21.5 MiB free (its reserve included) where 18.5 MiB of 32.0 MiB is free"),
+        "{message}"
+    );
     assert!(message.contains("spec.capacity.reserve"), "{message}");
     assert_eq!(held.run, Some(1));
     for worker in &held.workers {
