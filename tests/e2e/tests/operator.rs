@@ -466,12 +466,17 @@ async fn a_reserve_the_volume_cannot_leave_is_refused_naming_the_field_and_lower
     setup.cluster.stop().await;
 }
 
-/// The condition message of a DataStage a full disk holds back.
-fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
+/// The condition message of a DataStage held back, `Pending`, for `reason`.
+fn held_for<'a>(status: &'a ferry_crds::DataStageStatus, reason: ferry_contract::Reason) -> Option<&'a str> {
     (status.phase == Some(Phase::Pending))
-        .then(|| status.conditions.iter().find(|c| c.reason == "InsufficientCapacity"))
+        .then(|| status.conditions.iter().find(|c| c.reason == reason.as_str()))
         .flatten()
         .map(|c| c.message.as_str())
+}
+
+/// The condition message of a DataStage a full disk holds back.
+fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
+    held_for(status, ferry_contract::Reason::InsufficientCapacity)
 }
 
 /// Each node's hostPath root is a small filesystem of its own: a copy that
@@ -567,10 +572,7 @@ async fn a_copy_that_does_not_fit_beside_another_waits_for_room_and_stages_once_
 
 /// The condition message of a DataStage a StagingQuota holds back.
 fn quota_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
-    (status.phase == Some(Phase::Pending))
-        .then(|| status.conditions.iter().find(|c| c.reason == "QuotaExceeded"))
-        .flatten()
-        .map(|c| c.message.as_str())
+    held_for(status, ferry_contract::Reason::QuotaExceeded)
 }
 
 #[tokio::test(flavor = "multi_thread")]
