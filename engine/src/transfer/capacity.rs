@@ -125,8 +125,8 @@ pub enum CapacityError {
         // The remedy before the path: a worker's status keeps the first
         // 240 bytes of a failure, and a node's path can be long.
         "the destination has {} free{} but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the reserve (spec.capacity.reserve, or --capacity-reserve), free space, or use a larger volume; destination '{}'",
-        human_bytes(*available),
-        if *claimed > 0 { format!(" of which other pulls on this node still write {}", human_bytes(*claimed)) } else { String::new() },
+        human_bytes(disk.free_bytes),
+        disk.claimed_bytes.filter(|claimed| *claimed > 0).map_or_else(String::new, |claimed| format!(" of which other pulls on this node still write {}", human_bytes(claimed))),
         if *listing_finished { "" } else { "at least " },
         human_bytes(*needed),
         human_bytes(*reserve),
@@ -135,10 +135,6 @@ pub enum CapacityError {
     Insufficient {
         /// The destination directory.
         destination: PathBuf,
-        /// Its filesystem's free space when the run started.
-        available: u64,
-        /// Of it, what other pulls on the node still write there.
-        claimed: u64,
         /// Bytes the objects to copy take on disk (those listed so far when
         /// the listing is not finished).
         needed: u64,
@@ -148,8 +144,9 @@ pub enum CapacityError {
         reserve_rule: CapacityReserve,
         /// Whether every object had been listed: if not, more may be needed.
         listing_finished: bool,
-        /// The measurement with the need (objects and reserve), as the
-        /// stager reports it.
+        /// The filesystem when the run started (its free space, and of it
+        /// what other pulls on the node still write there) with the need
+        /// (objects and reserve), as the stager reports it.
         disk: DiskSpace,
     },
     /// A write failed because the filesystem is full (or a quota reached).
@@ -241,8 +238,6 @@ impl SpaceLedger {
         }
         Err(CapacityError::Insufficient {
             destination: self.destination.clone(),
-            available: self.free.available,
-            claimed: self.claimed,
             needed: self.needed,
             reserve: self.reserve,
             reserve_rule: self.reserve_rule.clone(),
@@ -314,7 +309,8 @@ mod tests {
         ledger.check(true).expect("9 MiB and 1 MiB of reserve fit in 10 MiB");
         ledger.charge(&rel("c"), 1);
         let error = ledger.check(true).unwrap_err();
-        let CapacityError::Insufficient { available, needed, reserve, disk, .. } = error else { panic!("{error}") };
+        let CapacityError::Insufficient { needed, reserve, disk, .. } = error else { panic!("{error}") };
+        let available = disk.free_bytes;
         // The one byte takes a whole block.
         assert_eq!((available, needed, reserve), (10 * MIB, 9 * MIB + 4096, MIB));
         // The report the operator gets: the need with the reserve.

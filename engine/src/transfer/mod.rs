@@ -697,8 +697,6 @@ mod tests {
         let refused = |needed: u64| {
             TransferError::Capacity(CapacityError::Insufficient {
                 destination: "/d".into(),
-                available: 10,
-                claimed: 0,
                 needed: needed - 2,
                 reserve: 2,
                 reserve_rule: "2".parse().unwrap(),
