@@ -56,6 +56,7 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || has(self.source.uri)").message("spec.capacity is about the destination volume of a pull; a push writes to object storage: remove capacity"))]
+#[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.eviction) || self.capacity.eviction == 'Never' || (has(self.destination.volume) && has(self.destination.volume.hostPath))").message("spec.capacity.eviction removes a node's copy of a pull onto a hostPath; a persistentVolumeClaim holds the only copy: remove eviction or set it to Never"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
@@ -386,6 +387,41 @@ pub struct CapacityPolicy {
     /// `InsufficientCapacity` before writing anything. Default 64MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve: Option<CapacityReserve>,
+
+    /// Whether the operator may remove this DataStage's copy from a node
+    /// to make room for another pull there: `Never` (default) or
+    /// `WhenSpaceIsNeeded`. Only a copy no pod on that node uses (running,
+    /// or waiting for its data) is evicted, least recently used first, and
+    /// only when evicting makes enough room. An evicted node stops counting
+    /// as holding the data (pods are not sent there) and is staged again
+    /// when a pod asks for the DataStage. Editing it starts no run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<EvictionPolicy>,
+}
+
+/// Whether a pull's copies on nodes may be evicted to make room.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EvictionPolicy {
+    /// Never: the copy stays until the DataStage is deleted.
+    #[default]
+    Never,
+    /// When another pull on the node needs the room and no pod there uses
+    /// this copy.
+    WhenSpaceIsNeeded,
+}
+
+/// The operator's removal of a worker's copy from its node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Eviction {
+    /// When the operator decided it: from then on the node does not count
+    /// as holding the data.
+    pub time: Time,
+    /// Why, for a person (which DataStage needed the room).
+    pub message: String,
+    /// Whether the copy is gone (its clean-up Job succeeded).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// What happens to staged data when the DataStage is deleted.
@@ -701,6 +737,15 @@ pub struct WorkerStatus {
     /// room Ferry's destinations have on each node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<ferry_contract::DiskSpace>,
+    /// When a pod on this node last used this copy, as the operator saw
+    /// it (to within a few minutes): eviction takes the least recently
+    /// used copy first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_time: Option<Time>,
+    /// Set once the operator evicted this node's copy to make room (see
+    /// `spec.capacity.eviction`); the node does not hold the data since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted: Option<Eviction>,
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -4,7 +4,7 @@
 //!
 //! A pull onto node-local volumes is ready once its current run has
 //! Succeeded: the pod may then run on any node whose worker holds the
-//! current snapshot. A pull onto a claim is ready anywhere once it has
+//! current snapshot and was not evicted from it. A pull onto a claim is ready anywhere once it has
 //! Succeeded. A status that still describes an older spec (its
 //! `observedGeneration` lags) says nothing about the current one, and a
 //! push has no data for a pod to read.
@@ -47,14 +47,20 @@ impl DataStage {
         match status.phase {
             Some(Phase::Succeeded) if plan.per_node() => {
                 let current = status.snapshot.as_ref().map(|s| s.digest.as_str());
-                let nodes: BTreeSet<String> = status
+                let staged: Vec<_> = status
                     .workers
                     .iter()
                     .filter(|w| w.phase == Some(Phase::Succeeded) && w.run == status.run)
                     .filter(|w| current.is_none() || w.snapshot.as_deref() == current)
-                    .filter_map(|w| w.node.clone())
                     .collect();
-                if nodes.is_empty() {
+                let nodes: BTreeSet<String> =
+                    staged.iter().filter(|w| w.evicted.is_none()).filter_map(|w| w.node.clone()).collect();
+                if nodes.is_empty() && !staged.is_empty() {
+                    DataReadiness::Waiting(format!(
+                        "DataStage {} was evicted from every node to make room; it stages again for a pod that waits for it",
+                        self.name_any()
+                    ))
+                } else if nodes.is_empty() {
                     DataReadiness::Failed("it succeeded but no node holds its current snapshot".into())
                 } else {
                     DataReadiness::Ready(Some(nodes))
@@ -108,6 +114,31 @@ mod tests {
         );
         let nodes = BTreeSet::from(["a".to_owned(), "d".to_owned()]);
         assert_eq!(ds.data_readiness(), DataReadiness::Ready(Some(nodes)));
+    }
+
+    #[test]
+    fn an_evicted_node_does_not_hold_the_data_and_a_datastage_evicted_everywhere_waits() {
+        let evicted = |node: &str| {
+            let mut w = worker(node, "Succeeded", 3, "new");
+            w["evicted"] = serde_json::json!({"time": "2026-01-01T00:00:00Z", "message": "room for n/other"});
+            w
+        };
+        let partly = stage(
+            serde_json::json!({"hostPath": "/mnt/d"}),
+            serde_json::json!({"phase": "Succeeded", "observedGeneration": 2, "run": 3,
+                "snapshot": {"objects": 1, "bytes": 1, "digest": "new"},
+                "workers": [evicted("a"), worker("b", "Succeeded", 3, "new")]}),
+        );
+        assert_eq!(partly.data_readiness(), DataReadiness::Ready(Some(BTreeSet::from(["b".to_owned()]))));
+        let everywhere = stage(
+            serde_json::json!({"hostPath": "/mnt/d"}),
+            serde_json::json!({"phase": "Succeeded", "observedGeneration": 2, "run": 3,
+                "snapshot": {"objects": 1, "bytes": 1, "digest": "new"},
+                "workers": [evicted("a"), evicted("b")]}),
+        );
+        assert!(
+            matches!(everywhere.data_readiness(), DataReadiness::Waiting(m) if m.contains("evicted from every node"))
+        );
     }
 
     #[test]

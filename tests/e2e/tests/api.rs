@@ -105,6 +105,24 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         spec["capacity"] = json!({ "reserve": reserve });
         api.create(&PostParams::default(), &stage(name, spec)).await.unwrap_or_else(|e| panic!("{reserve}: {e}"));
     }
+    let mut claim = pull_spec();
+    claim["destination"] = json!({"volume": {"persistentVolumeClaim": {"claimName": "data"}}});
+    claim["capacity"] = json!({"eviction": "WhenSpaceIsNeeded"});
+    assert_refused(
+        &raw,
+        "claim-eviction",
+        claim.clone(),
+        "spec.capacity.eviction removes a node's copy of a pull onto a hostPath",
+    )
+    .await;
+    claim["capacity"] = json!({"eviction": "Never"});
+    api.create(&PostParams::default(), &stage("claim-never-evicted", claim)).await.unwrap();
+    let mut spec = pull_spec();
+    spec["capacity"] = json!({"eviction": "Sometimes"});
+    assert_refused(&raw, "eviction-enum", spec, "supported values: \"Never\", \"WhenSpaceIsNeeded\"").await;
+    let mut spec = pull_spec();
+    spec["capacity"] = json!({"reserve": "1GiB", "eviction": "WhenSpaceIsNeeded"});
+    api.create(&PostParams::default(), &stage("evictable", spec)).await.unwrap();
 
     let mut spec = pull_spec();
     spec["reclaimPolicy"] = json!("Keep");
