@@ -97,6 +97,36 @@ pub struct Context {
     /// Where Ferry removed staged data: a sign of room for DataStages a
     /// full disk holds back.
     pub cleaned: crate::disks::Cleaned,
+    /// DataStages to reconcile now that no watch event of their own would
+    /// wake: the copies a waiting pull chose to evict, the DataStages a
+    /// gated pod waits for.
+    pub wakes: Wakes,
+}
+
+/// Asks for reconciliations of other DataStages than the one at hand.
+pub struct Wakes {
+    sender: futures::channel::mpsc::UnboundedSender<ObjectRef<DataStage>>,
+    receiver: std::sync::Mutex<Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<DataStage>>>>,
+}
+
+impl Default for Wakes {
+    fn default() -> Self {
+        let (sender, receiver) = futures::channel::mpsc::unbounded();
+        Wakes { sender, receiver: std::sync::Mutex::new(Some(receiver)) }
+    }
+}
+
+impl Wakes {
+    /// Reconciles DataStage `name` in `namespace` soon.
+    pub fn wake(&self, namespace: &str, name: &str) {
+        // Closed only when the controller stops, and then nothing is to wake.
+        let _ = self.sender.unbounded_send(ObjectRef::new(name).within(namespace));
+    }
+
+    /// The stream of wakes, for the controller (taken once).
+    fn take(&self) -> Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<DataStage>>> {
+        self.receiver.lock().expect("not poisoned").take()
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -402,8 +432,18 @@ async fn carry_out(
         }
         run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::RoomInQuota) };
     }
+    // Data evicted from every node is staged again once a pod waits for it.
+    let in_use = evicts_or_was_evicted(ds).then(|| in_use(ctx));
+    if run.started.is_none()
+        && run_over
+        && crate::eviction::evicted_everywhere(ds)
+        && in_use.as_ref().is_some_and(|in_use| in_use.waits_for(ds))
+    {
+        run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::PodWaiting) };
+    }
     // A run a full disk refused waits the same way, and starts again when
-    // one of its nodes may have room (crate::disks says when).
+    // one of its nodes may have room (crate::disks says when), which
+    // evicting idle copies of other DataStages may make (crate::eviction).
     let mut room_found = None;
     let refused =
         if run.started.is_none() && run_over { crate::disks::refused_for_room(ds, run.number) } else { Vec::new() };
@@ -412,7 +452,15 @@ async fn carry_out(
         let disks = crate::disks::Disks::measured_by(datastages.iter().map(|other| &**other));
         let seconds = u64::try_from(now.0.as_second()).unwrap_or_default();
         match crate::disks::after_refusal(&refused, &disks, &ctx.cleaned, seconds) {
-            Some(AfterRefusal::Wait(message)) => {
+            Some(AfterRefusal::Wait(mut message)) => {
+                let in_use = in_use.unwrap_or_else(|| self::in_use(ctx));
+                let plan = crate::eviction::plan_for(ds, &refused, datastages.iter().map(|d| &**d), &in_use);
+                for victim in &plan.victims {
+                    ctx.wakes.wake(&victim.namespace, &victim.name);
+                }
+                if !plan.notes.is_empty() {
+                    message = format!("{message}; {}", plan.notes.join("; "));
+                }
                 return hold(ds, ctx, ferry_contract::Reason::InsufficientCapacity, message, None).await;
             }
             Some(AfterRefusal::LookAgain(why)) => {
@@ -516,13 +564,22 @@ async fn carry_out(
         let note = status.conditions.first().map(|c| c.message.clone()).unwrap_or_default();
         publish(ctx, ds, EventType::Normal, reasons::RESYNCING, note, "Sync").await;
     }
+    let evicting = match &in_use {
+        Some(in_use) => evict(ds, ctx, plan, in_use, &mut status, &now).await,
+        None => Evicting::default(),
+    };
     let phase = status.phase.unwrap_or(Phase::Pending);
     let next_sync = status.next_sync_time.clone();
     let resync = status.run != Some(run.number);
     ctx.metrics.observe(&namespace, &name, Some(DataStageProgress::of(&status)));
     update_status(ds, ctx, status).await?;
+    evicting.carry_out(ds, ctx).await?;
     Ok(match (phase, next_sync) {
         _ if resync => Action::requeue(Duration::from_millis(500)),
+        // A clean-up Job of an evicted copy is not watched: look again soon.
+        _ if evicting.pending => Action::requeue(Duration::from_secs(2)),
+        // Keep lastUsedTime current while pods use the data.
+        _ if evicting.in_use => Action::requeue(crate::eviction::USE_RESOLUTION),
         // Room appears when a quota is raised (watched) or another
         // DataStage shrinks or goes (not watched for this).
         _ if !held_by_quota.is_empty() => Action::requeue(ROOM_RECHECK),
@@ -540,6 +597,121 @@ async fn carry_out(
         }
         _ => Action::await_change(),
     })
+}
+
+/// Whether `ds` may be evicted or has been: only then does its
+/// reconciliation read where pods use it.
+fn evicts_or_was_evicted(ds: &DataStage) -> bool {
+    ds.spec.capacity.as_ref().and_then(|c| c.eviction) == Some(ferry_crds::EvictionPolicy::WhenSpaceIsNeeded)
+        || ds.status.iter().flat_map(|s| &s.workers).any(|w| w.evicted.is_some())
+}
+
+/// Where pods use DataStages, from the pod cache.
+fn in_use(ctx: &Context) -> crate::eviction::InUse {
+    let pods = ctx.caches.pods.state();
+    crate::eviction::InUse::of(pods.iter().map(|pod| &**pod))
+}
+
+/// What eviction leaves to do once the status that records it is written.
+#[derive(Default)]
+struct Evicting {
+    /// Clean-up Jobs to create: (node, Job).
+    create: Vec<(String, Job)>,
+    /// Clean-up Jobs of copies now removed, to delete.
+    delete: Vec<String>,
+    /// An eviction is under way.
+    pending: bool,
+    /// A pod uses the data somewhere.
+    in_use: bool,
+}
+
+/// Records in `status` where pods use `ds` (`lastUsedTime`), marks the
+/// copies waiting pulls chose to evict, and follows each eviction's
+/// clean-up Job: what to create or delete once `status` is written.
+async fn evict(
+    ds: &DataStage,
+    ctx: &Context,
+    plan: &Plan<'_>,
+    in_use: &crate::eviction::InUse,
+    status: &mut DataStageStatus,
+    now: &Time,
+) -> Evicting {
+    let mut evicting = Evicting::default();
+    let datastages = ctx.caches.datastages.state();
+    let chosen = crate::eviction::chosen(ds, datastages.iter().map(|d| &**d), in_use);
+    let namespace = ds.namespace().unwrap_or_default();
+    let cleanups = Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), CLEANUP_LABEL);
+    let run = status.run;
+    for entry in status.workers.iter_mut() {
+        let Some(node) = entry.node.clone() else { continue };
+        if in_use.uses(ds, &node) {
+            evicting.in_use = true;
+            let stale = entry.last_used_time.as_ref().is_none_or(|t| {
+                now.0.duration_since(t.0).as_secs_f64() >= crate::eviction::USE_RESOLUTION.as_secs_f64()
+            });
+            if stale {
+                entry.last_used_time = Some(now.clone());
+            }
+        }
+        if entry.evicted.is_none()
+            && entry.run == run
+            && let Some(victim) = chosen.get(&node)
+        {
+            let eviction = ferry_crds::Eviction { time: now.clone(), message: victim.message.clone(), removed: false };
+            entry.evicted = Some(eviction);
+            ctx.metrics.evicted(victim.bytes);
+            let note = format!("{} ({})", victim.message, ferry_contract::size::human_bytes(victim.bytes));
+            publish(ctx, ds, EventType::Normal, reasons::EVICTED, note, "Evict").await;
+        }
+        let Some(eviction) = entry.evicted.as_mut().filter(|e| !e.removed) else { continue };
+        let target = Worker { name: entry.name.clone(), node: Some(node.clone()) };
+        let job = build_cleanup_job(ds, plan, &target, &ctx.config.worker_defaults());
+        match cleanups.iter().find(|j| j.name_any() == job.name_any()) {
+            None => {
+                evicting.pending = true;
+                evicting.create.push((node, job));
+            }
+            Some(existing) => match status::job_phase(Some(existing)) {
+                Phase::Succeeded => {
+                    eviction.removed = true;
+                    let seconds = u64::try_from(now.0.as_second()).unwrap_or_default();
+                    ctx.cleaned.record(&node, seconds);
+                    evicting.delete.push(existing.name_any());
+                }
+                Phase::Failed => {
+                    let message = format!(
+                        "Job {} could not remove the evicted copy on node {node}; see its pod's log, and delete the Job to try again",
+                        existing.name_any()
+                    );
+                    publish(ctx, ds, EventType::Warning, reasons::EVICTION_FAILED, message, "Evict").await;
+                }
+                Phase::Pending | Phase::Running => evicting.pending = true,
+            },
+        }
+    }
+    evicting
+}
+
+impl Evicting {
+    /// Creates and deletes the clean-up Jobs of evicted copies.
+    async fn carry_out(&self, ds: &DataStage, ctx: &Context) -> Result<(), Error> {
+        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+        let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+        for (node, job) in &self.create {
+            match jobs.create(&params, job).await {
+                Ok(_) => {
+                    let note = format!("removing the evicted copy on node {node} (Job {})", job.name_any());
+                    publish(ctx, ds, EventType::Normal, "CleanupStarted", note, "Evict").await;
+                }
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        for name in &self.delete {
+            delete_job(&jobs, name).await?;
+        }
+        Ok(())
+    }
 }
 
 /// How often a DataStage a StagingQuota or a full disk holds back looks
@@ -1162,7 +1334,9 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
             };
             futures::stream::iter(woken)
         });
+    let woken = ctx.wakes.take().expect("the controller runs once per process");
     let reconciling = controller
+        .reconcile_on(woken)
         .owns_stream(job_changes)
         .watches_stream(pod_changes, |pod| {
             let name = pod.labels().get(DATASTAGE_LABEL)?;
@@ -1213,7 +1387,8 @@ pub fn context(client: kube::Client, config: OperatorConfig, metrics: Arc<Metric
     let reporter = Reporter { controller: "ferry-operator".into(), instance: std::env::var("HOSTNAME").ok() };
     let events = EventPublisher::new(client.clone(), reporter);
     let (caches, writers) = crate::cache::new();
-    (Arc::new(Context { client, config, metrics, events, caches, cleaned: Default::default() }), writers)
+    let (cleaned, wakes) = (Default::default(), Default::default());
+    (Arc::new(Context { client, config, metrics, events, caches, cleaned, wakes }), writers)
 }
 
 #[cfg(test)]

@@ -268,6 +268,11 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
         }
         GateDecision::Hold { reason, message, warning } => {
             ctx.metrics.gated_pod("held");
+            // Data evicted from every node stages again for a pod that
+            // waits: its DataStage sees the pod when it is reconciled.
+            for ds in found.iter().flatten().filter(|ds| crate::eviction::evicted_everywhere(ds)) {
+                ctx.wakes.wake(&namespace, &ds.name_any());
+            }
             if pod.annotations().get(WAITING_FOR_ANNOTATION) != Some(&message) {
                 let patch = json!({"metadata": {"annotations": {WAITING_FOR_ANNOTATION: message}}});
                 pods.patch(&pod.name_any(), &PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;

@@ -766,7 +766,8 @@ mod tests {
         let mut ds = pull_to_host_path();
         let reserve_of = |ds: &DataStage| transfer_options(&ds.spec, &ds.spec.plan().unwrap()).capacity_reserve;
         assert_eq!(reserve_of(&ds).to_string(), ferry_contract::options::DEFAULT_CAPACITY_RESERVE);
-        ds.spec.capacity = Some(ferry_crds::CapacityPolicy { reserve: Some("10%".parse().unwrap()) });
+        ds.spec.capacity =
+            Some(ferry_crds::CapacityPolicy { reserve: Some("10%".parse().unwrap()), ..Default::default() });
         assert_eq!(reserve_of(&ds), ferry_contract::CapacityReserve::Percent(10));
         let plan = ds.spec.plan().unwrap();
         let workers = plan_workers(&plan, &["a".to_owned()]);

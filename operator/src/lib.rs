@@ -26,6 +26,7 @@ pub mod config;
 pub mod controller;
 pub mod disks;
 pub mod events;
+pub mod eviction;
 pub mod gates;
 pub mod http;
 pub mod jobs;

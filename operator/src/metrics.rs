@@ -146,6 +146,8 @@ pub struct Metrics {
     gates: Family<OutcomeLabels, Counter>,
     certificate_expiry: Gauge,
     budgets: Family<BudgetLabels, Gauge>,
+    evictions: Counter,
+    evicted_bytes: Counter,
 }
 
 /// What the pod webhook did with one admission.
@@ -210,6 +212,18 @@ impl Default for Metrics {
             "One StoreBudget's split, by state (workers, datastages, share_requests_per_second and share_bytes_per_second per worker with 0 for no cap, throttled_requests the workers reported)",
             budgets.clone(),
         );
+        let (evictions, evicted_bytes) = (Counter::default(), Counter::default());
+        registry.register(
+            "evictions",
+            "Copies of DataStages the operator evicted from nodes to make room",
+            evictions.clone(),
+        );
+        registry.register_with_unit(
+            "evicted",
+            "Bytes of the copies the operator evicted from nodes",
+            Unit::Bytes,
+            evicted_bytes.clone(),
+        );
         for outcome in ADMISSION_OUTCOMES {
             let _ = admissions.get_or_create(&OutcomeLabels { outcome });
         }
@@ -239,6 +253,8 @@ impl Default for Metrics {
             gates,
             certificate_expiry,
             budgets,
+            evictions,
+            evicted_bytes,
         }
     }
 }
@@ -253,6 +269,12 @@ fn phase_name(phase: Phase) -> &'static str {
 }
 
 impl Metrics {
+    /// Counts one copy of `bytes` the operator decided to evict.
+    pub fn evicted(&self, bytes: u64) {
+        self.evictions.inc();
+        self.evicted_bytes.inc_by(bytes);
+    }
+
     /// Counts one admission by its outcome (one of [`ADMISSION_OUTCOMES`]).
     pub fn webhook_admission(&self, outcome: &'static str) {
         self.admissions.get_or_create(&OutcomeLabels { outcome }).inc();

@@ -10,7 +10,9 @@
 //! finished with different snapshots of the dataset (decided in
 //! [`crate::status`]), or when a StagingQuota that refused a run leaves
 //! room for it, or a node's disk that refused it may have room (decided in
-//! [`crate::controller`] from [`crate::quotas`] and [`crate::disks`]). Pure functions with the clock passed in.
+//! [`crate::controller`] from [`crate::quotas`] and [`crate::disks`]), or a
+//! pod waits for data that was evicted from every node
+//! ([`crate::eviction`]). Pure functions with the clock passed in.
 
 use ferry_crds::{DataStage, DataStageSpec, Phase};
 use k8s_openapi::jiff::Timestamp;
@@ -34,6 +36,8 @@ pub enum Trigger {
     RoomInQuota,
     /// A node's disk that had no room for the last run may have it now.
     RoomOnDisk,
+    /// A pod waits for data that was evicted from every node.
+    PodWaiting,
 }
 
 impl Trigger {
@@ -45,6 +49,7 @@ impl Trigger {
             Trigger::Scheduled => "ScheduledSync",
             Trigger::RoomInQuota => "RoomInQuota",
             Trigger::RoomOnDisk => "RoomOnDisk",
+            Trigger::PodWaiting => "PodWaiting",
         }
     }
 }
@@ -67,6 +72,15 @@ pub fn run_inputs(spec: &DataStageSpec) -> String {
     if let Some(fields) = value.as_object_mut() {
         for field in NOT_RUN_INPUTS {
             fields.remove(field);
+        }
+        // Whether copies may be evicted changes no run either; a capacity
+        // left empty by its removal goes too, so that the digest is the one
+        // the spec had before the field existed.
+        if let Some(capacity) = fields.get_mut("capacity").and_then(|c| c.as_object_mut())
+            && capacity.remove("eviction").is_some()
+            && capacity.is_empty()
+        {
+            fields.remove("capacity");
         }
     }
     // serde_json's maps are sorted by key, so equal specs give equal text.
@@ -149,6 +163,7 @@ mod tests {
         edited["reclaimPolicy"] = "Delete".into();
         edited["ttlSecondsAfterFinished"] = 5.into();
         edited["suspend"] = true.into();
+        edited["capacity"] = json!({"eviction": "WhenSpaceIsNeeded"});
         assert_eq!(current(&ds(edited, status.clone()), None, at("2026-01-01T00:00:00Z")).started, None);
         let mut edited = spec();
         edited["include"] = json!(["*.tar"]);

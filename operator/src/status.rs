@@ -80,6 +80,10 @@ pub mod reasons {
     pub const RESYNCING: &str = "Resyncing";
     /// Workers kept finishing with different snapshots.
     pub const SNAPSHOTS_DIFFER: &str = "SnapshotsDiffer";
+    /// Event: a node's copy was evicted to make room for another pull.
+    pub const EVICTED: &str = "Evicted";
+    /// Event: the clean-up Job of an evicted copy failed.
+    pub const EVICTION_FAILED: &str = "EvictionFailed";
     /// Nothing is wrong.
     pub const NONE: &str = "AsExpected";
 }
@@ -332,6 +336,10 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
     if entry.disk.is_none() {
         entry.disk = recorded.and_then(|w| w.disk.clone());
     }
+    // Pods' last use outlives runs; an eviction holds for the run it
+    // evicted (a new run stages the node again).
+    entry.last_used_time = recorded.and_then(|w| w.last_used_time.clone());
+    entry.evicted = recorded.filter(|w| w.run == Some(run)).and_then(|w| w.evicted.clone());
     entry
 }
 

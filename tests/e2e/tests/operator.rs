@@ -479,6 +479,27 @@ fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
     held_for(status, ferry_contract::Reason::InsufficientCapacity)
 }
 
+/// A 32 MiB filesystem of its own as each node's hostPath root
+/// (`/mnt/ferry`), or `None` (the test is skipped, saying why) where the
+/// nodes are not the process-based ones or tmpfs cannot be mounted.
+fn small_disks(setup: &Setup, nodes: &[&str]) -> Option<Vec<ferry_testkit::SmallFilesystem>> {
+    let mut disks = Vec::new();
+    for node in nodes {
+        let Some(dir) = setup.cluster.node_dir(node) else {
+            eprintln!("SKIP: this test needs the process-based nodes, whose disks it can mount");
+            return None;
+        };
+        match ferry_testkit::SmallFilesystem::mount_on(&dir.join("mnt/ferry"), "32m") {
+            Ok(disk) => disks.push(disk),
+            Err(why) => {
+                eprintln!("SKIP: this test mounts a tmpfs as each node's disk (run it as root): {why}");
+                return None;
+            }
+        }
+    }
+    Some(disks)
+}
+
 /// Each node's hostPath root is a small filesystem of its own: a copy that
 /// does not fit beside another waits (not Failed), saying what it needs and
 /// what is free, with nothing written; deleting the first DataStage frees
@@ -487,20 +508,7 @@ fn disk_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
 async fn a_copy_that_does_not_fit_beside_another_waits_for_room_and_stages_once_the_other_is_deleted() {
     let setup = setup("disks").await;
     let nodes = ["node-a", "node-b"];
-    let mut disks = Vec::new();
-    for node in nodes {
-        let Some(dir) = setup.cluster.node_dir(node) else {
-            eprintln!("SKIP: this test needs the process-based nodes, whose disks it can mount");
-            return;
-        };
-        match ferry_testkit::SmallFilesystem::mount_on(&dir.join("mnt/ferry"), "32m") {
-            Ok(disk) => disks.push(disk),
-            Err(why) => {
-                eprintln!("SKIP: this test mounts a tmpfs as each node's disk (run it as root): {why}");
-                return;
-            }
-        }
-    }
+    let Some(disks) = small_disks(&setup, &nodes) else { return };
     setup.create_secret().await;
     let copy = |name: &str, reserve: &str| {
         json!({
@@ -566,6 +574,112 @@ async fn a_copy_that_does_not_fit_beside_another_waits_for_room_and_stages_once_
     let events = event_reasons(&client, "disks", "second").await;
     assert!(events.iter().any(|(kind, reason)| kind == "Warning" && reason == "InsufficientCapacity"), "{events:?}");
     assert!(events.iter().any(|(_, reason)| reason == "RoomOnDisk"), "{events:?}");
+    setup.cluster.stop().await;
+    drop(disks);
+}
+
+/// A pull that fits only once an idle copy goes evicts it: the idle
+/// DataStage's copies are marked (its nodes stop holding the data), removed
+/// by its clean-up Jobs, counted in a metric and announced by Events; a copy
+/// a running pod reads is never chosen, though it is older. The evicted
+/// DataStage stages again when a pod waits for it, once there is room.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_copy_is_evicted_for_a_pull_that_needs_its_room_and_stages_again_when_a_pod_waits_for_it() {
+    let setup = setup("evict").await;
+    let nodes = ["node-a", "node-b"];
+    let Some(disks) = small_disks(&setup, &nodes) else { return };
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "evict");
+    let copy = |name: &str, eviction: &str| {
+        json!({
+            "source": setup.store("s3://datasets/demo"),
+            "destination": {"volume": {"hostPath": format!("/mnt/ferry/{name}")}},
+            "capacity": {"reserve": "0", "eviction": eviction},
+            "reclaimPolicy": "Delete",
+            "backoffLimit": 0,
+        })
+    };
+    let reader = |name: &str, datastage: &str, node: Option<&str>| {
+        let mut labels = json!({"ferry.dev/datastage": datastage});
+        let mut spec = json!({"containers": [{"name": "train", "image": ferry_e2e::image("ferry-e2e-shell"),
+            "command": ["sh", "-c", "sleep 600"]}], "terminationGracePeriodSeconds": 1});
+        match node {
+            Some(node) => spec["nodeName"] = node.into(),
+            // As the webhook leaves a pod whose data is not ready.
+            None => {
+                labels["ferry.dev/data-gated"] = "true".into();
+                spec["schedulingGates"] = json!([{"name": "ferry.dev/data-ready"}]);
+            }
+        }
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(
+            json!({"metadata": {"name": name, "labels": labels}, "spec": spec}),
+        )
+        .unwrap()
+    };
+    let holds = |name: &str, node: &str| {
+        let dir = setup.cluster.node_dir(node).unwrap().join("mnt/ferry").join(name);
+        dir.exists() && read_tree(&dir) == setup.files
+    };
+
+    // Two copies of 13.5 MiB on each 32 MiB disk; the older one is read
+    // by a running pod on each node.
+    setup.apply_spec("busy", copy("busy", "WhenSpaceIsNeeded")).await;
+    setup.wait_status("busy", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    for node in nodes {
+        pods.create(&PostParams::default(), &reader(&format!("reader-{node}"), "busy", Some(node))).await.unwrap();
+    }
+    setup.apply_spec("idle", copy("idle", "WhenSpaceIsNeeded")).await;
+    setup.wait_status("idle", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+
+    // A third copy finds 5 MiB free: only evicting "idle" makes its room.
+    setup.apply_spec("new", copy("new", "Never")).await;
+    let evicted = setup
+        .wait_status("idle", "both copies evicted and removed", |s| {
+            s.workers.len() == 2 && s.workers.iter().all(|w| w.evicted.as_ref().is_some_and(|e| e.removed))
+        })
+        .await;
+    for worker in &evicted.workers {
+        let message = &worker.evicted.as_ref().unwrap().message;
+        assert!(message.contains("to make room for evict/new"), "{message}");
+    }
+    let staged = setup.wait_status("new", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert!(staged.run.is_some_and(|run| run >= 2), "it was refused first: {staged:?}");
+    for node in nodes {
+        assert!(holds("new", node) && holds("busy", node), "{node} holds new and busy");
+        let idle = setup.cluster.node_dir(node).unwrap().join("mnt/ferry/idle");
+        assert!(!idle.exists() || read_tree(&idle).is_empty(), "{node}: the idle copy is gone");
+    }
+    let busy = setup.datastages.get("busy").await.unwrap().status.unwrap();
+    assert!(busy.workers.iter().all(|w| w.evicted.is_none() && w.last_used_time.is_some()), "{:?}", busy.workers);
+    let new_events = event_reasons(&client, "evict", "new").await;
+    assert!(new_events.iter().any(|(_, reason)| reason == "RoomOnDisk"), "{new_events:?}");
+    let idle_events = event_reasons(&client, "evict", "idle").await;
+    assert_eq!(idle_events.iter().filter(|(_, reason)| reason == "Evicted").count(), 2, "{idle_events:?}");
+    let (_, metrics) = ferry_testkit::http_get(setup.operator_port, "/metrics").expect("the operator answers");
+    assert!(metrics.contains("ferry_operator_evictions_total 2"), "{metrics}");
+    let evicted_bytes =
+        format!("ferry_operator_evicted_bytes_total {}", 2 * setup.files.values().map(Vec::len).sum::<usize>());
+    assert!(metrics.contains(&evicted_bytes), "{evicted_bytes} in {metrics}");
+
+    // A pod waits for "idle": it stages again, but "new" is not evictable
+    // and "busy" is read, so it waits for room until "new" goes.
+    pods.create(&PostParams::default(), &reader("wants-idle", "idle", None)).await.unwrap();
+    let held = setup.wait_status("idle", "waiting for room", |s| disk_hold(s).is_some()).await;
+    assert!(held.run.is_some_and(|run| run >= 2), "{held:?}");
+    setup.datastages.delete("new", &Default::default()).await.unwrap();
+    setup
+        .wait_status("idle", "staged again", |s| {
+            s.phase == Some(Phase::Succeeded) && s.workers.iter().all(|w| w.evicted.is_none())
+        })
+        .await;
+    for node in nodes {
+        assert!(holds("idle", node) && holds("busy", node), "{node} holds idle again, and busy");
+    }
+    let idle_events = event_reasons(&client, "evict", "idle").await;
+    for reason in ["PodWaiting", "RoomOnDisk"] {
+        assert!(idle_events.iter().any(|(_, r)| r == reason), "{reason} in {idle_events:?}");
+    }
     setup.cluster.stop().await;
     drop(disks);
 }
