@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 /// Per-second caps for one worker; a cap left out is no cap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::kubernetes_integer_formats)]
 pub struct StoreShare {
     /// Requests per second this worker may start (listing, reads, uploads
     /// and retries alike).

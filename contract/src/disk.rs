@@ -22,6 +22,7 @@ use crate::size::human_bytes;
 /// One measurement of a destination's filesystem.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::kubernetes_integer_formats)]
 pub struct DiskSpace {
     /// Which filesystem of its node: the device number of the destination
     /// (`MAJOR:MINOR`, as `stat -c %Hd:%Ld` prints it), the same for every

@@ -35,3 +35,29 @@ pub use peers::{PeerCounts, PeerGroup, PeerOptions};
 pub use reason::Reason;
 pub use size::{ByteSize, CapacityReserve};
 pub use summary::{Snapshot, SnapshotBuilder, Summary};
+
+/// Makes a schema's unsigned integer formats ones the Kubernetes API server
+/// knows. schemars writes `uint64` and `uint32`, which the API server
+/// accepts but warns about at every `kubectl apply` of the CRD ("unrecognized
+/// format"); the value range stays checked by the `minimum: 0` beside it.
+/// Used as a container transform on contract types that appear in a CRD.
+pub fn kubernetes_integer_formats(schema: &mut schemars::Schema) {
+    if let Some(format) = schema.get_mut("format")
+        && matches!(format.as_str(), Some("uint64" | "uint32"))
+    {
+        *format = "int64".into();
+    }
+    for keyword in ["properties", "items", "anyOf", "oneOf", "allOf"] {
+        let Some(value) = schema.get_mut(keyword) else { continue };
+        let children: Vec<&mut serde_json::Value> = match value {
+            serde_json::Value::Object(map) if keyword == "properties" => map.values_mut().collect(),
+            serde_json::Value::Array(list) => list.iter_mut().collect(),
+            other => vec![other],
+        };
+        for child in children {
+            if let Ok(child) = <&mut schemars::Schema>::try_from(child) {
+                kubernetes_integer_formats(child);
+            }
+        }
+    }
+}

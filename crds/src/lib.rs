@@ -834,6 +834,34 @@ mod tests {
     }
 
     #[test]
+    fn every_integer_format_is_one_the_api_server_knows() {
+        // Others (schemars' uint64) are accepted but warned about at every
+        // `kubectl apply`, which users read as something wrong.
+        fn formats(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    if let Some(format) = map.get("format").and_then(|f| f.as_str())
+                        && map.get("type").and_then(|t| t.as_str()) == Some("integer")
+                        && !matches!(format, "int32" | "int64")
+                    {
+                        found.push(format!("{path}: {format}"));
+                    }
+                    for (key, child) in map {
+                        formats(child, &format!("{path}/{key}"), found);
+                    }
+                }
+                serde_json::Value::Array(list) => list.iter().for_each(|child| formats(child, path, found)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for crd in crds() {
+            formats(&serde_json::to_value(&crd).unwrap(), &crd.metadata.name.clone().unwrap_or_default(), &mut found);
+        }
+        assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
     fn the_crd_carries_names_columns_and_validation() {
         let yaml = crd_yaml();
         for needle in [
