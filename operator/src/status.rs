@@ -546,7 +546,8 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
         totals.throughput_bytes_per_second = 0;
         totals.eta_seconds = None;
     }
-    let succeeded = workers.iter().filter(|w| w.phase == Some(Phase::Succeeded)).count();
+    // An evicted copy is not held: NODES counts only the nodes that hold it.
+    let succeeded = workers.iter().filter(|w| w.phase == Some(Phase::Succeeded) && w.evicted.is_none()).count();
     status.progress = if totals.bytes_total > 0 {
         Some(format!("{}%", totals.bytes_done * 100 / totals.bytes_total))
     } else {
@@ -733,6 +734,30 @@ mod tests {
         // A new run does not inherit the finished entry.
         let next = aggregate_at(&d, &run(2), &[observed("a", None, Report::Nothing)], "2026-01-01T01:00:00Z");
         assert_eq!(next.phase, Some(Phase::Pending));
+    }
+
+    #[test]
+    fn an_eviction_and_a_last_use_stay_with_the_entry_and_an_evicted_node_does_not_count_as_holding() {
+        let both = [observed("a", complete(), summary(100, "aa")), observed("b", complete(), summary(100, "aa"))];
+        let mut d = ds(json!({}));
+        d.status = Some(aggregate_at(&d, &run(1), &both, "2026-01-01T00:00:01Z"));
+        assert_eq!(d.status.as_ref().unwrap().nodes.as_deref(), Some("2/2"));
+        let workers = &mut d.status.as_mut().unwrap().workers;
+        workers[0].evicted =
+            Some(ferry_crds::Eviction { time: time("2026-01-02T00:00:00Z"), message: "m".into(), removed: false });
+        workers[1].last_used_time = Some(time("2026-01-02T00:00:00Z"));
+        // The Jobs still exist: the entries are rebuilt from them.
+        let later = aggregate_at(&d, &run(1), &both, "2026-01-03T00:00:00Z");
+        assert!(later.workers[0].evicted.is_some() && later.workers[1].last_used_time.is_some(), "{later:?}");
+        assert_eq!((later.phase, later.nodes.as_deref()), (Some(Phase::Succeeded), Some("1/2")));
+        // A new run stages the node again, and keeps the last use.
+        let next = aggregate_at(
+            &d,
+            &run(2),
+            &[observed("a", None, Report::Nothing), observed("b", None, Report::Nothing)],
+            "2026-01-03T00:00:00Z",
+        );
+        assert!(next.workers[0].evicted.is_none() && next.workers[1].last_used_time.is_some(), "{next:?}");
     }
 
     #[test]
