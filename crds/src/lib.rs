@@ -56,6 +56,7 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || has(self.source.uri)").message("spec.capacity is about the destination volume of a pull; a push writes to object storage: remove capacity"))]
+#[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.idleSeconds) || (has(self.capacity.eviction) && self.capacity.eviction == 'WhenSpaceIsNeeded')").message("spec.capacity.idleSeconds evicts copies no pod used for that long; it needs spec.capacity.eviction: WhenSpaceIsNeeded"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.eviction) || self.capacity.eviction == 'Never' || (has(self.destination.volume) && has(self.destination.volume.hostPath))").message("spec.capacity.eviction removes a node's copy of a pull onto a hostPath; a persistentVolumeClaim holds the only copy: remove eviction or set it to Never"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
 #[serde(rename_all = "camelCase")]
@@ -397,6 +398,14 @@ pub struct CapacityPolicy {
     /// when a pod asks for the DataStage. Editing it starts no run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction: Option<EvictionPolicy>,
+
+    /// With `eviction: WhenSpaceIsNeeded`: also evict a node's copy once no
+    /// pod has used it for this many seconds (counted from the last use, or
+    /// from when it was staged), room needed or not. Unset: only when space
+    /// is needed. Editing it starts no run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub idle_seconds: Option<i64>,
 }
 
 /// Whether a pull's copies on nodes may be evicted to make room.

@@ -432,13 +432,9 @@ async fn carry_out(
         }
         run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::RoomInQuota) };
     }
-    // Data evicted from every node is staged again once a pod waits for it.
+    // An evicted copy is staged again once a pod waits for it.
     let in_use = evicts_or_was_evicted(ds).then(|| in_use(ctx));
-    if run.started.is_none()
-        && run_over
-        && crate::eviction::evicted_everywhere(ds)
-        && in_use.as_ref().is_some_and(|in_use| in_use.waits_for(ds))
-    {
+    if run.started.is_none() && run_over && in_use.as_ref().is_some_and(|in_use| in_use.waits_for(ds)) {
         run = Run { number: run.number + 1, inputs: run.inputs, started: Some(runs::Trigger::PodWaiting) };
     }
     // A run a full disk refused waits the same way, and starts again when
@@ -578,8 +574,13 @@ async fn carry_out(
         _ if resync => Action::requeue(Duration::from_millis(500)),
         // A clean-up Job of an evicted copy is not watched: look again soon.
         _ if evicting.pending => Action::requeue(Duration::from_secs(2)),
-        // Keep lastUsedTime current while pods use the data.
-        _ if evicting.in_use => Action::requeue(crate::eviction::USE_RESOLUTION),
+        // Keep lastUsedTime current while pods use the data, and evict an
+        // idle copy when its time comes.
+        _ if evicting.in_use || evicting.next_idle.is_some() => {
+            let next_idle = evicting.next_idle.unwrap_or(Duration::MAX).max(Duration::from_secs(1));
+            let refresh = if evicting.in_use { crate::eviction::USE_RESOLUTION } else { Duration::MAX };
+            Action::requeue(next_idle.min(refresh))
+        }
         // Room appears when a quota is raised (watched) or another
         // DataStage shrinks or goes (not watched for this).
         _ if !held_by_quota.is_empty() => Action::requeue(ROOM_RECHECK),
@@ -623,6 +624,8 @@ struct Evicting {
     pending: bool,
     /// A pod uses the data somewhere.
     in_use: bool,
+    /// When the next copy comes to its `idleSeconds`.
+    next_idle: Option<Duration>,
 }
 
 /// Records in `status` where pods use `ds` (`lastUsedTime`), marks the
@@ -638,7 +641,12 @@ async fn evict(
 ) -> Evicting {
     let mut evicting = Evicting::default();
     let datastages = ctx.caches.datastages.state();
-    let chosen = crate::eviction::chosen(ds, datastages.iter().map(|d| &**d), in_use);
+    let mut chosen = crate::eviction::chosen(ds, datastages.iter().map(|d| &**d), in_use);
+    let (idle, next_idle) = crate::eviction::idle_copies(ds, in_use, now.0.as_second());
+    for (node, victim) in idle {
+        chosen.entry(node).or_insert(victim);
+    }
+    evicting.next_idle = next_idle.map(|at| Duration::from_secs(u64::try_from(at - now.0.as_second()).unwrap_or(0)));
     let namespace = ds.namespace().unwrap_or_default();
     let cleanups = Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), CLEANUP_LABEL);
     let run = status.run;

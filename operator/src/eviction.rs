@@ -19,9 +19,14 @@
 //! the clean-up succeeds, the node counts as cleaned ([`crate::disks`]'s
 //! sign of room) and the waiting pull starts again.
 //!
-//! An evicted copy is staged again when a pod waits for a DataStage that no
-//! node holds any more: a new run, which stages every node again (nodes
-//! that kept the data list it and copy nothing).
+//! With `spec.capacity.idleSeconds` a copy also goes once no pod used it
+//! for that long, room needed or not.
+//!
+//! An evicted copy is staged again when a pod waits for it: a gated pod of a
+//! DataStage that no node holds any more, or a pod on a node whose copy was
+//! evicted (its init container waits there). That is a new run, which
+//! stages every node again (nodes that kept the data list it and copy
+//! nothing).
 //!
 //! Pure functions over the DataStages and pods the caches hold.
 
@@ -91,9 +96,19 @@ impl InUse {
         self.unplaced.contains(&key) || self.on_nodes.get(&key).is_some_and(|nodes| nodes.contains(node))
     }
 
-    /// Whether a pod waits behind its gate for `ds`'s data.
+    /// Whether a pod waits for `ds`'s data where no copy is: behind its
+    /// gate while no node holds it, or on a node whose copy was evicted
+    /// (an init container running `ferry-stager wait`).
     pub fn waits_for(&self, ds: &DataStage) -> bool {
-        self.gated.contains(&key(ds))
+        let key = key(ds);
+        if self.gated.contains(&key) && evicted_everywhere(ds) {
+            return true;
+        }
+        let Some(nodes) = self.on_nodes.get(&key) else { return false };
+        let Some(status) = ds.status.as_ref() else { return false };
+        status.workers.iter().any(|w| {
+            w.run == status.run && w.evicted.is_some() && w.node.as_ref().is_some_and(|node| nodes.contains(node))
+        })
     }
 }
 
@@ -265,6 +280,45 @@ pub fn chosen<'a>(
     mine
 }
 
+/// The copies of `ds` that no pod used for its `spec.capacity.idleSeconds`
+/// by `now` (seconds since the epoch), by node; and when the next of the
+/// others comes due, if one will.
+pub fn idle_copies(ds: &DataStage, in_use: &InUse, now: i64) -> (BTreeMap<String, Victim>, Option<i64>) {
+    let mut due = BTreeMap::new();
+    let mut next = None;
+    let idle_seconds = ds.spec.capacity.as_ref().and_then(|c| c.idle_seconds).filter(|_| evictable(ds));
+    let (Some(idle_seconds), Some(status)) = (idle_seconds, ds.status.as_ref()) else { return (due, next) };
+    let (namespace, name) = key(ds);
+    for entry in &status.workers {
+        let Some(node) = entry.node.as_deref() else { continue };
+        if entry.run != status.run
+            || entry.phase != Some(Phase::Succeeded)
+            || entry.evicted.is_some()
+            || in_use.uses(ds, node)
+        {
+            continue;
+        }
+        let at = last_used(ds, entry).saturating_add(idle_seconds);
+        if at > now {
+            next = Some(next.map_or(at, |n: i64| n.min(at)));
+            continue;
+        }
+        due.insert(
+            node.to_owned(),
+            Victim {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                node: node.to_owned(),
+                bytes: u64::try_from(entry.bytes_done).unwrap_or(0),
+                message: format!(
+                    "evicted from node {node}: no pod used it for {idle_seconds} s (spec.capacity.idleSeconds)"
+                ),
+            },
+        );
+    }
+    (due, next)
+}
+
 /// Whether every node that staged `ds`'s current run has had its copy
 /// evicted (so no node holds the data).
 pub fn evicted_everywhere(ds: &DataStage) -> bool {
@@ -399,7 +453,7 @@ mod tests {
             pod("kept", Some("a"), false, "Succeeded"),
         ];
         let in_use = InUse::of(pods.iter());
-        assert!(in_use.waits_for(&all[4]) && !in_use.waits_for(&all[3]));
+        assert!(!in_use.waits_for(&all[4]), "a gated pod waits for data only where no node holds it");
         assert_eq!(plan(&new, &all, &in_use), Plan::default());
         // The pod that used "used" finished: its copy may go.
         let pods = [pod("used", Some("a"), false, "Succeeded")];
@@ -407,6 +461,29 @@ mod tests {
         // A pod on another node does not hold this node's copy.
         let pods = [pod("used", Some("b"), false, "Running"), pod("wanted", Some("b"), false, "Running")];
         assert_eq!(names(&plan(&new, &all, &InUse::of(pods.iter()))), ["used"]);
+    }
+
+    #[test]
+    fn a_copy_unused_for_its_idle_seconds_goes_and_the_others_say_when_they_will() {
+        let at = |text: &str| text.parse::<k8s_openapi::jiff::Timestamp>().unwrap().as_second();
+        let mut ds = stage(
+            "d",
+            Some("WhenSpaceIsNeeded"),
+            json!({"run": 1, "phase": "Succeeded",
+            "lastSyncTime": "2026-01-01T00:00:00Z",
+            "workers": [held("a", MIB, Some("2026-01-01T01:00:00Z")), held("b", MIB, None), held("c", MIB, None)]}),
+        );
+        ds.spec.capacity.as_mut().unwrap().idle_seconds = Some(3600);
+        let reading = [pod("d", Some("c"), false, "Running")];
+        let in_use = InUse::of(reading.iter());
+        let (due, next) = idle_copies(&ds, &in_use, at("2026-01-01T01:30:00Z"));
+        assert_eq!(due.keys().collect::<Vec<_>>(), ["b"], "b was staged an hour and a half ago, never used");
+        assert!(due["b"].message.contains("no pod used it for 3600 s"), "{:?}", due["b"]);
+        assert_eq!(next, Some(at("2026-01-01T02:00:00Z")), "a was used an hour later; c is in use");
+        let (due, next) = idle_copies(&ds, &in_use, at("2026-01-01T02:00:00Z"));
+        assert_eq!((due.len(), next), (2, None));
+        ds.spec.capacity.as_mut().unwrap().eviction = Some(EvictionPolicy::Never);
+        assert_eq!(idle_copies(&ds, &in_use, at("2030-01-01T00:00:00Z")), (BTreeMap::new(), None));
     }
 
     #[test]
@@ -436,5 +513,11 @@ mod tests {
         assert!(plan.notes[0].contains("makes the room"));
         assert!(!evicted_everywhere(&all[2]));
         assert!(evicted_everywhere(&marked));
+        let gated = [pod("first", None, true, "Pending")];
+        assert!(InUse::of(gated.iter()).waits_for(&marked) && !InUse::of(gated.iter()).waits_for(&all[2]));
+        let on_node = [pod("first", Some("a"), false, "Pending")];
+        assert!(InUse::of(on_node.iter()).waits_for(&marked), "a pod on the evicted node waits there");
+        let elsewhere = [pod("first", Some("b"), false, "Running")];
+        assert!(!InUse::of(elsewhere.iter()).waits_for(&marked));
     }
 }

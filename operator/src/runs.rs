@@ -73,14 +73,14 @@ pub fn run_inputs(spec: &DataStageSpec) -> String {
         for field in NOT_RUN_INPUTS {
             fields.remove(field);
         }
-        // Whether copies may be evicted changes no run either; a capacity
-        // left empty by its removal goes too, so that the digest is the one
-        // the spec had before the field existed.
-        if let Some(capacity) = fields.get_mut("capacity").and_then(|c| c.as_object_mut())
-            && capacity.remove("eviction").is_some()
-            && capacity.is_empty()
-        {
-            fields.remove("capacity");
+        // Whether and when copies may be evicted changes no run either; a
+        // capacity left empty by their removal goes too, so that the digest
+        // is the one the spec had before the fields existed.
+        if let Some(capacity) = fields.get_mut("capacity").and_then(|c| c.as_object_mut()) {
+            let removed = capacity.remove("eviction").is_some() | capacity.remove("idleSeconds").is_some();
+            if removed && capacity.is_empty() {
+                fields.remove("capacity");
+            }
         }
     }
     // serde_json's maps are sorted by key, so equal specs give equal text.
@@ -163,7 +163,7 @@ mod tests {
         edited["reclaimPolicy"] = "Delete".into();
         edited["ttlSecondsAfterFinished"] = 5.into();
         edited["suspend"] = true.into();
-        edited["capacity"] = json!({"eviction": "WhenSpaceIsNeeded"});
+        edited["capacity"] = json!({"eviction": "WhenSpaceIsNeeded", "idleSeconds": 600});
         assert_eq!(current(&ds(edited, status.clone()), None, at("2026-01-01T00:00:00Z")).started, None);
         let mut edited = spec();
         edited["include"] = json!(["*.tar"]);

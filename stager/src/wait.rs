@@ -7,8 +7,9 @@
 //! Succeeded: a node without a worker never gets the data, so once the
 //! DataStage has finished without one the wait fails and says so. For a
 //! shared claim, or without a node, the whole DataStage must be Ready.
-//! With `--snapshot DIGEST` the data must also be that version of the
-//! dataset. A Failed DataStage or worker ends the wait with its message.
+//! A copy evicted from this node to make room is not in place: the wait
+//! goes on until it is staged again. With `--snapshot DIGEST` the data must
+//! also be that version of the dataset. A Failed DataStage or worker ends the wait with its message.
 //! The pod needs `get` on `datastages.ferry.dev` in that namespace.
 
 use std::time::{Duration, Instant};
@@ -65,6 +66,12 @@ pub fn verdict(ds: Option<&DataStage>, node: Option<&str>, snapshot: Option<&str
     let per_node = ds.spec.plan().is_ok_and(|plan| plan.per_node());
     let (phase, digest, what) = match node.filter(|_| per_node) {
         Some(node) => match status.workers.iter().find(|w| w.node.as_deref() == Some(node)) {
+            Some(worker) if worker.evicted.is_some() => {
+                let why = worker.evicted.as_ref().map(|e| e.message.as_str()).unwrap_or_default();
+                return Verdict::Waiting(format!(
+                    "the copy on {node} was {why}; it stages again once a pod labelled with the DataStage waits for it here"
+                ));
+            }
             Some(worker) => (worker.phase, worker.snapshot.as_deref(), format!("the worker on {node}")),
             None if status.phase.is_some_and(Phase::is_finished) => {
                 let nodes: Vec<&str> = status.workers.iter().filter_map(|w| w.node.as_deref()).collect();
@@ -177,6 +184,15 @@ mod tests {
         let Verdict::Failed(message) = verdict(Some(&done), Some("b"), None) else { panic!("node b has no data") };
         assert!(message.contains("node b is not one the DataStage stages onto (a)"), "{message}");
         assert_eq!(verdict(Some(&done), Some("a"), None), Verdict::Ready);
+    }
+
+    #[test]
+    fn an_evicted_copy_is_not_in_place() {
+        let d =
+            ds(serde_json::json!({"phase": "Succeeded", "workers": [{"name": "a", "node": "a", "phase": "Succeeded",
+            "evicted": {"time": "2026-01-01T00:00:00Z", "message": "evicted from node a to make room for n/x"}}]}));
+        let verdict = verdict(Some(&d), Some("a"), None);
+        assert!(matches!(&verdict, Verdict::Waiting(m) if m.contains("was evicted from node a")), "{verdict:?}");
     }
 
     #[test]

@@ -121,7 +121,13 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     spec["capacity"] = json!({"eviction": "Sometimes"});
     assert_refused(&raw, "eviction-enum", spec, "supported values: \"Never\", \"WhenSpaceIsNeeded\"").await;
     let mut spec = pull_spec();
-    spec["capacity"] = json!({"reserve": "1GiB", "eviction": "WhenSpaceIsNeeded"});
+    spec["capacity"] = json!({"idleSeconds": 3600});
+    assert_refused(&raw, "idle-never", spec, "it needs spec.capacity.eviction: WhenSpaceIsNeeded").await;
+    let mut spec = pull_spec();
+    spec["capacity"] = json!({"eviction": "WhenSpaceIsNeeded", "idleSeconds": 0});
+    assert_refused(&raw, "idle-zero", spec, "spec.capacity.idleSeconds: Invalid value: 0").await;
+    let mut spec = pull_spec();
+    spec["capacity"] = json!({"reserve": "1GiB", "eviction": "WhenSpaceIsNeeded", "idleSeconds": 86400});
     api.create(&PostParams::default(), &stage("evictable", spec)).await.unwrap();
 
     let mut spec = pull_spec();

@@ -684,6 +684,48 @@ async fn an_idle_copy_is_evicted_for_a_pull_that_needs_its_room_and_stages_again
     drop(disks);
 }
 
+/// With `idleSeconds`, a copy no pod uses goes by itself: the node a pod
+/// reads on keeps its copy until the pod is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_no_pod_used_for_its_idle_seconds_is_evicted_by_itself() {
+    let setup = setup("idle").await;
+    setup.create_secret().await;
+    let client = setup.cluster.client().await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "idle");
+    let reader = json!({"metadata": {"name": "reader", "labels": {"ferry.dev/datastage": "corpus"}},
+        "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 1, "containers": [{"name": "train",
+            "image": ferry_e2e::image("ferry-e2e-shell"), "command": ["sh", "-c", "sleep 600"]}]}});
+    pods.create(&PostParams::default(), &serde_json::from_value(reader).unwrap()).await.unwrap();
+    let spec = json!({
+        "source": setup.store("s3://datasets/demo"),
+        "destination": {"volume": {"hostPath": "/mnt/ferry/corpus"}},
+        "capacity": {"eviction": "WhenSpaceIsNeeded", "idleSeconds": 5},
+    });
+    setup.apply_spec("corpus", spec).await;
+    let holds = |node: &str| {
+        setup.cluster.node_dir(node).is_none_or(|dir| read_tree(&dir.join("mnt/ferry/corpus")) == setup.files)
+    };
+    let evicted_on = |status: &ferry_crds::DataStageStatus, node: &str| {
+        status.workers.iter().any(|w| w.name == node && w.evicted.as_ref().is_some_and(|e| e.removed))
+    };
+    let status = setup.wait_status("corpus", "node-b's copy evicted", |s| evicted_on(s, "node-b")).await;
+    assert_eq!((status.phase, status.nodes.as_deref()), (Some(Phase::Succeeded), Some("1/2")), "{status:?}");
+    let message = &status.workers.iter().find(|w| w.name == "node-b").unwrap().evicted.as_ref().unwrap().message;
+    assert!(message.contains("no pod used it for 5 s (spec.capacity.idleSeconds)"), "{message}");
+    assert!(holds("node-a") && !evicted_on(&status, "node-a"), "the read copy stays: {status:?}");
+    if let Some(dir) = setup.cluster.node_dir("node-b") {
+        assert!(read_tree(&dir.join("mnt/ferry/corpus")).is_empty(), "node-b's copy is gone");
+    }
+
+    // The pod goes: node-a's copy follows once idle.
+    pods.delete("reader", &Default::default()).await.unwrap();
+    let status = setup.wait_status("corpus", "node-a's copy evicted", |s| evicted_on(s, "node-a")).await;
+    assert_eq!(status.nodes.as_deref(), Some("0/2"));
+    let events = event_reasons(&client, "idle", "corpus").await;
+    assert_eq!(events.iter().filter(|(_, reason)| reason == "Evicted").count(), 2, "{events:?}");
+    setup.cluster.stop().await;
+}
+
 /// The condition message of a DataStage a StagingQuota holds back.
 fn quota_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
     held_for(status, ferry_contract::Reason::QuotaExceeded)
