@@ -120,21 +120,47 @@ pub enum AfterRefusal {
 /// filesystem; empty when any worker of the run was refused with a need
 /// that can never fit (the run fails as it is).
 pub fn refused_for_room(ds: &DataStage, run: i64) -> Vec<&WorkerStatus> {
-    let refused: Vec<&WorkerStatus> = ds
-        .status
-        .iter()
-        .flat_map(|s| &s.workers)
-        .filter(|w| {
-            w.run == Some(run)
-                && w.phase == Some(Phase::Failed)
-                && w.reason.as_deref() == Some(Reason::InsufficientCapacity.as_str())
-                && w.disk.as_ref().is_some_and(|d| d.needed_bytes.is_some())
-        })
-        .collect();
+    let workers = ds.status.iter().flat_map(|s| &s.workers).filter(|w| w.run == Some(run));
+    let refused: Vec<&WorkerStatus> = workers.filter(|w| refused_with_a_need(w)).collect();
     if refused.iter().any(|w| w.disk.as_ref().is_some_and(|d| !d.could_ever_fit())) {
         return Vec::new();
     }
     refused
+}
+
+/// Whether `worker` failed because its destination lacked room, saying
+/// what it needed.
+fn refused_with_a_need(worker: &WorkerStatus) -> bool {
+    worker.phase == Some(Phase::Failed)
+        && worker.reason.as_deref() == Some(Reason::InsufficientCapacity.as_str())
+        && worker.disk.as_ref().is_some_and(|d| d.needed_bytes.is_some())
+}
+
+/// Whether every failed worker of `workers` (one run's) was refused for
+/// room it could have: the run waits for room rather than failing.
+pub fn only_waiting_for_room(workers: &[WorkerStatus]) -> bool {
+    let mut failed = workers.iter().filter(|w| w.phase == Some(Phase::Failed)).peekable();
+    failed.peek().is_some()
+        && failed.all(|w| refused_with_a_need(w) && w.disk.as_ref().is_some_and(DiskSpace::could_ever_fit))
+}
+
+/// What a run refused for room waits for: where it needs how much, as
+/// each worker in `waiting` (place, measurement) found it.
+pub fn waiting_message<'a>(waiting: impl IntoIterator<Item = (String, &'a DiskSpace)>) -> String {
+    let places: Vec<String> = waiting.into_iter().map(|(place, disk)| format!("{place} {}", disk.describe())).collect();
+    format!(
+        "waiting for room: {}; starts again when Ferry frees space there or another worker finds room, else looks again every {}, or lower spec.capacity.reserve",
+        places.join("; "),
+        humanize(LOOK_AGAIN_AFTER)
+    )
+}
+
+/// Where a worker is, for messages: its node, or its name.
+pub fn place(worker: &WorkerStatus) -> String {
+    match worker.node.as_deref() {
+        Some(node) if !node.is_empty() => format!("node {node}"),
+        _ => format!("worker {}", worker.name),
+    }
 }
 
 /// Whether the `refused` workers of a run (from [`refused_for_room`]) wait
@@ -151,7 +177,7 @@ pub fn after_refusal(
     for worker in refused {
         let Some(disk) = &worker.disk else { continue };
         let node = worker.node.as_deref().unwrap_or_default();
-        let place = if node.is_empty() { format!("worker {}", worker.name) } else { format!("node {node}") };
+        let place = place(worker);
         let needed = disk.needed_bytes.unwrap_or_default();
         if let Some(newer) = disks.latest(node, &disk.filesystem).filter(|d| d.measured_at > disk.measured_at)
             && newer.free_bytes >= needed
@@ -170,15 +196,9 @@ pub fn after_refusal(
                 humanize(LOOK_AGAIN_AFTER)
             )));
         }
-        waiting.push(format!("{place} {}", disk.describe()));
+        waiting.push((place, disk));
     }
-    (!waiting.is_empty()).then(|| {
-        AfterRefusal::Wait(format!(
-            "waiting for room: {}; starts again when Ferry frees space there or another worker finds room, else looks again every {}, or lower spec.capacity.reserve",
-            waiting.join("; "),
-            humanize(LOOK_AGAIN_AFTER)
-        ))
-    })
+    (!waiting.is_empty()).then(|| AfterRefusal::Wait(waiting_message(waiting)))
 }
 
 fn humanize(duration: Duration) -> String {

@@ -159,7 +159,7 @@ pub fn plan_for<'a>(
         let shortfall = (needed + disk.claimed_bytes.unwrap_or(0)).saturating_sub(disk.free_bytes);
         // Copies already marked and still being removed will free their
         // bytes: counting them keeps one shortfall from evicting twice.
-        let mut coming = 0;
+        let (mut coming, mut evicting) = (0, Vec::new());
         let mut candidates = Vec::new();
         for ds in datastages.clone() {
             if key(ds) == key(waiting) {
@@ -168,14 +168,21 @@ pub fn plan_for<'a>(
             let Some(entry) = copy_on(ds, node, &disk.filesystem) else { continue };
             let bytes = u64::try_from(entry.bytes_done).unwrap_or(0);
             match &entry.evicted {
-                Some(eviction) if !eviction.removed => coming += bytes,
+                Some(eviction) if !eviction.removed => {
+                    coming += bytes;
+                    evicting.push(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
+                }
                 Some(_) => {}
                 None if evictable(ds) && !in_use.uses(ds, node) => candidates.push((last_used(ds, entry), ds, bytes)),
                 None => {}
             }
         }
+        // The note names every copy that goes, so that it reads the same
+        // before and after they are marked (a changed message is a new
+        // Event).
+        let makes_room = |names: &[String]| format!("evicting {} from node {node} makes the room", names.join(", "));
         if coming >= shortfall && coming > 0 {
-            plan.notes.push(format!("evicting idle copies on node {node} makes the room"));
+            plan.notes.push(makes_room(&evicting));
             continue;
         }
         candidates.sort_by_key(|(used, ds, _)| (*used, ds.namespace(), ds.name_any()));
@@ -192,7 +199,7 @@ pub fn plan_for<'a>(
             continue;
         }
         let mut freed = coming;
-        let mut chosen = Vec::new();
+        let mut chosen = evicting;
         for (_, ds, bytes) in candidates {
             if freed >= shortfall {
                 break;
@@ -208,7 +215,7 @@ pub fn plan_for<'a>(
                 message: format!("evicted from node {node} to make room for {who}, which needs {}", human(shortfall)),
             });
         }
-        plan.notes.push(format!("evicting {} from node {node} makes the room", chosen.join(", ")));
+        plan.notes.push(makes_room(&chosen));
     }
     plan
 }
@@ -510,7 +517,7 @@ mod tests {
         let all = vec![new.clone(), marked.clone(), all[2].clone()];
         let plan = plan(&new, &all, &InUse::default());
         assert!(plan.victims.is_empty(), "{plan:?}");
-        assert!(plan.notes[0].contains("makes the room"));
+        assert_eq!(plan.notes, ["evicting team/first from node a makes the room"], "as before it was marked");
         assert!(!evicted_everywhere(&all[2]));
         assert!(evicted_everywhere(&marked));
         let gated = [pod("first", None, true, "Pending")];

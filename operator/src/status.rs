@@ -488,7 +488,21 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
         snapshot: previous.snapshot.clone(),
         ..DataStageStatus::default()
     };
+    // Workers refused for room they could have make the run wait, not fail
+    // (the controller holds the DataStage once the others are over): a pod
+    // gated on it keeps waiting instead of being told it failed.
+    let waits_for_room = phase == Phase::Failed && crate::disks::only_waiting_for_room(&workers);
+    if waits_for_room {
+        let others_run = workers.iter().any(|w| matches!(w.phase, Some(Phase::Running | Phase::Pending)));
+        phase = if others_run { Phase::Running } else { Phase::Pending };
+    }
     let (mut reason, mut message) = phase_reason(phase, &workers, &totals);
+    if waits_for_room {
+        reason = Reason::InsufficientCapacity.as_str();
+        let refused = workers.iter().filter(|w| w.phase == Some(Phase::Failed));
+        message =
+            crate::disks::waiting_message(refused.filter_map(|w| Some((crate::disks::place(w), w.disk.as_ref()?))));
+    }
     if matches!(phase, Phase::Pending | Phase::Running)
         && let Some((worker, trouble)) =
             inputs.observed.iter().find_map(|o| Some((&o.worker.name, o.node_trouble.as_deref()?)))
@@ -758,6 +772,43 @@ mod tests {
             "2026-01-03T00:00:00Z",
         );
         assert!(next.workers[0].evicted.is_none() && next.workers[1].last_used_time.is_some(), "{next:?}");
+    }
+
+    #[test]
+    fn a_worker_refused_for_room_it_could_have_makes_the_run_wait_not_fail() {
+        let refused = |needed: u64| {
+            let disk = ferry_contract::DiskSpace {
+                filesystem: "8:1".into(),
+                size_bytes: 32 << 20,
+                free_bytes: 10 << 20,
+                needed_bytes: Some(needed),
+                claimed_bytes: None,
+                measured_at: 100,
+            };
+            Report::Summary(Box::new(Summary {
+                reason: Some(Reason::InsufficientCapacity),
+                disk: Some(disk),
+                ..Summary::default()
+            }))
+        };
+        let running = job(json!({"active": 1}));
+        let d = ds(json!({}));
+        let both = [observed("a", failed(), refused(20 << 20)), observed("b", running, Report::Nothing)];
+        let status = aggregate_at(&d, &run(1), &both, "2026-01-01T00:00:01Z");
+        let condition = condition_of(&status, "Progressing");
+        assert_eq!((status.phase, condition.reason.as_str()), (Some(Phase::Running), "InsufficientCapacity"));
+        assert!(
+            condition.message.starts_with(
+                "waiting for room: node a needs 20.0 MiB free (its reserve included) where 10.0 MiB of 32.0 MiB is free"
+            ),
+            "{}",
+            condition.message
+        );
+        let alone = aggregate_at(&d, &run(1), &both[..1], "2026-01-01T00:00:01Z");
+        assert_eq!(alone.phase, Some(Phase::Pending));
+        // A need larger than the filesystem is a failure: no wait helps.
+        let too_big = aggregate_at(&d, &run(1), &[observed("a", failed(), refused(40 << 20))], "2026-01-01T00:00:01Z");
+        assert_eq!(too_big.phase, Some(Phase::Failed));
     }
 
     #[test]
