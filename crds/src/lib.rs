@@ -389,13 +389,8 @@ pub struct CapacityPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve: Option<CapacityReserve>,
 
-    /// Whether the operator may remove this DataStage's copy from a node
-    /// to make room for another pull there: `Never` (default) or
-    /// `WhenSpaceIsNeeded`. Only a copy no pod on that node uses (running,
-    /// or waiting for its data) is evicted, least recently used first, and
-    /// only when evicting makes enough room. An evicted node stops counting
-    /// as holding the data (pods are not sent there) and is staged again
-    /// when a pod asks for the DataStage. Editing it starts no run.
+    /// Whether the operator may evict this DataStage's copies. The schema
+    /// shows [`EvictionPolicy`]'s description here, which says it all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction: Option<EvictionPolicy>,
 
@@ -408,7 +403,13 @@ pub struct CapacityPolicy {
     pub idle_seconds: Option<i64>,
 }
 
-/// Whether a pull's copies on nodes may be evicted to make room.
+/// Whether the operator may remove this DataStage's copy from a node to
+/// make room for another pull there: `Never` (default) or
+/// `WhenSpaceIsNeeded`. Only a copy no pod uses there (running on that
+/// node, or waiting to be placed) is evicted, least recently used first,
+/// and only when evicting makes enough room. An evicted node stops counting
+/// as holding the data (pods are not sent there) and is staged again when a
+/// pod waits for the DataStage. Editing it starts no run.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EvictionPolicy {
     /// Never: the copy stays until the DataStage is deleted.
