@@ -36,7 +36,6 @@ use ferry_crds::{DataStage, EvictionPolicy, Phase, WorkerStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 
-use crate::jobs::CLEANUP_LABEL;
 use crate::webhook::wiring::{DataRequest, GATED_LABEL};
 
 /// How stale a copy's `lastUsedTime` may get while pods use it: the
@@ -56,14 +55,11 @@ pub struct InUse {
 }
 
 impl InUse {
-    /// Reads the pods: Ferry's own workers and clean-ups, and finished
-    /// pods, use nothing.
+    /// Reads the pods: Ferry's own workers and clean-ups (which ask for no
+    /// data, see [`DataRequest::of`]) and finished pods use nothing.
     pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
         let mut in_use = InUse::default();
         for pod in pods {
-            if pod.labels().contains_key(CLEANUP_LABEL) {
-                continue;
-            }
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             if matches!(phase, Some("Succeeded" | "Failed")) {
                 continue;

@@ -23,7 +23,7 @@ use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::jobs::{DATASTAGE_LABEL, WORKER_LABEL};
+use crate::jobs::{CLEANUP_LABEL, DATASTAGE_LABEL, WORKER_LABEL};
 
 /// Label or annotation naming the DataStage(s) a pod reads (annotation:
 /// comma-separated). The operator's own workers carry it as a label too,
@@ -75,15 +75,16 @@ pub struct DataRequest {
 }
 
 impl DataRequest {
-    /// What `pod` asks for: `Ok(None)` when it does not opt in (or is one
-    /// of Ferry's own workers).
+    /// What `pod` asks for: `Ok(None)` when it does not opt in, or is one
+    /// of Ferry's own pods (a worker, or a clean-up that removes staged
+    /// data: wired, it would wait behind the gate for the data it removes).
     ///
     /// # Errors
     /// When the label or annotation is present but unusable.
     pub fn of(pod: &Pod) -> Result<Option<Self>, WiringError> {
         let labels = pod.metadata.labels.as_ref();
         let annotations = pod.metadata.annotations.as_ref();
-        if labels.is_some_and(|l| l.contains_key(WORKER_LABEL)) {
+        if labels.is_some_and(|l| l.contains_key(WORKER_LABEL) || l.contains_key(CLEANUP_LABEL)) {
             return Ok(None);
         }
         let label = labels.and_then(|l| l.get(DATASTAGE_KEY));
@@ -281,6 +282,8 @@ mod tests {
         assert_eq!(request.mount_path_of("b"), "/mnt/in/b");
         let worker = pod(json!({"metadata": {"labels": {"ferry.dev/datastage": "a", "ferry.dev/worker": "node-a"}}}));
         assert_eq!(DataRequest::of(&worker), Ok(None));
+        let cleanup = pod(json!({"metadata": {"labels": {"ferry.dev/datastage": "a", "ferry.dev/cleanup": "node-a"}}}));
+        assert_eq!(DataRequest::of(&cleanup), Ok(None));
         let empty = pod(json!({"metadata": {"annotations": {"ferry.dev/datastage": " , "}}}));
         assert!(matches!(DataRequest::of(&empty), Err(WiringError::NoNames(_))));
         let relative = pod(json!({"metadata": {"labels": {"ferry.dev/datastage": "a"},

@@ -238,6 +238,32 @@ fn the_chart_runs_the_images_hack_images_sh_builds_with_flags_they_accept() {
     );
 }
 
+#[test]
+fn the_webhook_never_sees_ferrys_own_worker_and_clean_up_pods() {
+    // A clean-up pod wired as a reader waited behind the gate for the data it
+    // was to remove, pinned to a node the gate no longer sends pods to.
+    let tools = Tools::new(Path::new("/nonexistent"));
+    let chart = chart_dir();
+    let rendered = tools
+        .helm(&["template", RELEASE, chart.to_str().unwrap(), "--set", "webhook.annotationOptIn=true"])
+        .expect("helm template");
+    let objects = documents(&rendered);
+    let configuration =
+        objects.iter().find(|o| o["kind"] == "MutatingWebhookConfiguration").expect("a MutatingWebhookConfiguration");
+    let webhooks = configuration["webhooks"].as_array().unwrap();
+    assert_eq!(webhooks.len(), 2, "both the label and the annotation webhook");
+    for webhook in webhooks {
+        let expressions = &webhook["objectSelector"]["matchExpressions"];
+        for label in [ferry_operator::jobs::WORKER_LABEL, ferry_operator::jobs::CLEANUP_LABEL] {
+            assert!(
+                expressions.as_array().unwrap().contains(&json!({"key": label, "operator": "DoesNotExist"})),
+                "{} sends pods labelled {label}: {expressions}",
+                webhook["name"]
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_wildcards() {
     let cluster = Cluster::start().await.expect("cluster");
