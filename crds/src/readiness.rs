@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use kube::ResourceExt as _;
 
 use crate::plan::Direction;
-use crate::{DataStage, Phase};
+use crate::{DataStage, DataStageStatus, Phase, WorkerStatus};
 
 /// What a pod that wants a DataStage's data should do now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,13 +46,7 @@ impl DataStage {
         }
         match status.phase {
             Some(Phase::Succeeded) if plan.per_node() => {
-                let current = status.snapshot.as_ref().map(|s| s.digest.as_str());
-                let staged: Vec<_> = status
-                    .workers
-                    .iter()
-                    .filter(|w| w.phase == Some(Phase::Succeeded) && w.run == status.run)
-                    .filter(|w| current.is_none() || w.snapshot.as_deref() == current)
-                    .collect();
+                let staged: Vec<&WorkerStatus> = status.staged_copies().collect();
                 let nodes: BTreeSet<String> =
                     staged.iter().filter(|w| w.evicted.is_none()).filter_map(|w| w.node.clone()).collect();
                 if nodes.is_empty() && !staged.is_empty() {
@@ -82,6 +76,21 @@ impl DataStage {
             .as_ref()
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed" && c.status == "True"))
             .map_or_else(|| "failed".to_owned(), |c| c.message.clone())
+    }
+}
+
+impl DataStageStatus {
+    /// The entries whose worker staged the current run's snapshot (on a
+    /// node, or the shard of a claim): Succeeded in the current run, with
+    /// the snapshot the status names, if it names one. An evicted copy is
+    /// one of them (its `evicted` says it is gone).
+    pub fn staged_copies(&self) -> impl Iterator<Item = &WorkerStatus> {
+        let current = self.snapshot.as_ref().map(|s| s.digest.as_str());
+        self.workers.iter().filter(move |w| {
+            w.phase == Some(Phase::Succeeded)
+                && w.run == self.run
+                && (current.is_none() || w.snapshot.as_deref() == current)
+        })
     }
 }
 

@@ -603,8 +603,7 @@ async fn carry_out(
 /// Whether `ds` may be evicted or has been: only then does its
 /// reconciliation read where pods use it.
 fn evicts_or_was_evicted(ds: &DataStage) -> bool {
-    ds.spec.capacity.as_ref().and_then(|c| c.eviction) == Some(ferry_crds::EvictionPolicy::WhenSpaceIsNeeded)
-        || ds.status.iter().flat_map(|s| &s.workers).any(|w| w.evicted.is_some())
+    crate::eviction::evictable(ds) || ds.status.iter().flat_map(|s| &s.workers).any(|w| w.evicted.is_some())
 }
 
 /// Where pods use DataStages, from the pod cache.

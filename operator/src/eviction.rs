@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ferry_crds::{DataStage, EvictionPolicy, Phase, WorkerStatus};
+use ferry_crds::{DataStage, EvictionPolicy, WorkerStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 
@@ -102,9 +102,7 @@ impl InUse {
         }
         let Some(nodes) = self.on_nodes.get(&key) else { return false };
         let Some(status) = ds.status.as_ref() else { return false };
-        status.workers.iter().any(|w| {
-            w.run == status.run && w.evicted.is_some() && w.node.as_ref().is_some_and(|node| nodes.contains(node))
-        })
+        status.staged_copies().any(|w| w.evicted.is_some() && w.node.as_ref().is_some_and(|node| nodes.contains(node)))
     }
 }
 
@@ -221,20 +219,17 @@ fn human(bytes: u64) -> String {
 }
 
 /// Whether `ds` allows its copies to be evicted.
-fn evictable(ds: &DataStage) -> bool {
+pub fn evictable(ds: &DataStage) -> bool {
     ds.spec.capacity.as_ref().and_then(|c| c.eviction) == Some(EvictionPolicy::WhenSpaceIsNeeded)
 }
 
-/// `ds`'s entry on `node` when it is a finished copy of its current run on
+/// `ds`'s entry on `node` when it is a staged copy of its current run on
 /// `filesystem`.
 fn copy_on<'a>(ds: &'a DataStage, node: &str, filesystem: &str) -> Option<&'a WorkerStatus> {
-    let status = ds.status.as_ref()?;
-    status.workers.iter().find(|w| {
-        w.node.as_deref() == Some(node)
-            && w.run == status.run
-            && w.phase == Some(Phase::Succeeded)
-            && w.disk.as_ref().is_some_and(|d| d.filesystem == filesystem)
-    })
+    ds.status
+        .as_ref()?
+        .staged_copies()
+        .find(|w| w.node.as_deref() == Some(node) && w.disk.as_ref().is_some_and(|d| d.filesystem == filesystem))
 }
 
 /// When the copy was last used, in seconds since the epoch: a pod's last
@@ -292,13 +287,9 @@ pub fn idle_copies(ds: &DataStage, in_use: &InUse, now: i64) -> (BTreeMap<String
     let idle_seconds = ds.spec.capacity.as_ref().and_then(|c| c.idle_seconds).filter(|_| evictable(ds));
     let (Some(idle_seconds), Some(status)) = (idle_seconds, ds.status.as_ref()) else { return (due, next) };
     let (namespace, name) = key(ds);
-    for entry in &status.workers {
+    for entry in status.staged_copies() {
         let Some(node) = entry.node.as_deref() else { continue };
-        if entry.run != status.run
-            || entry.phase != Some(Phase::Succeeded)
-            || entry.evicted.is_some()
-            || in_use.uses(ds, node)
-        {
+        if entry.evicted.is_some() || in_use.uses(ds, node) {
             continue;
         }
         let at = last_used(ds, entry).saturating_add(idle_seconds);
@@ -326,9 +317,8 @@ pub fn idle_copies(ds: &DataStage, in_use: &InUse, now: i64) -> (BTreeMap<String
 /// evicted (so no node holds the data).
 pub fn evicted_everywhere(ds: &DataStage) -> bool {
     let Some(status) = ds.status.as_ref() else { return false };
-    let staged: Vec<&WorkerStatus> =
-        status.workers.iter().filter(|w| w.run == status.run && w.phase == Some(Phase::Succeeded)).collect();
-    !staged.is_empty() && staged.iter().all(|w| w.evicted.is_some())
+    let mut staged = status.staged_copies().peekable();
+    staged.peek().is_some() && staged.all(|w| w.evicted.is_some())
 }
 
 #[cfg(test)]
