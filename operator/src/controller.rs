@@ -703,21 +703,36 @@ impl Evicting {
     /// Creates and deletes the clean-up Jobs of evicted copies.
     async fn carry_out(&self, ds: &DataStage, ctx: &Context) -> Result<(), Error> {
         let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
-        let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
         for (node, job) in &self.create {
-            match jobs.create(&params, job).await {
-                Ok(_) => {
-                    let note = format!("removing the evicted copy on node {node} (Job {})", job.name_any());
-                    publish(ctx, ds, EventType::Normal, "CleanupStarted", note, "Evict").await;
-                }
-                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-                Err(error) => return Err(error.into()),
-            }
+            let note = format!("removing the evicted copy on node {node} (Job {})", job.name_any());
+            start_cleanup(ds, ctx, &jobs, job, note, "Evict").await?;
         }
         for name in &self.delete {
             delete_job(&jobs, name).await?;
         }
         Ok(())
+    }
+}
+
+/// Creates a clean-up Job and announces it (`CleanupStarted`, `note`); one
+/// created a moment ago that the cache has not shown yet is left as it is,
+/// unannounced.
+async fn start_cleanup(
+    ds: &DataStage,
+    ctx: &Context,
+    jobs: &Api<Job>,
+    job: &Job,
+    note: String,
+    action: &str,
+) -> Result<(), Error> {
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+    match jobs.create(&params, job).await {
+        Ok(_) => {
+            publish(ctx, ds, EventType::Normal, "CleanupStarted", note, action).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -1186,23 +1201,9 @@ async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Error> {
                 }
                 confirmed = true;
             }
-            let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-            match jobs.create(&params, &job).await {
-                Ok(_) => {}
-                // Created a moment ago; the cache has not seen it yet.
-                Err(kube::Error::Api(status)) if status.is_already_exists() => continue,
-                Err(error) => return Err(error.into()),
-            }
             let node = target.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
-            publish(
-                ctx,
-                ds,
-                EventType::Normal,
-                "CleanupStarted",
-                format!("removing staged data{node} (Job {job_name})"),
-                "Delete",
-            )
-            .await;
+            start_cleanup(ds, ctx, &jobs, &job, format!("removing staged data{node} (Job {job_name})"), "Delete")
+                .await?;
             continue;
         };
         match status::job_phase(Some(existing)) {
