@@ -92,6 +92,9 @@ pub enum StagerCommand {
     Clean {
         /// The directory pulls staged into.
         directory: PathBuf,
+        /// The pulls' shared-objects directory: objects no directory links any more are removed from it too.
+        #[arg(long, value_name = "DIR")]
+        shared_objects: Option<PathBuf>,
     },
     /// Make a node-local DIR usable by the unprivileged worker user before it runs (needs CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER, nothing else; symlinks are never followed).
     Prepare {
@@ -103,6 +106,9 @@ pub enum StagerCommand {
         /// The worker's user and group.
         #[arg(long, value_name = "UID:GID")]
         owner: Owner,
+        /// A pull's shared-objects directory, created if missing and handed to the worker (the directory and its objects/ only: the objects in it are the workers' already).
+        #[arg(long, value_name = "DIR")]
+        shared_objects: Option<PathBuf>,
     },
 }
 
@@ -154,14 +160,16 @@ impl StagerCli {
                 option(&mut args, "--timeout", timeout.map(humantime::format_duration));
                 vec![target.clone()]
             }
-            StagerCommand::Clean { directory } => {
+            StagerCommand::Clean { directory, shared_objects } => {
                 args.push("clean".to_owned());
+                option(&mut args, "--shared-objects", shared_objects.as_ref().map(|p| p.display().to_string()));
                 vec![directory.display().to_string()]
             }
-            StagerCommand::Prepare { directory, purpose, owner } => {
+            StagerCommand::Prepare { directory, purpose, owner, shared_objects } => {
                 args.push("prepare".to_owned());
                 option(&mut args, "--for", Some(value_name(*purpose)));
                 option(&mut args, "--owner", Some(owner));
+                option(&mut args, "--shared-objects", shared_objects.as_ref().map(|p| p.display().to_string()));
                 vec![directory.display().to_string()]
             }
         };
@@ -200,6 +208,7 @@ impl TransferOptions {
         option(args, "--capacity-reserve", Some(&o.capacity_reserve));
         switch(args, "--no-capacity-check", o.no_capacity_check);
         option(args, "--dataset-quota", o.dataset_quota.as_ref());
+        option(args, "--shared-objects", o.shared_objects.as_ref().map(|p| p.display().to_string()));
         option(args, "--capacity-claimed", o.capacity_claimed.as_ref());
         option(args, "--metrics-addr", o.metrics_addr);
         option(args, "--summary-file", o.summary_file.as_ref().map(|p| p.display().to_string()));
@@ -319,7 +328,13 @@ mod tests {
             map.iter().for_each(|(filesystem, bytes)| claims.add(filesystem, *bytes));
             claims
         });
-        let capacity = (reserve, any::<bool>(), proptest::option::of(size()), proptest::option::of(claims));
+        let capacity = (
+            reserve,
+            any::<bool>(),
+            proptest::option::of(size()),
+            proptest::option::of(claims),
+            proptest::option::of("/[a-z0-9./-]{1,20}"),
+        );
         let fleet = (
             proptest::collection::vec("[a-z0-9-]{1,10}", 0..4),
             proptest::collection::vec(
@@ -371,7 +386,7 @@ mod tests {
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
             let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) =
                 retries;
-            let (capacity_reserve, no_capacity_check, dataset_quota, capacity_claimed) = capacity;
+            let (capacity_reserve, no_capacity_check, dataset_quota, capacity_claimed, shared_objects) = capacity;
             TransferOptions {
                 endpoint_url,
                 anonymous,
@@ -392,6 +407,7 @@ mod tests {
                 no_capacity_check,
                 dataset_quota,
                 capacity_claimed,
+                shared_objects: shared_objects.map(PathBuf::from),
                 metrics_addr,
                 summary_file: summary_file.map(PathBuf::from),
                 termination_log: termination_log.map(PathBuf::from),
@@ -435,14 +451,21 @@ mod tests {
                     snapshot,
                     timeout
                 }),
-            "/[a-z0-9/]{1,20}".prop_map(|directory| StagerCommand::Clean { directory: directory.into() }),
-            ("/[a-z0-9/]{1,20}", prop_oneof![Just(Purpose::Pull), Just(Purpose::Push)], any::<(u32, u32)>()).prop_map(
-                |(directory, purpose, (uid, gid))| StagerCommand::Prepare {
+            ("/[a-z0-9/]{1,20}", proptest::option::of("/[a-z0-9/.-]{1,20}")).prop_map(|(directory, shared)| {
+                StagerCommand::Clean { directory: directory.into(), shared_objects: shared.map(PathBuf::from) }
+            }),
+            (
+                "/[a-z0-9/]{1,20}",
+                prop_oneof![Just(Purpose::Pull), Just(Purpose::Push)],
+                any::<(u32, u32)>(),
+                proptest::option::of("/[a-z0-9/.-]{1,20}")
+            )
+                .prop_map(|(directory, purpose, (uid, gid), shared)| StagerCommand::Prepare {
                     directory: directory.into(),
                     purpose,
-                    owner: Owner { uid, gid }
-                }
-            ),
+                    owner: Owner { uid, gid },
+                    shared_objects: shared.map(PathBuf::from),
+                }),
         ]
     }
 

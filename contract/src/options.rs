@@ -126,6 +126,12 @@ pub struct TransferOptions {
     /// sets it from the running workers of other DataStages on the node.
     #[cfg_attr(feature = "cli", arg(long, value_name = "FS=BYTES,..."))]
     pub capacity_claimed: Option<crate::disk::CapacityClaims>,
+    /// Pull only: a directory on the destination's filesystem where pulls share their
+    /// files: an object another pull on this filesystem staged is linked into place
+    /// instead of fetched, so it takes its space once. The operator sets it for hostPath
+    /// pulls (ROOT/.ferry-shared below their allowed root).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    pub shared_objects: Option<PathBuf>,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464).
     #[cfg_attr(feature = "cli", arg(long))]
     pub metrics_addr: Option<SocketAddr>,
@@ -196,6 +202,7 @@ impl Default for TransferOptions {
             no_capacity_check: false,
             dataset_quota: None,
             capacity_claimed: None,
+            shared_objects: None,
             metrics_addr: None,
             summary_file: None,
             termination_log: None,

@@ -93,6 +93,11 @@ pub struct Summary {
     /// Fleet staging: bytes from peers instead of the store, bytes served.
     #[serde(default, skip_serializing_if = "PeerCounts::is_none")]
     pub peers: PeerCounts,
+    /// Objects a pull linked from its shared-objects directory (another
+    /// pull on that filesystem had staged them) instead of fetching them;
+    /// also counted as skipped.
+    #[serde(default, skip_serializing_if = "Amount::is_none")]
+    pub shared: Amount,
     /// Requests the run kept in flight (for shards combined: the first
     /// shard's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,6 +304,10 @@ pub struct Amount {
 }
 
 impl Amount {
+    fn is_none(&self) -> bool {
+        *self == Amount::default()
+    }
+
     fn add(&mut self, other: &Amount) {
         self.objects += other.objects;
         self.bytes += other.bytes;
@@ -417,6 +426,7 @@ impl Summary {
                 total.verified.add(kind, shard.verified.get(kind));
             }
             total.resumed.objects += shard.resumed.objects;
+            total.shared.add(&shard.shared);
             total.resumed.bytes += shard.resumed.bytes;
             total.retries += shard.retries;
             total.requests += shard.requests;

@@ -15,7 +15,7 @@ use crate::store::ObjectStore;
 use crate::store::gcs::{GcsOptions, GcsStore};
 use crate::store::s3::{S3Options, S3Store};
 use crate::transfer::capacity::CapacityCheck;
-use crate::transfer::{RetryPolicy, TransferConfig, TransferError};
+use crate::transfer::{RetryPolicy, SharedObjectsDir, TransferConfig, TransferError};
 
 /// The smallest part S3 accepts in a multipart upload (but the last).
 pub const MIN_PUSH_PART_SIZE: u64 = 5 << 20;
@@ -90,6 +90,10 @@ impl TransferConfig {
                 ..CapacityCheck::with_reserve(options.capacity_reserve.clone())
             }),
             dataset_quota: options.dataset_quota.as_ref().map(ferry_contract::ByteSize::bytes),
+            shared_objects: options
+                .shared_objects
+                .clone()
+                .map(|dir| SharedObjectsDir { dir, endpoint: options.endpoint_url.clone() }),
         })
     }
 }

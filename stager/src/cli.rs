@@ -44,25 +44,37 @@ pub async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Clean { directory } => match ferry_engine::local::clean::clean(directory) {
-            Ok(report) => {
-                println!("{}", serde_json::to_string(&report).expect("the report serializes"));
-                eprintln!(
-                    "ferry-stager: removed {} staged files ({} bytes) from '{}'; kept {} changed since staged",
-                    report.files_removed,
-                    report.bytes_freed,
-                    directory.display(),
-                    report.kept.len() as u64 + report.kept_not_listed
-                );
-                ExitStatus::Success.into()
+        Command::Clean { directory, shared_objects } => {
+            match ferry_engine::local::clean::clean(directory, shared_objects.as_deref()) {
+                Ok(report) => {
+                    println!("{}", serde_json::to_string(&report).expect("the report serializes"));
+                    eprintln!(
+                        "ferry-stager: removed {} staged files ({} bytes) from '{}'; kept {} changed since staged",
+                        report.files_removed,
+                        report.bytes_freed,
+                        directory.display(),
+                        report.kept.len() as u64 + report.kept_not_listed
+                    );
+                    if let (Some(shared), Some(collected)) = (shared_objects, report.shared_objects) {
+                        eprintln!(
+                            "ferry-stager: removed {} objects ({} bytes) no directory links any more from '{}'; {} still linked",
+                            collected.objects_removed,
+                            collected.bytes_freed,
+                            shared.display(),
+                            collected.objects_kept
+                        );
+                    }
+                    ExitStatus::Success.into()
+                }
+                Err(error) => {
+                    eprintln!("ferry-stager: clean failed: {}", ferry_engine::error_chain(&error));
+                    ExitStatus::Incomplete.into()
+                }
             }
-            Err(error) => {
-                eprintln!("ferry-stager: clean failed: {}", ferry_engine::error_chain(&error));
-                ExitStatus::Incomplete.into()
-            }
-        },
-        Command::Prepare { directory, purpose, owner } => {
-            match ferry_engine::local::ownership::prepare(directory, *purpose, *owner) {
+        }
+        Command::Prepare { directory, purpose, owner, shared_objects } => {
+            let shared = shared_objects.as_deref();
+            match ferry_engine::local::ownership::prepare(directory, *purpose, *owner, shared) {
                 Ok(prepared) => {
                     eprintln!(
                         "ferry-stager: '{}' ready for the worker ({owner}) to {purpose:?}: {} of {} entries handed over",

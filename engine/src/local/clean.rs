@@ -29,6 +29,15 @@ pub enum CleanError {
     /// A transfer still holds its lock on the directory.
     #[error("a transfer is still running into '{0}'; stop it first")]
     Busy(PathBuf),
+    /// Objects of the shared-objects directory could not be collected.
+    #[error("cannot remove unused objects from '{path}': {source}")]
+    SharedObjects {
+        /// The shared-objects directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The manifests could not be read (sorting an old one needs room).
     #[error("cannot read the manifests in '{path}': {source}")]
     ReadManifest {
@@ -64,6 +73,10 @@ pub struct CleanReport {
     pub kept_not_listed: u64,
     /// Directories removed because the clean-up left them empty.
     pub directories_removed: u64,
+    /// What the shared-objects directory let go once the files were removed
+    /// (`bytes_freed` counts files other directories may still link).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_objects: Option<super::shared_objects::Collected>,
 }
 
 /// How many kept files a [`CleanReport`] names; the rest are counted.
@@ -73,12 +86,15 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Removes what pulls staged into `root`.
+/// Removes what pulls staged into `root`; with the pulls' `shared_objects`
+/// directory, then the objects there that no directory links any more.
 ///
 /// # Errors
 /// [`CleanError::Busy`] while a transfer runs into `root`;
-/// [`CleanError::Remove`] when a file or the state directory cannot be removed.
-pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
+/// [`CleanError::Remove`] when a file or the state directory cannot be
+/// removed; [`CleanError::SharedObjects`] when the shared objects cannot
+/// be collected.
+pub fn clean(root: &Path, shared_objects: Option<&Path>) -> Result<CleanReport, CleanError> {
     if super::staging::live_runs(root) > 0 {
         return Err(CleanError::Busy(root.to_owned()));
     }
@@ -108,6 +124,11 @@ pub fn clean(root: &Path) -> Result<CleanReport, CleanError> {
         Err(source) => return Err(CleanError::Remove { path: state, source }),
     }
     report.directories_removed = remover.finish();
+    if let Some(shared) = shared_objects {
+        let collected = super::shared_objects::collect_garbage(shared)
+            .map_err(|source| CleanError::SharedObjects { path: shared.to_owned(), source })?;
+        report.shared_objects = Some(collected);
+    }
     Ok(report)
 }
 
@@ -284,7 +305,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(root.join("edited.bin"), b"after, longer").unwrap();
 
-        let report = clean(root).unwrap();
+        let report = clean(root, None).unwrap();
         assert_eq!((report.files_removed, report.bytes_freed), (2, 7));
         assert_eq!(report.kept, ["edited.bin"]);
         assert!(!root.join(STATE_DIR).exists());
@@ -341,7 +362,7 @@ mod tests {
         for rel in &rels {
             std::fs::write(root.join(rel), b"edited since").unwrap();
         }
-        let report = clean(root).unwrap();
+        let report = clean(root, None).unwrap();
         assert_eq!(report.kept, rels[..KEPT_LISTED], "the first ones, in path order");
         assert_eq!(report.kept_not_listed, 5);
         let json = serde_json::to_value(&report).unwrap();
@@ -354,7 +375,7 @@ mod tests {
     fn a_directory_never_staged_into_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("keep"), b"x").unwrap();
-        assert_eq!(clean(dir.path()).unwrap(), CleanReport::default());
+        assert_eq!(clean(dir.path(), None).unwrap(), CleanReport::default());
         assert!(dir.path().join("keep").exists());
     }
 
@@ -369,7 +390,7 @@ mod tests {
         // The same file (same size and mtime) now lives outside, reached through a link.
         std::fs::rename(root.join("sub"), outside.path().join("sub")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("sub"), root.join("sub")).unwrap();
-        let report = clean(root).unwrap();
+        let report = clean(root, None).unwrap();
         assert_eq!(report.kept, ["sub/x.bin"]);
         assert_eq!(std::fs::read(outside.path().join("sub/x.bin")).unwrap(), b"precious");
     }
@@ -378,8 +399,8 @@ mod tests {
     fn a_running_transfer_blocks_the_clean_up() {
         let dir = tempfile::tempdir().unwrap();
         let area = crate::local::staging::StagingArea::open(dir.path()).unwrap();
-        assert!(matches!(clean(dir.path()), Err(CleanError::Busy(_))));
+        assert!(matches!(clean(dir.path(), None), Err(CleanError::Busy(_))));
         area.close();
-        assert!(clean(dir.path()).is_ok());
+        assert!(clean(dir.path(), None).is_ok());
     }
 }

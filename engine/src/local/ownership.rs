@@ -66,21 +66,30 @@ pub enum OwnershipError {
         #[source]
         source: std::io::Error,
     },
-    /// The state directory is a symbolic link (or not a directory): it is
-    /// refused rather than followed.
-    #[error("'{0}' is not a directory; remove it (Ferry keeps its state there and never follows a link)")]
+    /// The state directory (or the shared-objects directory) is a symbolic link
+    /// (or not a directory): it is refused rather than followed.
+    #[error("'{0}' is not a directory; remove it (Ferry keeps its own files there and never follows a link)")]
     StateNotDirectory(PathBuf),
 }
 
 /// Makes `directory` usable by a worker running as `owner` for `purpose`
 /// (see the module documentation). Creates the directory when it is
-/// missing.
+/// missing. With a pull's `shared_objects` directory (see
+/// [`super::shared_objects`]), creates that too and hands over the
+/// directory and its `objects/`, not what is in them: every object there
+/// was written by a worker already, and a walk of every object of the node
+/// on every run would cost what the store saves.
 ///
 /// # Errors
 /// When the directory cannot be created or an entry cannot be read or
 /// handed over (typically: run without the capabilities it needs). An
 /// entry that disappears during the walk is not an error.
-pub fn prepare(directory: &Path, purpose: Purpose, owner: Owner) -> Result<Prepared, OwnershipError> {
+pub fn prepare(
+    directory: &Path,
+    purpose: Purpose,
+    owner: Owner,
+    shared_objects: Option<&Path>,
+) -> Result<Prepared, OwnershipError> {
     std::fs::create_dir_all(directory)
         .map_err(|source| OwnershipError::Create { path: directory.to_owned(), source })?;
     // What a pull stages is read by training pods of any user: directories
@@ -95,6 +104,9 @@ pub fn prepare(directory: &Path, purpose: Purpose, owner: Owner) -> Result<Prepa
         Purpose::Pull => {
             walk.own_open(&root, directory)?;
             walk.tree(&root, directory)?;
+            if let Some(shared) = shared_objects {
+                walk.shared_objects(shared)?;
+            }
         }
         Purpose::Push => {
             let state = directory.join(STATE_DIR);
@@ -126,6 +138,30 @@ struct Walk {
 const READABLE_DIRECTORY: u32 = 0o755;
 
 impl Walk {
+    /// Creates and hands over a shared-objects directory and its
+    /// `objects/`, refusing a link in the place of either.
+    fn shared_objects(&mut self, shared: &Path) -> Result<(), OwnershipError> {
+        std::fs::create_dir_all(shared).map_err(|source| OwnershipError::Create { path: shared.to_owned(), source })?;
+        let open = |at: &OwnedFd, name: &str, path: &Path| match open_directory(at, name, OFlags::NOFOLLOW) {
+            Ok(fd) => Ok(fd),
+            Err(Errno::LOOP | Errno::NOTDIR) => Err(OwnershipError::StateNotDirectory(path.to_owned())),
+            Err(errno) => Err(entry_error("open", path, errno)),
+        };
+        let parent = shared.parent().unwrap_or(Path::new("/"));
+        let parent_fd =
+            open_directory(CWD, parent, OFlags::empty()).map_err(|errno| entry_error("open", parent, errno))?;
+        let name = shared.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+        let shared_fd = open(&parent_fd, name, shared)?;
+        self.own_open(&shared_fd, shared)?;
+        let objects = shared.join(super::shared_objects::OBJECTS_DIR);
+        match rustix::fs::mkdirat(&shared_fd, super::shared_objects::OBJECTS_DIR, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(errno) => return Err(entry_error("create", &objects, errno)),
+        }
+        let objects_fd = open(&shared_fd, super::shared_objects::OBJECTS_DIR, &objects)?;
+        self.own_open(&objects_fd, &objects)
+    }
+
     fn wanted(&self) -> (Uid, Gid) {
         (Uid::from_raw(self.owner.uid), Gid::from_raw(self.owner.gid))
     }
@@ -236,11 +272,34 @@ mod tests {
     fn a_missing_directory_is_created_and_counted() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("a/b");
-        let prepared = prepare(&target, Purpose::Pull, worker()).unwrap();
+        let prepared = prepare(&target, Purpose::Pull, worker(), None).unwrap();
         assert!(target.is_dir());
         assert_eq!(prepared.entries, 1);
         assert_eq!(owner_of(&target), worker());
-        assert_eq!(prepare(&target, Purpose::Pull, worker()).unwrap(), Prepared { entries: 1, changed: 0 });
+        assert_eq!(prepare(&target, Purpose::Pull, worker(), None).unwrap(), Prepared { entries: 1, changed: 0 });
+    }
+
+    #[test]
+    fn a_pull_gets_its_shared_objects_directory_made_and_handed_over_but_never_through_a_link() {
+        let root = tempfile::tempdir().unwrap();
+        let (target, shared) = (root.path().join("team/data"), root.path().join(".ferry-shared"));
+        let prepared = prepare(&target, Purpose::Pull, worker(), Some(&shared)).unwrap();
+        // The destination, the shared directory and its objects/.
+        assert_eq!(prepared.entries, 3);
+        for dir in [&target, &shared, &shared.join("objects")] {
+            assert_eq!(owner_of(dir), worker(), "{}", dir.display());
+            assert_eq!(std::fs::metadata(dir).unwrap().mode() & 0o755, 0o755, "{}", dir.display());
+        }
+        // What is in objects/ is not walked.
+        std::fs::create_dir_all(shared.join("objects/ab")).unwrap();
+        assert_eq!(prepare(&target, Purpose::Pull, worker(), Some(&shared)).unwrap().entries, 3);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        let planted = root.path().join(".planted");
+        std::os::unix::fs::symlink(elsewhere.path(), &planted).unwrap();
+        let error = prepare(&target, Purpose::Pull, worker(), Some(&planted)).unwrap_err();
+        assert!(matches!(error, OwnershipError::StateNotDirectory(_)), "{error}");
+        assert!(!elsewhere.path().join("objects").exists());
     }
 
     #[test]
@@ -253,7 +312,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), dir.path().join("x/link")).unwrap();
         std::fs::write(outside.path().join("inside-link-target"), b"3").unwrap();
         let before = owner_of(&outside.path().join("secret"));
-        let prepared = prepare(dir.path(), Purpose::Pull, worker()).unwrap();
+        let prepared = prepare(dir.path(), Purpose::Pull, worker(), None).unwrap();
         // root, x, x/y, x/y/file, x/link: the link's target is not entered.
         assert_eq!(prepared.entries, 5);
         for entry in ["", "x", "x/y", "x/y/file", "x/link"] {
@@ -261,7 +320,11 @@ mod tests {
         }
         assert_eq!(owner_of(&outside.path().join("secret")), before, "nothing behind the link changes");
         assert_eq!(owner_of(outside.path()), before);
-        assert_eq!(prepare(dir.path(), Purpose::Pull, worker()).unwrap().changed, 0, "a second run changes nothing");
+        assert_eq!(
+            prepare(dir.path(), Purpose::Pull, worker(), None).unwrap().changed,
+            0,
+            "a second run changes nothing"
+        );
     }
 
     #[test]
@@ -276,11 +339,11 @@ mod tests {
         set("private/secret", 0o600);
         set("private/deeper", 0o700);
         set("private", 0o711);
-        prepare(dir.path(), Purpose::Pull, worker()).unwrap();
+        prepare(dir.path(), Purpose::Pull, worker(), None).unwrap();
         let mode = |path: &str| std::fs::metadata(dir.path().join(path)).unwrap().mode() & 0o7777;
         assert_eq!((mode("private"), mode("private/deeper")), (0o755, 0o755));
         assert_eq!(mode("private/secret"), 0o600, "a file's mode is its owner's business");
-        assert_eq!(prepare(dir.path(), Purpose::Pull, worker()).unwrap().changed, 0);
+        assert_eq!(prepare(dir.path(), Purpose::Pull, worker(), None).unwrap().changed, 0);
     }
 
     #[test]
@@ -289,10 +352,10 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("ckpt")).unwrap();
         std::fs::write(dir.path().join("ckpt/model.bin"), b"weights").unwrap();
         let file_owner = owner_of(&dir.path().join("ckpt/model.bin"));
-        let prepared = prepare(dir.path(), Purpose::Push, worker()).unwrap();
+        let prepared = prepare(dir.path(), Purpose::Push, worker(), None).unwrap();
         assert!(dir.path().join(STATE_DIR).is_dir());
         assert_eq!(prepared.entries, 1, "only .ferry itself");
-        assert_eq!(prepare(dir.path(), Purpose::Push, worker()).unwrap().changed, 0);
+        assert_eq!(prepare(dir.path(), Purpose::Push, worker(), None).unwrap().changed, 0);
         assert_eq!(owner_of(&dir.path().join(STATE_DIR)), worker());
         assert_eq!(owner_of(&dir.path().join("ckpt/model.bin")), file_owner, "the files to push keep their owner");
         assert_eq!(owner_of(&dir.path().join("ckpt")), file_owner);
@@ -303,7 +366,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(STATE_DIR)).unwrap();
-        let error = prepare(dir.path(), Purpose::Push, worker()).unwrap_err();
+        let error = prepare(dir.path(), Purpose::Push, worker(), None).unwrap_err();
         assert!(matches!(error, OwnershipError::StateNotDirectory(_)), "{error}");
         assert!(error.to_string().contains("never follows a link"));
     }
@@ -315,7 +378,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"1").unwrap();
-        let error = prepare(dir.path(), Purpose::Pull, Owner { uid: 65532, gid: 65532 }).unwrap_err();
+        let error = prepare(dir.path(), Purpose::Pull, Owner { uid: 65532, gid: 65532 }, None).unwrap_err();
         assert!(error.to_string().contains("CAP_CHOWN"), "{error}");
     }
 }

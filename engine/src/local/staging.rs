@@ -232,6 +232,39 @@ impl StagingArea {
         Ok(stamp)
     }
 
+    /// Puts a hard link to `object` (a file of the shared-objects store,
+    /// see [`super::shared_objects`]) at `rel`, replacing what is there
+    /// atomically. The object's inode is shared: its mtime is left as it
+    /// is, since every other directory's manifest recorded it.
+    ///
+    /// # Errors
+    /// Fails when a parent cannot be created safely or the link fails
+    /// (another mount, a filesystem without hard links: the caller fetches
+    /// instead).
+    pub fn commit_link(&self, object: &Path, rel: &RelPath) -> io::Result<FileStamp> {
+        self.dirs.ensure_parents(rel)?;
+        let target = rel.under(&self.root);
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            return Err(io::Error::other(format!("'{}' exists and is a directory", target.display())));
+        }
+        match std::fs::hard_link(object, &target) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                // A name in the run's directory first, renamed over the old
+                // file: readers see the old file or the new, never neither.
+                let named = self.named_path(self.next_id.fetch_add(1, Ordering::Relaxed));
+                std::fs::hard_link(object, &named)?;
+                let renamed = std::fs::rename(&named, &target);
+                // rename(2) of two names of one inode does nothing and
+                // leaves both: the temporary name must go either way.
+                let _ = std::fs::remove_file(&named);
+                renamed?;
+            }
+            Err(error) => return Err(error),
+        }
+        FileStamp::of(&target)
+    }
+
     fn commit_file(&self, path: &Path, file: &File, rel: &RelPath, mtime: Option<SystemTime>) -> io::Result<FileStamp> {
         let target = self.prepare_target(file, rel, mtime)?;
         // rename() replaces a symlink at the target itself, never its referent.

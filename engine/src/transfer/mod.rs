@@ -35,6 +35,8 @@ pub mod ranges;
 pub mod readback;
 #[cfg(test)]
 mod resync_tests;
+#[cfg(test)]
+mod shared_objects_tests;
 pub mod tally;
 pub mod throttle;
 pub mod verify;
@@ -142,6 +144,19 @@ pub struct TransferConfig {
     pub capacity: Option<CapacityCheck>,
     /// The most bytes a pull's dataset may hold, all shards together.
     pub dataset_quota: Option<u64>,
+    /// Where a pull shares its files with the other directories pulled onto
+    /// its filesystem (see [`crate::local::shared_objects`]), if anywhere.
+    pub shared_objects: Option<SharedObjectsDir>,
+}
+
+/// A pull's shared-objects directory, and what tells its objects from
+/// another store's of the same bucket name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedObjectsDir {
+    /// The directory, on the destination's filesystem.
+    pub dir: PathBuf,
+    /// The endpoint the store is reached at, when it is not the default.
+    pub endpoint: Option<String>,
 }
 
 impl Default for TransferConfig {
@@ -473,6 +488,10 @@ pub struct Engine {
     pub boot_id: String,
     /// The peers of a pull staged by a fleet of workers, if any.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The shared-objects directory a pull links its files into and finds
+    /// others' in, once the pull has opened it (see
+    /// [`crate::local::shared_objects`]).
+    pub shared_objects: std::sync::OnceLock<Arc<crate::local::shared_objects::SharedObjects>>,
     /// Slots for a pull's file creations and commits (see [`Engine::on_disk`]).
     disk_slots: tokio::sync::Semaphore,
     /// The store budget share this run follows now, if any.
@@ -541,6 +560,7 @@ impl Engine {
             md5: md5::Md5Hasher::default(),
             boot_id: crate::local::partial::boot_id(),
             fleet,
+            shared_objects: std::sync::OnceLock::new(),
             disk_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, usize::from) * DISK_SLOTS_PER_CORE,
             ),

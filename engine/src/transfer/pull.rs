@@ -48,6 +48,7 @@ use crate::local::manifest::{ManifestCursor, ManifestEntry, ManifestWriter, Soug
 use crate::local::partial::{self, PartialHeader, PartialObject, RangeRecord};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
 use crate::local::prune::{Departed, prune};
+use crate::local::shared_objects::{ObjectIdentity, SharedObjects};
 use crate::local::sorted::{RunWriter, SortedRun};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
@@ -177,6 +178,16 @@ pub async fn pull(
     let scratch = staging.scratch_dir();
     if let Some(fleet) = &engine.fleet {
         fleet.catalog.spill_into(scratch.join("catalog"));
+    }
+    if let Some(wanted) = &engine.config.shared_objects {
+        let scope = format!("{}|{}", engine.store.describe(), wanted.endpoint.as_deref().unwrap_or("default"));
+        let (dir, root) = (wanted.dir.clone(), destination.to_path_buf());
+        let opened = tokio::task::spawn_blocking(move || SharedObjects::open(&dir, scope, &root))
+            .await
+            .expect("opening the shared objects panicked");
+        if let Some(shared) = opened {
+            let _ = engine.shared_objects.set(Arc::new(shared));
+        }
     }
     let mut manifest = {
         let (root, scratch) = (destination.to_path_buf(), scratch.clone());
@@ -341,6 +352,24 @@ pub async fn pull(
         Err(error) => Err(error),
     }
     .map_err(TransferError::Manifest);
+    // Files this run replaced or removed may have been the last names of
+    // shared objects besides the store's.
+    let changes = engine.tally.changes();
+    if let Some(shared) = engine.shared_objects.get().cloned()
+        && changes.updated.objects + changes.removed.objects > 0
+    {
+        match tokio::task::spawn_blocking(move || shared.collect_garbage()).await.expect("collecting panicked") {
+            Ok(collected) if collected.objects_removed > 0 => {
+                tracing::info!(
+                    removed = collected.objects_removed,
+                    bytes = collected.bytes_freed,
+                    "removed shared objects no directory links any more"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "cannot remove unused shared objects; the next clean-up will"),
+        }
+    }
     staging.close();
     outcome?;
     finished?;
@@ -469,6 +498,9 @@ async fn pull_object(
     writer: &Arc<ManifestWriter>,
     planned: Planned,
 ) -> Result<(), TransferError> {
+    if link_shared(engine, staging, writer, &planned).await {
+        return Ok(());
+    }
     let result = again_on_mismatch(engine, &planned.object.key, || download(engine, staging, writer, &planned)).await;
     let key = planned.object.key.clone();
     match result {
@@ -511,6 +543,62 @@ async fn pull_object(
         }
     }
     Ok(())
+}
+
+/// The object's identity in the shared-objects directory, when the pull
+/// has one and the object has a version to tell its content by.
+fn shared_identity<'a>(shared: &'a SharedObjects, planned: &'a Planned) -> Option<ObjectIdentity<'a>> {
+    let version = planned.object.etag.as_deref()?;
+    Some(ObjectIdentity { scope: shared.scope(), key: &planned.object.key, version, size: planned.object.size })
+}
+
+/// Puts the object in place by linking the copy another pull on this
+/// filesystem staged, when the shared-objects directory holds it; `false`
+/// when it does not, or the link fails (the caller fetches).
+async fn link_shared(
+    engine: &Arc<Engine>,
+    staging: &Arc<StagingArea>,
+    writer: &Arc<ManifestWriter>,
+    planned: &Planned,
+) -> bool {
+    let Some(shared) = engine.shared_objects.get().cloned() else { return false };
+    let path = staging.root().join(planned.rel.as_str());
+    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    let linked = engine
+        .on_disk(move || {
+            let identity = shared_identity(&shared, &planned)?;
+            let object = shared.find(&identity)?;
+            let committed =
+                commit_and_record(&writer, &planned, None, None, || staging.commit_link(&object, &planned.rel));
+            match committed {
+                Ok(()) => Some(planned),
+                Err(error) => {
+                    if let ObjectError::Io { source, .. } = &error {
+                        shared.link_failed(source, &object);
+                    }
+                    None
+                }
+            }
+        })
+        .await;
+    let Some(planned) = linked else { return false };
+    let size = planned.object.size;
+    if let Some(fleet) = &engine.fleet {
+        if let Some(etag) = &planned.object.etag {
+            fleet.catalog.hold(&planned.object.key, path, etag, size);
+        }
+        fleet.staged(&planned.object.key);
+    }
+    engine.tally.linked(size);
+    if planned.known {
+        engine.tally.updated(size)
+    } else {
+        engine.tally.added(size)
+    }
+    engine.tally.in_place(planned.rel.as_str(), planned.version(), size);
+    engine.metrics.object(ObjectResult::Skipped);
+    tracing::debug!(key = %planned.object.key, size, "linked from the shared objects");
+    true
 }
 
 /// Runs `attempt`, the transfer of one whole object, again when its bytes
@@ -638,10 +726,12 @@ async fn download(
         };
 
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    let shared = engine.shared_objects.get().cloned();
     engine
         .on_disk(move || {
             let (rel, mtime) = (&planned.rel, planned.object.last_modified);
-            commit_and_record(&writer, &planned, expected.as_ref(), || match landing {
+            let keep_in = shared.as_deref().map(|shared| (shared, staging.root()));
+            commit_and_record(&writer, &planned, expected.as_ref(), keep_in, || match landing {
                 Landing::Temp(temp) => staging.commit(temp, rel, mtime),
                 Landing::Partial(partial) => {
                     let partial = Arc::into_inner(partial).expect("every range task has finished");
@@ -666,9 +756,17 @@ fn commit_and_record(
     writer: &ManifestWriter,
     planned: &Planned,
     checksum: Option<&Integrity>,
+    keep_in: Option<(&SharedObjects, &Path)>,
     commit: impl FnOnce() -> std::io::Result<FileStamp>,
 ) -> Result<(), ObjectError> {
     let stamp = commit().map_err(ObjectError::io_error("moving the file into place"))?;
+    // Shared before it is recorded: a run killed in between finds it in the
+    // shared objects next time, and links it instead of fetching it.
+    if let Some((shared, root)) = keep_in
+        && let Some(identity) = shared_identity(shared, planned)
+    {
+        shared.keep(&identity, &planned.rel.under(root));
+    }
     // Without an ETag there is nothing to match a later listing against.
     let Some(etag) = &planned.object.etag else { return Ok(()) };
     let entry = ManifestEntry {
@@ -792,6 +890,7 @@ async fn download_in_memory(
 
     let checked = engine.config.verify != VerifyMode::None;
     let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    let shared = engine.shared_objects.get().cloned();
     engine
         .on_disk(move || -> Result<(), ObjectError> {
             let temp =
@@ -806,7 +905,8 @@ async fn download_in_memory(
                     return Err(ObjectError::Size { expected: size, actual: written });
                 }
             }
-            commit_and_record(&writer, &planned, expected.as_ref(), || {
+            let keep_in = shared.as_deref().map(|shared| (shared, staging.root()));
+            commit_and_record(&writer, &planned, expected.as_ref(), keep_in, || {
                 staging.commit(temp, &planned.rel, planned.object.last_modified)
             })
         })

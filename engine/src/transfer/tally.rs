@@ -29,6 +29,7 @@ pub struct Tally {
     bytes_failed: AtomicU64,
     verified: [AtomicU64; VerifiedKind::ALL.len()],
     resumed: AmountCounter,
+    shared: AmountCounter,
     retries: AtomicU64,
     requests: AtomicU64,
     listing_done: std::sync::atomic::AtomicBool,
@@ -113,6 +114,13 @@ impl Tally {
     /// `bytes` that run had already copied and verified.
     pub fn resumed(&self, bytes: u64) {
         self.resumed.add(1, bytes);
+    }
+
+    /// An object was put in place by a link to the copy in the pull's
+    /// shared-objects directory: in place without a transfer, so skipped too.
+    pub fn linked(&self, size: u64) {
+        self.skipped(size);
+        self.shared.add(1, size);
     }
 
     /// An object was already in place.
@@ -255,6 +263,7 @@ impl Tally {
             failures,
             changes: pull.then(|| self.changes()),
             snapshot,
+            shared: self.shared.load(),
             ..Summary::default()
         }
     }
