@@ -18,6 +18,15 @@ pub struct OperatorConfig {
     #[arg(long, env = "FERRY_ALLOWED_HOST_PATHS", value_delimiter = ',', default_value = "/mnt,/data,/var/lib/ferry")]
     pub allowed_host_paths: Vec<String>,
 
+    /// Node directories Ferry owns whole, comma-separated (empty: none). A
+    /// pull whose hostPath lies below one mounts that directory and shares
+    /// its files with every other such pull on the node through
+    /// `DIR/.ferry-shared`, so DataStages of the same objects take their
+    /// space once. Each must be one filesystem on every node, and only
+    /// Ferry's: its workers may write anywhere in it.
+    #[arg(long, env = "FERRY_SHARED_HOST_PATHS", value_delimiter = ',', default_value = "/var/lib/ferry")]
+    pub shared_host_paths: Vec<String>,
+
     /// Address of the health (`/healthz`, `/readyz`) and `/metrics` endpoint.
     #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
@@ -96,6 +105,7 @@ impl OperatorConfig {
         Self {
             stager_image: "ghcr.io/ferry-dev/ferry-stager:test".into(),
             allowed_host_paths: vec!["/mnt".into(), "/data".into()],
+            shared_host_paths: vec!["/var/lib/ferry".into()],
             http_addr: ([127, 0, 0, 1], 0).into(),
             watch_namespace: None,
             stager_service_account: None,
@@ -121,6 +131,7 @@ impl OperatorConfig {
             store_share: None,
             dataset_quotas: std::collections::BTreeMap::new(),
             capacity_claims: std::collections::BTreeMap::new(),
+            shared_host_paths: self.shared_host_paths.iter().filter(|p| !p.is_empty()).cloned().collect(),
         }
     }
 

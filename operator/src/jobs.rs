@@ -44,6 +44,11 @@ pub const RUN_LABEL: &str = "ferry.dev/run";
 pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
 /// Where the volume is mounted in worker pods.
 pub const DATA_MOUNT: &str = "/ferry/data";
+/// Where a pull below a shared host path mounts that whole directory (see
+/// [`data_layout`]).
+pub const SHARED_MOUNT: &str = "/ferry/node";
+/// The shared-objects directory, directly below a shared host path.
+pub const SHARED_OBJECTS_DIR: &str = ".ferry-shared";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
 /// Where a web identity's projected service-account token is mounted in
@@ -146,6 +151,9 @@ pub struct WorkerDefaults {
     /// worker name (`--capacity-claimed`); a worker not named here has no
     /// claim to count.
     pub capacity_claims: BTreeMap<String, ferry_contract::CapacityClaims>,
+    /// Node directories Ferry owns whole, in which pulls share their
+    /// objects (see [`data_layout`]); empty: no pull shares.
+    pub shared_host_paths: Vec<String>,
 }
 
 impl WorkerDefaults {
@@ -158,7 +166,58 @@ impl WorkerDefaults {
             store_share: None,
             dataset_quotas: BTreeMap::new(),
             capacity_claims: BTreeMap::new(),
+            shared_host_paths: Vec::new(),
         }
+    }
+}
+
+/// Where a worker's pods find its data: which host directory (or claim) is
+/// mounted, and the paths in the container of the data and, for a pull
+/// that shares, of the shared objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataLayout {
+    /// A shared host path mounted instead of the plan's own hostPath.
+    pub shared_root: Option<String>,
+    /// The data directory in the container.
+    pub data: String,
+    /// The shared-objects directory in the container.
+    pub shared_objects: Option<String>,
+}
+
+/// The layout of a worker of `plan`. A pull onto a hostPath strictly below
+/// one of `shared_host_paths` (the longest that holds it) mounts that
+/// directory at [`SHARED_MOUNT`] and links its files into the directory's
+/// [`SHARED_OBJECTS_DIR`], which every other such pull on the node shares:
+/// hard links need one mount of one filesystem, so the worker cannot mount
+/// only its own directory. Everything else mounts its own volume at
+/// [`DATA_MOUNT`] and shares nothing: a push reads a directory as it is,
+/// and a claim is one copy already.
+pub fn data_layout(plan: &Plan<'_>, shared_host_paths: &[String]) -> DataLayout {
+    let own = DataLayout { shared_root: None, data: DATA_MOUNT.into(), shared_objects: None };
+    let PlanVolume::HostPath(path) = plan.volume else { return own };
+    if plan.direction != Direction::Pull {
+        return own;
+    }
+    // The longest shared path that holds the directory (or is it).
+    let holds = |root: &&String| {
+        let root = root.trim_end_matches('/');
+        path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+    };
+    let Some(root) = shared_host_paths.iter().filter(|root| !root.is_empty()).filter(holds).max_by_key(|r| r.len())
+    else {
+        return own;
+    };
+    let root = root.trim_end_matches('/').to_owned();
+    let rel = path[root.len()..].trim_matches('/');
+    // The CEL rules refuse '..'; the shared path itself, an empty or '.'
+    // component, or a directory inside shared objects shares nothing.
+    if rel.is_empty() || rel.split('/').any(|part| matches!(part, "" | "." | ".." | SHARED_OBJECTS_DIR)) {
+        return own;
+    }
+    DataLayout {
+        shared_root: Some(if root.is_empty() { "/".into() } else { root }),
+        data: format!("{SHARED_MOUNT}/{rel}"),
+        shared_objects: Some(format!("{SHARED_MOUNT}/{SHARED_OBJECTS_DIR}")),
     }
 }
 
@@ -244,6 +303,8 @@ pub fn stager_cli(
             .and_then(|bytes| ByteSize::from_bytes(*bytes).or_else(|_| ByteSize::from_bytes(bytes >> 10 << 10)).ok());
         options.capacity_claimed = defaults.capacity_claims.get(&worker.name).filter(|c| !c.is_empty()).cloned();
     }
+    let layout = data_layout(plan, &defaults.shared_host_paths);
+    options.shared_objects = layout.shared_objects.map(Into::into);
     // The CRD admits only URIs this parses; a spec from before its rules gets
     // the stager's own error for it.
     let location: ObjectLocation = plan.uri.parse().unwrap_or_else(|_| ObjectLocation {
@@ -252,7 +313,7 @@ pub fn stager_cli(
         prefix: String::new(),
     });
     let command = match plan.direction {
-        Direction::Pull => StagerCommand::Pull { source: location, destination: DATA_MOUNT.into(), options },
+        Direction::Pull => StagerCommand::Pull { source: location, destination: layout.data.into(), options },
         // The node creates a hostPath that does not exist (DirectoryOrCreate,
         // which a pull needs): pushing it must fail, not succeed with nothing.
         Direction::Push => {
@@ -263,9 +324,12 @@ pub fn stager_cli(
 }
 
 /// The command line of a clean-up pod.
-pub fn cleanup_cli() -> StagerCli {
+pub fn cleanup_cli(layout: &DataLayout) -> StagerCli {
     StagerCli {
-        command: StagerCommand::Clean { directory: DATA_MOUNT.into() },
+        command: StagerCommand::Clean {
+            directory: layout.data.clone().into(),
+            shared_objects: layout.shared_objects.clone().map(Into::into),
+        },
         log_format: LogFormat::Json,
         progress: ProgressMode::Never,
     }
@@ -286,13 +350,19 @@ fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BTreeMap<Stri
 }
 
 /// The data volume and its mount.
-fn data_volume(plan: &Plan<'_>) -> (Volume, VolumeMount) {
+fn data_volume(plan: &Plan<'_>, layout: &DataLayout) -> (Volume, VolumeMount) {
     let mut volume = Volume { name: "data".into(), ..Volume::default() };
     let mut mount = VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), ..VolumeMount::default() };
     match plan.volume {
         PlanVolume::HostPath(path) => {
-            volume.host_path =
-                Some(HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) });
+            let path = match &layout.shared_root {
+                Some(root) => {
+                    mount.mount_path = SHARED_MOUNT.into();
+                    root.clone()
+                }
+                None => path.to_owned(),
+            };
+            volume.host_path = Some(HostPathVolumeSource { path, type_: Some("DirectoryOrCreate".into()) });
         }
         PlanVolume::Claim { name, sub_path } => {
             volume.persistent_volume_claim =
@@ -436,13 +506,18 @@ pub fn pinned_to(node: &str) -> NodeAffinity {
 }
 
 /// The command line of the init container that readies a hostPath.
-pub fn prepare_cli(plan: &Plan<'_>) -> StagerCli {
+pub fn prepare_cli(plan: &Plan<'_>, layout: &DataLayout) -> StagerCli {
     let purpose = match plan.direction {
         Direction::Pull => Purpose::Pull,
         Direction::Push => Purpose::Push,
     };
     StagerCli {
-        command: StagerCommand::Prepare { directory: DATA_MOUNT.into(), purpose, owner: WORKER_USER },
+        command: StagerCommand::Prepare {
+            directory: layout.data.clone().into(),
+            purpose,
+            owner: WORKER_USER,
+            shared_objects: layout.shared_objects.clone().map(Into::into),
+        },
         log_format: LogFormat::Json,
         progress: ProgressMode::Never,
     }
@@ -455,11 +530,11 @@ pub fn prepare_cli(plan: &Plan<'_>) -> StagerCli {
 /// directory to [`WORKER_USER`] (a pull: the whole tree, its directories
 /// readable by all; a push: its state directory, the files keep their
 /// owners) and exits.
-fn prepare_container(plan: &Plan<'_>, image: &str, mount: VolumeMount) -> Container {
+fn prepare_container(plan: &Plan<'_>, layout: &DataLayout, image: &str, mount: VolumeMount) -> Container {
     Container {
         name: PREPARE_CONTAINER.into(),
         image: Some(image.to_owned()),
-        args: Some(literal(prepare_cli(plan).to_args())),
+        args: Some(literal(prepare_cli(plan, layout).to_args())),
         volume_mounts: Some(vec![mount]),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(SecurityContext {
@@ -479,10 +554,18 @@ fn prepare_container(plan: &Plan<'_>, image: &str, mount: VolumeMount) -> Contai
 }
 
 /// A pod spec running the stager with `args` on `worker`'s node (or where
-/// the placement allows), the data volume mounted, locked down.
-fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, args: Vec<String>) -> PodSpec {
+/// the placement allows), the data volume mounted as `layout` says, locked
+/// down.
+fn stager_pod(
+    ds: &DataStage,
+    plan: &Plan<'_>,
+    layout: &DataLayout,
+    worker: &Worker,
+    image: &str,
+    args: Vec<String>,
+) -> PodSpec {
     let placement = ds.spec.placement.clone().unwrap_or_default();
-    let (volume, mount) = data_volume(plan);
+    let (volume, mount) = data_volume(plan, layout);
     // A per-node worker is pinned to its node (placement already chose it,
     // and tolerations still apply); a shared worker goes wherever the
     // placement lets the scheduler put it.
@@ -496,7 +579,7 @@ fn stager_pod(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, image: &str, arg
         affinity,
         tolerations: placement.tolerations.clone(),
         init_containers: matches!(plan.volume, PlanVolume::HostPath(_))
-            .then(|| vec![prepare_container(plan, image, mount.clone())]),
+            .then(|| vec![prepare_container(plan, layout, image, mount.clone())]),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(i64::from(WORKER_USER.uid)),
@@ -544,7 +627,8 @@ pub fn build_job(
     if peer_to_peer {
         args = crate::peers::listen_on_pod_ip(args);
     }
-    let mut pod = stager_pod(ds, plan, worker, &image, args);
+    let layout = data_layout(plan, &defaults.shared_host_paths);
+    let mut pod = stager_pod(ds, plan, &layout, worker, &image, args);
     pod.service_account_name = spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
     let container = &mut pod.containers[0];
     let (mut env, key_file) = credentials(plan);
@@ -648,7 +732,8 @@ pub fn literal(args: Vec<String>) -> Vec<String> {
 /// while the DataStage is going away; the operator deletes it when done.
 pub fn build_cleanup_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> Job {
     let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
-    let mut pod = stager_pod(ds, plan, worker, &image, literal(cleanup_cli().to_args()));
+    let layout = data_layout(plan, &defaults.shared_host_paths);
+    let mut pod = stager_pod(ds, plan, &layout, worker, &image, literal(cleanup_cli(&layout).to_args()));
     pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
     let labels = labels(ds, (CLEANUP_LABEL, &worker.name), None);
     Job {
@@ -962,6 +1047,7 @@ mod tests {
             store_share: None,
             dataset_quotas: BTreeMap::new(),
             capacity_claims: BTreeMap::new(),
+            shared_host_paths: Vec::new(),
         };
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();
@@ -1019,6 +1105,62 @@ mod tests {
     }
 
     #[test]
+    fn a_pull_below_a_shared_host_path_mounts_it_whole_and_shares_its_objects_there() {
+        let defaults = WorkerDefaults {
+            shared_host_paths: vec!["/mnt".into(), "/mnt/ferry/".into()],
+            ..WorkerDefaults::image("stager:1")
+        };
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let worker = Worker::on_node("a");
+        let pull = pod(&build_job(&ds, &plan, &worker, &[], 1, &defaults));
+        // The longest shared path that holds the directory is mounted.
+        let volume = &pull.volumes.clone().unwrap()[0];
+        assert_eq!(volume.host_path.as_ref().unwrap().path, "/mnt/ferry");
+        assert_eq!(pull.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, SHARED_MOUNT);
+        let StagerCommand::Pull { destination, options, .. } = parsed(&pull).command else { panic!("a pull") };
+        assert_eq!(destination.to_str(), Some("/ferry/node/imagenet"));
+        assert_eq!(options.shared_objects.as_deref(), Some(std::path::Path::new("/ferry/node/.ferry-shared")));
+        let (prepare, _) = prepare_step(&pull);
+        assert_eq!(
+            prepare.command,
+            StagerCommand::Prepare {
+                directory: "/ferry/node/imagenet".into(),
+                purpose: Purpose::Pull,
+                owner: WORKER_USER,
+                shared_objects: Some("/ferry/node/.ferry-shared".into()),
+            }
+        );
+        // Its clean-up removes the objects no directory links any more.
+        let clean = pod(&build_cleanup_job(&ds, &plan, &worker, &defaults));
+        assert_eq!(clean.volumes.clone().unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry");
+        assert_eq!(
+            parsed(&clean).command,
+            StagerCommand::Clean {
+                directory: "/ferry/node/imagenet".into(),
+                shared_objects: Some("/ferry/node/.ferry-shared".into())
+            }
+        );
+
+        // Nothing else shares: a push, the shared path itself, a directory
+        // inside the shared objects, a path outside, a claim.
+        let unshared = [
+            json!({"source": {"volume": {"hostPath": "/mnt/ferry/ckpt"}}, "destination": {"uri": "s3://c/run"}}),
+            json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"hostPath": "/mnt/ferry"}}}),
+            json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"hostPath": "/mnt/ferry/.ferry-shared/x"}}}),
+            json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"hostPath": "/data/x"}}}),
+            json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}),
+        ];
+        for spec in unshared {
+            let ds = datastage(spec.clone());
+            let plan = ds.spec.plan().unwrap();
+            let own = DataLayout { shared_root: None, data: DATA_MOUNT.into(), shared_objects: None };
+            assert_eq!(data_layout(&plan, &defaults.shared_host_paths), own, "{spec}");
+        }
+        assert_eq!(data_layout(&plan, &[]).shared_objects, None, "no shared paths, no sharing");
+    }
+
+    #[test]
     fn long_names_stay_valid_and_distinct() {
         let long = "a".repeat(70);
         let one = job_name(&long, &Worker::on_node("node-1"), 12);
@@ -1047,7 +1189,12 @@ mod tests {
         let (cli, context) = prepare_step(&pull_pod);
         assert_eq!(
             cli.command,
-            StagerCommand::Prepare { directory: DATA_MOUNT.into(), purpose: Purpose::Pull, owner: WORKER_USER }
+            StagerCommand::Prepare {
+                directory: DATA_MOUNT.into(),
+                purpose: Purpose::Pull,
+                owner: WORKER_USER,
+                shared_objects: None
+            }
         );
         assert_eq!((context.run_as_user, context.run_as_non_root), (Some(0), Some(false)));
         assert_eq!(context.allow_privilege_escalation, Some(false));
