@@ -33,6 +33,7 @@ class Options(TypedDict, total=False):
     capacity_reserve: _Size
     no_capacity_check: bool
     dataset_quota: Optional[_Size]
+    shared_objects: Optional[str]
     max_bandwidth: Optional[_Size]
     max_request_rate: Optional[int]
     max_attempts: int

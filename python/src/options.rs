@@ -29,7 +29,7 @@ const CLI_ONLY: [&str; 8] = [
 ];
 
 /// Every keyword argument a call takes besides its positionals.
-pub const NAMES: [&str; 27] = [
+pub const NAMES: [&str; 28] = [
     "endpoint_url",
     "anonymous",
     "region",
@@ -51,6 +51,7 @@ pub const NAMES: [&str; 27] = [
     "capacity_reserve",
     "no_capacity_check",
     "dataset_quota",
+    "shared_objects",
     "max_bandwidth",
     "max_request_rate",
     "max_attempts",
@@ -96,6 +97,7 @@ pub fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<TransferOptions> {
             "capacity_reserve" => o.capacity_reserve = reserve(&name, &value)?,
             "no_capacity_check" => o.no_capacity_check = typed(&name, &value)?,
             "dataset_quota" => o.dataset_quota = optional_size(&name, &value)?,
+            "shared_objects" => o.shared_objects = optional(&name, &value)?.map(Into::into),
             "max_bandwidth" => o.max_bandwidth = optional_size(&name, &value)?,
             "max_request_rate" => {
                 o.max_request_rate = if value.is_none() { None } else { Some(ranged(&name, &value, 1, u32::MAX)?) }
@@ -146,6 +148,7 @@ fn every_option_is_considered(options: TransferOptions) {
         no_capacity_check: _,
         dataset_quota: _,
         capacity_claimed: _,
+        shared_objects: _,
         metrics_addr: _,
         summary_file: _,
         termination_log: _,

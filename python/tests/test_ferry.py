@@ -131,6 +131,13 @@ def test_pull_and_push_a_directory_with_a_summary_and_progress(s3, tmp_path):
         ferry.pull(f"s3://{bucket}/dataset", tmp_path / "over", dataset_quota=size - 1, **options)
     assert refused.value.reason == "QuotaExceeded"
     assert not (tmp_path / "over").exists() or not any(p.is_file() for p in (tmp_path / "over").iterdir())
+    # Two directories sharing objects: the second links what the first fetched.
+    shared = str(tmp_path / ".shared")
+    ferry.pull(f"s3://{bucket}/dataset", tmp_path / "one", shared_objects=shared, **options)
+    linked = ferry.pull(f"s3://{bucket}/dataset", tmp_path / "two", shared_objects=shared, **options)
+    assert linked.shared == {"objects": 12, "bytes": size} and linked.bytes["transferred"] == 0, linked
+    for name in files:
+        assert (tmp_path / "one" / name).stat().st_ino == (tmp_path / "two" / name).stat().st_ino, name
 
 
 def test_gcs_round_trip_through_the_emulator(gcs, tmp_path):

@@ -133,12 +133,17 @@ impl SharedObjects {
         (meta.file_type().is_file() && meta.len() == identity.size).then_some(path)
     }
 
-    /// Adds the committed file `staged` to the store as `identity`, unless
-    /// the store holds it already. Failing to share is never an error of the
-    /// pull: the file is in place either way.
-    pub fn keep(&self, identity: &ObjectIdentity<'_>, staged: &Path) {
+    /// Adds the committed file `staged` to the store as `identity`. When
+    /// the store holds another file of that identity already (another pull
+    /// fetched the same object at the same time), `staged` becomes a link
+    /// to that one instead, through the unused name `spare` in the same
+    /// filesystem, so that the two take the space of one; returns whether
+    /// it did (the file in place is then another inode, with that one's
+    /// mtime). Failing to share is never an error of the pull: the file is
+    /// in place either way.
+    pub fn keep(&self, identity: &ObjectIdentity<'_>, staged: &Path, spare: &Path) -> bool {
         if !self.usable.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
         let path = self.path_of(identity);
         let linked = std::fs::hard_link(staged, &path).or_else(|error| match error.kind() {
@@ -149,11 +154,37 @@ impl SharedObjects {
             _ => Err(error),
         });
         match linked {
-            Ok(()) => {}
-            // Another pull stored the same object first.
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(error) => self.link_failed(&error, staged),
+            Ok(()) => false,
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                match self.take_stored(&path, staged, spare) {
+                    Ok(replaced) => replaced,
+                    Err(error) => {
+                        self.link_failed(&error, staged);
+                        false
+                    }
+                }
+            }
+            Err(error) => {
+                self.link_failed(&error, staged);
+                false
+            }
         }
+    }
+
+    /// Replaces `staged` with a link to the store's `stored` file when that
+    /// is another inode of the object's size.
+    fn take_stored(&self, stored: &Path, staged: &Path, spare: &Path) -> io::Result<bool> {
+        let (theirs, ours) = (std::fs::symlink_metadata(stored)?, std::fs::symlink_metadata(staged)?);
+        let other_copy = theirs.file_type().is_file()
+            && theirs.len() == ours.len()
+            && (theirs.dev(), theirs.ino()) != (ours.dev(), ours.ino());
+        if !other_copy {
+            return Ok(false);
+        }
+        std::fs::hard_link(stored, spare)?;
+        let renamed = std::fs::rename(spare, staged);
+        let _ = std::fs::remove_file(spare);
+        renamed.map(|()| true)
     }
 
     /// Removes the objects no directory links any more (see
@@ -296,10 +327,15 @@ mod tests {
         assert_eq!(store.find(&id), None);
 
         std::fs::write(first.join("a"), b"abc").unwrap();
-        store.keep(&id, &first.join("a"));
-        store.keep(&id, &first.join("a")); // twice is once
+        let spare = root.path().join("spare");
+        assert!(!store.keep(&id, &first.join("a"), &spare));
+        assert!(!store.keep(&id, &first.join("a"), &spare), "twice is once");
         let found = store.find(&id).expect("kept");
-        std::fs::hard_link(&found, second.join("a")).unwrap();
+        // A copy fetched at the same time becomes a link to the stored one.
+        std::fs::write(second.join("a"), b"abc").unwrap();
+        assert!(store.keep(&id, &second.join("a"), &spare));
+        assert!(!spare.exists());
+        assert_eq!(std::fs::metadata(second.join("a")).unwrap().ino(), std::fs::metadata(&found).unwrap().ino());
         assert_eq!(std::fs::metadata(second.join("a")).unwrap().nlink(), 3);
         // A wrong size is not the object.
         assert_eq!(store.find(&ObjectIdentity { size: 4, ..id.clone() }), None);

@@ -195,6 +195,12 @@ impl StagingArea {
         }
     }
 
+    /// An unused name in this run's directory (on the destination's
+    /// filesystem), for a link made only to be renamed over a file.
+    pub fn spare_path(&self) -> PathBuf {
+        self.named_path(self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
     fn named_path(&self, id: u64) -> PathBuf {
         self.run_dir.join(format!("{id}.part"))
     }
@@ -252,7 +258,7 @@ impl StagingArea {
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
                 // A name in the run's directory first, renamed over the old
                 // file: readers see the old file or the new, never neither.
-                let named = self.named_path(self.next_id.fetch_add(1, Ordering::Relaxed));
+                let named = self.spare_path();
                 std::fs::hard_link(object, &named)?;
                 let renamed = std::fs::rename(&named, &target);
                 // rename(2) of two names of one inode does nothing and

@@ -266,8 +266,18 @@ pub async fn pull(
             }
             // The whole page is charged before any of it starts: a dataset
             // of one page is refused before its first byte is written.
+            // An object the shared objects hold is linked, and takes no room.
             if let Some(ledger) = &mut ledger {
-                to_copy.iter().for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
+                let shared = engine.shared_objects.get();
+                let linkable = |planned: &Planned| {
+                    shared.is_some_and(|shared| {
+                        shared_identity(shared, planned).is_some_and(|identity| shared.find(&identity).is_some())
+                    })
+                };
+                to_copy
+                    .iter()
+                    .filter(|planned| !linkable(planned))
+                    .for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
                 ledger.check(page.next.is_none())?;
             }
             // In a fleet, this worker's own share goes first: its peers are
@@ -730,7 +740,8 @@ async fn download(
     engine
         .on_disk(move || {
             let (rel, mtime) = (&planned.rel, planned.object.last_modified);
-            let keep_in = shared.as_deref().map(|shared| (shared, staging.root()));
+            let keep_in =
+                shared.as_deref().map(|shared| Keep { shared, root: staging.root(), spare: staging.spare_path() });
             commit_and_record(&writer, &planned, expected.as_ref(), keep_in, || match landing {
                 Landing::Temp(temp) => staging.commit(temp, rel, mtime),
                 Landing::Partial(partial) => {
@@ -748,6 +759,14 @@ async fn download(
     Ok(verified)
 }
 
+/// Where a committed file is shared: the pull's shared objects, the
+/// destination, and a spare name for a link (see [`SharedObjects::keep`]).
+struct Keep<'a> {
+    shared: &'a SharedObjects,
+    root: &'a Path,
+    spare: std::path::PathBuf,
+}
+
 /// Moves a verified file into place (`commit`) and records it in the
 /// manifest, on the blocking thread that moves it: a run aborted meanwhile
 /// (another object filled the disk) cannot leave a complete file that the
@@ -756,16 +775,20 @@ fn commit_and_record(
     writer: &ManifestWriter,
     planned: &Planned,
     checksum: Option<&Integrity>,
-    keep_in: Option<(&SharedObjects, &Path)>,
+    keep_in: Option<Keep<'_>>,
     commit: impl FnOnce() -> std::io::Result<FileStamp>,
 ) -> Result<(), ObjectError> {
-    let stamp = commit().map_err(ObjectError::io_error("moving the file into place"))?;
+    let mut stamp = commit().map_err(ObjectError::io_error("moving the file into place"))?;
     // Shared before it is recorded: a run killed in between finds it in the
     // shared objects next time, and links it instead of fetching it.
-    if let Some((shared, root)) = keep_in
+    if let Some(Keep { shared, root, spare }) = keep_in
         && let Some(identity) = shared_identity(shared, planned)
     {
-        shared.keep(&identity, &planned.rel.under(root));
+        let path = planned.rel.under(root);
+        if shared.keep(&identity, &path, &spare) {
+            // Now the copy another pull stored: its stamp is the one to record.
+            stamp = FileStamp::of(&path).map_err(ObjectError::io_error("reading the linked file"))?;
+        }
     }
     // Without an ETag there is nothing to match a later listing against.
     let Some(etag) = &planned.object.etag else { return Ok(()) };
@@ -905,7 +928,8 @@ async fn download_in_memory(
                     return Err(ObjectError::Size { expected: size, actual: written });
                 }
             }
-            let keep_in = shared.as_deref().map(|shared| (shared, staging.root()));
+            let keep_in =
+                shared.as_deref().map(|shared| Keep { shared, root: staging.root(), spare: staging.spare_path() });
             commit_and_record(&writer, &planned, expected.as_ref(), keep_in, || {
                 staging.commit(temp, &planned.rel, planned.object.last_modified)
             })

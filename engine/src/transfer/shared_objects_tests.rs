@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ferry_contract::summary::Amount;
 
+use super::capacity::{CapacityCheck, FreeSpace};
 use super::{Engine, RetryPolicy, SharedObjectsDir, TransferConfig, pull::pull, tally::Summary};
 use crate::local::clean::clean;
 use crate::local::shared_objects::OBJECTS_DIR;
@@ -21,16 +22,19 @@ use crate::store::memory::MemoryStore;
 const PART: u64 = 1 << 20;
 
 fn engine(store: &Arc<MemoryStore>, shared: &Path) -> Arc<Engine> {
-    let config = TransferConfig {
+    Engine::new(Arc::clone(store) as _, config(Some(shared)), Arc::new(Metrics::new())).unwrap()
+}
+
+fn config(shared: Option<&Path>) -> TransferConfig {
+    TransferConfig {
         concurrency: 4,
         part_size: PART,
         grow_ranges: false,
         write_buffer: 64 << 10,
         retry: RetryPolicy { base_delay: Duration::from_millis(1), ..RetryPolicy::default() },
-        shared_objects: Some(SharedObjectsDir { dir: shared.to_owned(), endpoint: None }),
+        shared_objects: shared.map(|dir| SharedObjectsDir { dir: dir.to_owned(), endpoint: None }),
         ..TransferConfig::default()
-    };
-    Engine::new(Arc::clone(store) as _, config, Arc::new(Metrics::new())).unwrap()
+    }
 }
 
 async fn pull_into(store: &Arc<MemoryStore>, shared: &Path, dir: &Path, delete_removed: bool) -> Summary {
@@ -172,4 +176,53 @@ async fn an_object_of_the_right_identity_but_another_size_is_fetched_not_linked(
     assert_eq!(summary.shared.objects, 2);
     assert_eq!(summary.bytes.transferred, 20);
     assert_eq!(std::fs::read(second.join("dir/b")).unwrap(), vec![2; 20]);
+}
+
+/// 5 MiB free on a disk of 64 MiB, whatever is written.
+fn five_mib_free(_: &Path) -> std::io::Result<Option<FreeSpace>> {
+    Ok(Some(FreeSpace { available: 5 << 20, block_size: 4096, total: 64 << 20, device: 7 << 8 | 3 }))
+}
+
+#[tokio::test]
+async fn what_the_shared_objects_hold_takes_no_room_in_the_free_space_check() {
+    let store = Arc::new(MemoryStore::default());
+    let total = dataset(&store);
+    let node = tempfile::tempdir().unwrap();
+    let shared = node.path().join(".shared");
+    pull_into(&store, &shared, &node.path().join("first"), false).await;
+
+    // A 2 MiB reserve: the ~3 MiB dataset and the reserve do not fit in
+    // 5 MiB, but linking it needs no room.
+    let checked = |shared: Option<&Path>| {
+        let capacity =
+            Some(CapacityCheck { probe: five_mib_free, ..CapacityCheck::with_reserve("2MiB".parse().unwrap()) });
+        let config = TransferConfig { capacity, ..config(shared) };
+        Engine::new(Arc::clone(&store) as _, config, Arc::new(Metrics::new())).unwrap()
+    };
+    let linked = pull(checked(Some(&shared)), "p/", &node.path().join("second"), false).await.unwrap();
+    assert_eq!(linked.shared, Amount { objects: 3, bytes: total });
+    let refused = pull(checked(None), "p/", &node.path().join("third"), false).await.unwrap_err();
+    assert_eq!(refused.reason(), ferry_contract::Reason::InsufficientCapacity, "{refused}");
+}
+
+#[tokio::test]
+async fn two_pulls_of_the_same_objects_at_the_same_time_end_with_one_copy() {
+    let store = Arc::new(MemoryStore::default());
+    dataset(&store);
+    let node = tempfile::tempdir().unwrap();
+    let (shared, first, second) = (node.path().join(".shared"), node.path().join("first"), node.path().join("second"));
+    let (one, two) =
+        tokio::join!(pull_into(&store, &shared, &first, false), pull_into(&store, &shared, &second, false));
+    assert!(one.complete && two.complete, "{one:?} {two:?}");
+    for rel in ["a", "dir/b", "large"] {
+        let (a, b) = (std::fs::metadata(first.join(rel)).unwrap(), std::fs::metadata(second.join(rel)).unwrap());
+        assert_eq!(a.ino(), b.ino(), "{rel}: whichever stored it first, the other links it");
+        assert_eq!(a.nlink(), 3, "{rel}");
+    }
+    assert_eq!(objects(&shared).len(), 3);
+    // The manifests recorded the files as they are now: a re-run reuses
+    // every one, and a clean-up removes them.
+    let again = pull_into(&store, &shared, &second, false).await;
+    assert_eq!((again.objects.skipped, again.bytes.transferred), (3, 0));
+    assert_eq!(clean(&second, Some(&shared)).unwrap().files_removed, 3);
 }

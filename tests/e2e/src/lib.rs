@@ -567,6 +567,9 @@ pub fn start_operator(cluster: &Cluster, log_dir: &Path, name: &str) -> (process
         .env("FERRY_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("FERRY_STAGER_IMAGE", image("ferry-stager"))
         .env("FERRY_ALLOWED_HOST_PATHS", "/mnt/ferry")
+        // Every pull below it shares its objects, as the chart's default
+        // directory does: the tests stage the same dataset many times.
+        .env("FERRY_SHARED_HOST_PATHS", "/mnt/ferry")
         // FERRY_E2E_OPERATOR_LOG overrides the filter when a test needs to see more.
         .env(
             "RUST_LOG",

@@ -170,6 +170,7 @@ fn the_chart_lints_strictly_and_refuses_bad_values_with_a_message_naming_them() 
         ("leaseDuration=soon", "leaseDuration"),
         ("metrics.port=70000", "port"),
         ("allowedHostPaths[0]=relative/path", "allowedHostPaths"),
+        ("sharedHostPaths[0]=a,b", "sharedHostPaths"),
         ("stager.imagee.tag=x", "imagee"),
     ] {
         let error = tools.helm(&["template", RELEASE, chart, "--set", bad]).expect_err(bad);
@@ -315,6 +316,7 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
                 "image.tag=1.2.3",
                 "stager.image.repository=registry.example/ferry/stager",
                 "allowedHostPaths={/scratch,/nvme}",
+                "sharedHostPaths={/nvme/ferry}",
                 "nodeSelector.pool=system",
                 "tolerations[0].key=dedicated",
                 "tolerations[0].operator=Exists",
@@ -377,6 +379,7 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
             }
             w if w.starts_with("custom") => {
                 assert!(args.contains("--allowed-host-paths=/scratch,/nvme"), "{args}");
+                assert!(args.contains("--shared-host-paths=/nvme/ferry"), "{args}");
                 assert!(args.contains("registry.example/ferry/stager:0.1.0"), "{args}");
             }
             _ => {}

@@ -4,6 +4,7 @@
 //! recover once fixed.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase};
@@ -62,6 +63,15 @@ impl Setup {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
             "stringData": {"AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}});
         self.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    }
+
+    /// The dataset again under `s3://datasets/<prefix>`: the same bytes
+    /// as other objects (other keys), which nothing on a node shares with
+    /// the `demo` copies, so that each DataStage takes room of its own.
+    async fn upload_as(&self, prefix: &str) {
+        for (key, data) in &self.files {
+            self.s3.put("datasets", &format!("{prefix}/{key}"), data.clone()).await;
+        }
     }
 
     fn store(&self, uri: &str) -> serde_json::Value {
@@ -260,6 +270,19 @@ async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
     setup.cluster.stop().await;
 }
 
+/// What `du -sk` counts below `dir`, in bytes: blocks in use, each file
+/// linked from several directories once.
+fn disk_usage(dir: &Path) -> u64 {
+    let out = std::process::Command::new("du").arg("-sk").arg(dir).output().expect("run du");
+    assert!(out.status.success(), "du: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().next().and_then(|kib| kib.parse::<u64>().ok()).expect("du prints KiB first") * 1024
+}
+
+/// Two DataStages of one dataset on a node share one copy (their pulls
+/// link the same files under the shared host path); deleting one with
+/// `reclaimPolicy: Delete` removes its directory only, and the other stays
+/// byte-identical, still holding the shared objects.
 #[tokio::test(flavor = "multi_thread")]
 async fn deleting_a_datastage_collects_its_jobs_and_reclaim_delete_removes_the_staged_data() {
     use k8s_openapi::api::batch::v1::Job;
@@ -284,7 +307,11 @@ async fn deleting_a_datastage_collects_its_jobs_and_reclaim_delete_removes_the_s
     assert!(finalizers("kept").await.is_empty(), "Retain needs no finalizer");
     // A file of the user's own beside the staged data must survive the clean-up.
     let node_a = setup.cluster.node_dir("node-a");
+    let one_copy: u64 = setup.files.values().map(|data| data.len() as u64).sum();
     if let Some(node_a) = &node_a {
+        let used = disk_usage(&node_a.join("mnt/ferry"));
+        println!("two DataStages of {one_copy} bytes take {used} bytes on node-a");
+        assert!(used < one_copy + one_copy / 5, "one copy of {one_copy} bytes, but {used} bytes in use");
         std::fs::write(node_a.join("mnt/ferry/wiped/mine.txt"), b"not Ferry's").unwrap();
     }
 
@@ -315,6 +342,9 @@ async fn deleting_a_datastage_collects_its_jobs_and_reclaim_delete_removes_the_s
         );
         assert!(read_tree(&b.join("mnt/ferry/wiped")).is_empty());
         assert!(!b.join("mnt/ferry/wiped/.ferry").exists());
+        // The shared objects are still the kept copy's: nothing went twice.
+        let used = disk_usage(&a.join("mnt/ferry"));
+        assert!(used >= one_copy && used < one_copy + one_copy / 5, "{used} bytes left for one copy of {one_copy}");
     }
     setup.cluster.stop().await;
 }
@@ -510,9 +540,13 @@ async fn a_copy_that_does_not_fit_beside_another_waits_for_room_and_stages_once_
     let nodes = ["node-a", "node-b"];
     let Some(disks) = small_disks(&setup, &nodes) else { return };
     setup.create_secret().await;
+    // Copies of other objects: copies of the same ones would share.
+    for name in ["first", "second"] {
+        setup.upload_as(name).await;
+    }
     let copy = |name: &str, reserve: &str| {
         json!({
-            "source": setup.store("s3://datasets/demo"),
+            "source": setup.store(&format!("s3://datasets/{name}")),
             "destination": {"volume": {"hostPath": format!("/mnt/ferry/{name}")}},
             "capacity": {"reserve": reserve},
             "reclaimPolicy": "Delete",
@@ -591,9 +625,13 @@ async fn an_idle_copy_is_evicted_for_a_pull_that_needs_its_room_and_stages_again
     setup.create_secret().await;
     let client = setup.cluster.client().await.unwrap();
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "evict");
+    // Copies of other objects: copies of the same ones would share.
+    for name in ["busy", "idle", "new"] {
+        setup.upload_as(name).await;
+    }
     let copy = |name: &str, eviction: &str| {
         json!({
-            "source": setup.store("s3://datasets/demo"),
+            "source": setup.store(&format!("s3://datasets/{name}")),
             "destination": {"volume": {"hostPath": format!("/mnt/ferry/{name}")}},
             "capacity": {"reserve": "0", "eviction": eviction},
             "reclaimPolicy": "Delete",

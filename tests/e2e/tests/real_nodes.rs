@@ -11,7 +11,8 @@
 //! 2. A pull onto a hostPath that does not exist on node-a, and that exists
 //!    on node-b owned by root with another user's files in it: both nodes
 //!    end byte-identical to the bucket, fed peer to peer between the two
-//!    pod networks; a re-run copies nothing.
+//!    pod networks; a re-run copies nothing. A second DataStage of the
+//!    same objects links them from the node's shared objects.
 //! 3. A training Job wired by the label, running as a user of its own,
 //!    reads every staged file; a pod using the init-container form
 //!    (`ferry-stager wait` with its projected token) does too.
@@ -82,6 +83,8 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
             "dataStageNamespaces={ml}",
             "--set",
             "allowedHostPaths={/mnt/ferry}",
+            "--set",
+            "sharedHostPaths={/mnt/ferry}",
         ])
         .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()));
     let operator = running_pod(&cluster, &client, SYSTEM_NS, "app.kubernetes.io/name=ferry-operator").await;
@@ -140,6 +143,27 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let changes = rerun.last_sync.clone().unwrap();
     assert_eq!((changes.added.objects, changes.updated.objects), (0, 0), "{rerun:?}");
     assert_eq!(rerun.totals.unwrap().bytes_from_store.unwrap_or(0), 0, "nothing read from the store again");
+
+    // 2b. A second DataStage of the same objects on node-a links the
+    //     first one's files through the shared objects: one copy on the
+    //     disk, nothing read from the store, every file the worker's.
+    let again = json!({
+        "source": {"uri": "s3://datasets/real", "endpoint": endpoint, "credentials": {"name": "s3"}},
+        "destination": {"volume": {"hostPath": "/mnt/ferry/again"}},
+        "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+    });
+    stages.create(&PostParams::default(), &datastage("again", again)).await.unwrap();
+    let linked = finished(&cluster, &stages, "again", 1).await;
+    assert_eq!(linked.totals.clone().unwrap().bytes_from_store.unwrap_or(0), 0, "all linked: {linked:?}");
+    let node_a = cluster.node_dir("node-a").unwrap().join("mnt/ferry");
+    assert!(read_tree(&node_a.join("again")) == read_tree(&node_a.join("data")), "the same files");
+    let (one, two) = (
+        std::fs::metadata(node_a.join("data/weights/model.bin")).unwrap(),
+        std::fs::metadata(node_a.join("again/weights/model.bin")).unwrap(),
+    );
+    assert_eq!(one.ino(), two.ino(), "one file in two directories");
+    let shared = std::fs::metadata(node_a.join(".ferry-shared/objects")).unwrap();
+    assert_eq!((shared.uid(), shared.mode() & 0o777), (65532, 0o755), "the shared objects are the worker's");
 
     // 3. Training pods read what was staged, as a user of their own.
     let expected = checksums(&cluster.node_dir("node-a").unwrap().join("mnt/ferry/data"), &dataset);
