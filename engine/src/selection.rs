@@ -70,6 +70,14 @@ impl Selection {
         self.in_dataset(relative_key) && self.shard.is_none_or(|shard| shard.owns(relative_key))
     }
 
+    /// Whether the object at `relative_key` is this run's shard's, but left
+    /// out of the dataset by include or exclude: what an earlier run with
+    /// another selection may have staged, which this run neither copies
+    /// nor removes but must still account for.
+    pub fn deselects(&self, relative_key: &str) -> bool {
+        !self.in_dataset(relative_key) && self.shard.is_none_or(|shard| shard.owns(relative_key))
+    }
+
     /// Whether the object at `relative_key` is part of the dataset, whichever
     /// shard copies it: what a quota on the whole dataset counts.
     pub fn in_dataset(&self, relative_key: &str) -> bool {

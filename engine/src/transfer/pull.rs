@@ -245,6 +245,14 @@ pub async fn pull(
                     }
                     Err(error) => return Err(TransferError::Manifest(error)),
                 };
+                // A file an earlier run staged from an object this run's
+                // include or exclude leaves out stays where it is, and in
+                // the manifest: a clean-up (a DataStage deleted with
+                // reclaimPolicy Delete) removes it, and the shared objects
+                // it links are not kept alive by a file nothing knows.
+                if let Some(entry) = earlier.as_ref().filter(|_| engine.config.selection.deselects(relative)) {
+                    writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
+                }
                 let Some(planned) = plan_object(&engine, earlier.is_some(), prefix, object) else { continue };
                 if let Some(entry) = earlier.filter(|entry| entry.reusable(destination, &planned.rel, &planned.object)) {
                     writer.record(entry, false).map_err(TransferError::Manifest)?;

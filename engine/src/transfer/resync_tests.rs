@@ -172,3 +172,21 @@ async fn snapshots_are_equal_exactly_when_the_objects_are() {
     assert_ne!(changed.digest, first.digest, "same size, new content: a new version");
     assert_eq!((changed.objects, changed.bytes), (first.objects, first.bytes));
 }
+
+#[tokio::test]
+async fn a_file_a_narrower_selection_leaves_out_stays_known_and_a_clean_up_removes_it() {
+    let store = Arc::new(MemoryStore::default());
+    store.insert("p/a", vec![1; 10]);
+    store.insert("p/b", vec![2; 20]);
+    let dir = tempfile::tempdir().unwrap();
+    pull_all(&store, dir.path(), true).await;
+    // Only `a` now: `b` is neither copied nor removed (it is still in the
+    // store), and stays in the manifest.
+    let only_a = Selection::new(&["a".to_owned()], &[], None).unwrap();
+    let narrower = pull(engine(&store, only_a), "p/", dir.path(), true).await.unwrap();
+    assert_eq!(changes(&narrower), Changes::default());
+    assert_eq!(std::fs::read(dir.path().join("b")).unwrap(), vec![2; 20]);
+    let report = crate::local::clean::clean(dir.path(), None).unwrap();
+    assert_eq!(report.files_removed, 2, "{report:?}");
+    assert!(!dir.path().join("b").exists());
+}
