@@ -557,6 +557,20 @@ pub async fn store_trusting_issuer(
 /// # Panics
 /// When the binary cannot start.
 pub fn start_operator(cluster: &Cluster, log_dir: &Path, name: &str) -> (process::ManagedProcess, String) {
+    start_operator_with(cluster, log_dir, name, &[])
+}
+
+/// [`start_operator`] with `env` set besides (or instead of) its own
+/// variables.
+///
+/// # Panics
+/// When the binary cannot start.
+pub fn start_operator_with(
+    cluster: &Cluster,
+    log_dir: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (process::ManagedProcess, String) {
     let port = ferry_testkit::free_port();
     let mut command = std::process::Command::new(workspace_binary("ferry-operator"));
     command
@@ -575,7 +589,8 @@ pub fn start_operator(cluster: &Cluster, log_dir: &Path, name: &str) -> (process
             "RUST_LOG",
             std::env::var("FERRY_E2E_OPERATOR_LOG")
                 .unwrap_or_else(|_| "info,kube_runtime=warn,kube_client=warn".into()),
-        );
+        )
+        .envs(env.iter().copied());
     let operator = process::ManagedProcess::spawn(name, command, &log_dir.join(format!("{name}.log")))
         .expect("start ferry-operator");
     (operator, format!("http://127.0.0.1:{port}"))

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use clap::Parser as _;
 use ferry_contract::{StagerCli, StagerCommand, Summary};
 use ferry_crds::{DataStage, Phase, StoreBudget};
-use ferry_e2e::{Cluster, create_namespace, install_crd, let_workers_report, start_operator, wait_for};
+use ferry_e2e::{Cluster, create_namespace, install_crd, let_workers_report, start_operator_with, wait_for};
 use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -91,7 +91,10 @@ impl Setup {
         .unwrap();
         Api::<Secret>::namespaced(client.clone(), NAMESPACE).create(&PostParams::default(), &secret).await.unwrap();
         let logs = tempfile::tempdir().unwrap();
-        let (operator, _) = start_operator(&cluster, logs.path(), "operator-1");
+        // Every DataStage pulls the same objects to load the store: with
+        // shared objects on the node, all but the first would link them.
+        let (operator, _) =
+            start_operator_with(&cluster, logs.path(), "operator-1", &[("FERRY_SHARED_HOST_PATHS", "")]);
         Self { cluster, client, s3, files, operator, _logs: logs }
     }
 

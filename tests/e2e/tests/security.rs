@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -412,6 +413,20 @@ fn files_outside(root: &Path, allowed: &[&str]) -> Vec<PathBuf> {
     out
 }
 
+/// The (device, inode) of every file below `dir`.
+fn inodes_below(dir: &Path) -> Vec<(u64, u64)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            found.extend(inodes_below(&entry.path()));
+        } else {
+            found.push((meta.dev(), meta.ino()));
+        }
+    }
+    found
+}
+
 /// How the harness's operator (allow-list `/mnt/ferry`) must treat a hostPath.
 enum HostPathVerdict {
     /// Refused by the CRD's CEL rule (`..` segments).
@@ -553,8 +568,20 @@ async fn object_keys_that_climb_out_of_the_prefix_never_land_outside_the_destina
         }
     }
     // Nothing outside each DataStage's own directory: not beside it
-    // (`keys-sibling`), not above it.
-    let strays = files_outside(&node_a, &["mnt/ferry/s3/keys", "mnt/ferry/gcs/keys"]);
+    // (`keys-sibling`), not above it. The node's shared objects hold only
+    // second names of files inside them (the same inodes).
+    let destinations = ["mnt/ferry/s3/keys", "mnt/ferry/gcs/keys"];
+    let staged_inodes: std::collections::HashSet<(u64, u64)> =
+        destinations.iter().flat_map(|dir| inodes_below(&node_a.join(dir))).collect();
+    let shared = node_a.join("mnt/ferry/.ferry-shared/objects");
+    let strays: Vec<PathBuf> = files_outside(&node_a, &destinations)
+        .into_iter()
+        .filter(|path| {
+            let meta = std::fs::symlink_metadata(path).unwrap();
+            let second_name = path.starts_with(&shared) && staged_inodes.contains(&(meta.dev(), meta.ino()));
+            !second_name
+        })
+        .collect();
     if !strays.is_empty() {
         wrong.push(format!("ESCAPE: files outside the destinations on node-a: {strays:?}"));
     }
