@@ -199,7 +199,8 @@ impl SharedObjects {
     /// Notes a link that failed. Failures every later link would share
     /// (another mount, no hard links there) stop sharing for this run.
     pub fn link_failed(&self, error: &io::Error, path: &Path) {
-        let for_good = matches!(error.raw_os_error(), Some(libc_errno::EXDEV | libc_errno::EPERM | libc_errno::EMLINK))
+        use rustix::io::Errno;
+        let for_good = matches!(Errno::from_io_error(error), Some(Errno::XDEV | Errno::PERM | Errno::MLINK))
             || error.kind() == io::ErrorKind::Unsupported;
         if for_good && self.usable.swap(false, Ordering::Relaxed) {
             tracing::warn!(
@@ -214,17 +215,8 @@ impl SharedObjects {
     }
 }
 
-/// The error numbers that say a link can never work here (the values are
-/// Linux's, where Ferry runs).
-mod libc_errno {
-    pub const EPERM: i32 = 1;
-    pub const EXDEV: i32 = 18;
-    pub const EMLINK: i32 = 31;
-}
-
 /// What [`collect_garbage`] removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Collected {
     /// Object files no directory linked any more, removed.
     pub objects_removed: u64,

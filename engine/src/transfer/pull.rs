@@ -523,24 +523,11 @@ async fn pull_object(
     let key = planned.object.key.clone();
     match result {
         Ok(verified) => {
-            if let Some(fleet) = &engine.fleet {
-                if let Some(etag) = &planned.object.etag {
-                    let path = staging.root().join(planned.rel.as_str());
-                    fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
-                }
-                fleet.staged(&planned.object.key);
-            }
+            placed(engine, staging, &planned);
             engine.tally.transferred(verified);
             if let Verified::As(kind) = verified {
                 engine.metrics.verified(kind);
             }
-            let size = planned.object.size;
-            if planned.known {
-                engine.tally.updated(size)
-            } else {
-                engine.tally.added(size)
-            }
-            engine.tally.in_place(planned.rel.as_str(), planned.version(), size);
             engine.metrics.object(ObjectResult::Transferred);
             tracing::debug!(%key, size = planned.object.size, "staged");
         }
@@ -580,14 +567,13 @@ async fn link_shared(
     planned: &Planned,
 ) -> bool {
     let Some(shared) = engine.shared_objects.get().cloned() else { return false };
-    let path = staging.root().join(planned.rel.as_str());
-    let (staging, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
+    let (area, writer, planned) = (Arc::clone(staging), Arc::clone(writer), planned.clone());
     let linked = engine
         .on_disk(move || {
             let identity = shared_identity(&shared, &planned)?;
             let object = shared.find(&identity)?;
             let committed =
-                commit_and_record(&writer, &planned, None, None, || staging.commit_link(&object, &planned.rel));
+                commit_and_record(&writer, &planned, None, None, || area.commit_link(&object, &planned.rel));
             match committed {
                 Ok(()) => Some(planned),
                 Err(error) => {
@@ -600,23 +586,31 @@ async fn link_shared(
         })
         .await;
     let Some(planned) = linked else { return false };
+    placed(engine, staging, &planned);
+    engine.tally.linked(planned.object.size);
+    engine.metrics.object(ObjectResult::Skipped);
+    tracing::debug!(key = %planned.object.key, size = planned.object.size, "linked from the shared objects");
+    true
+}
+
+/// Accounts for an object this run put in place, fetched or linked: the
+/// fleet may serve it and stops waiting for it, and it is an addition or an
+/// update in the version staged.
+fn placed(engine: &Engine, staging: &StagingArea, planned: &Planned) {
     let size = planned.object.size;
     if let Some(fleet) = &engine.fleet {
         if let Some(etag) = &planned.object.etag {
+            let path = staging.root().join(planned.rel.as_str());
             fleet.catalog.hold(&planned.object.key, path, etag, size);
         }
         fleet.staged(&planned.object.key);
     }
-    engine.tally.linked(size);
     if planned.known {
         engine.tally.updated(size)
     } else {
         engine.tally.added(size)
     }
     engine.tally.in_place(planned.rel.as_str(), planned.version(), size);
-    engine.metrics.object(ObjectResult::Skipped);
-    tracing::debug!(key = %planned.object.key, size, "linked from the shared objects");
-    true
 }
 
 /// Runs `attempt`, the transfer of one whole object, again when its bytes

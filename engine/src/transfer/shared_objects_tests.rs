@@ -145,7 +145,7 @@ async fn a_second_directory_links_what_the_first_fetched_and_each_survives_the_o
 }
 
 #[tokio::test]
-async fn a_shared_directory_on_another_filesystem_or_unusable_costs_space_not_files() {
+async fn an_unusable_shared_directory_costs_space_not_files() {
     let store = Arc::new(MemoryStore::default());
     let total = dataset(&store);
     let node = tempfile::tempdir().unwrap();
