@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::{Run, command, run, write_tree};
 use ferry_engine::store::s3::{DATA_PATH_ENV, S3DataPath};
@@ -121,6 +122,10 @@ async fn assume_role(server: &S3Server) -> (String, String, String) {
             None,
             "test",
         ))
+        // A server that never answers fails the test instead of stalling it.
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder().operation_attempt_timeout(Duration::from_secs(120)).build(),
+        )
         .load()
         .await;
     let assumed = aws_sdk_sts::Client::new(&config)

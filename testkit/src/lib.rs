@@ -32,6 +32,11 @@ use aws_smithy_http_client::tls;
 /// How long a server may take to become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The longest one request of the test client may take: a server that
+/// accepts a connection and never answers fails the test with a timeout
+/// instead of stalling the suite (the SDK has no read timeout of its own).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
+
 /// The repository root (this crate lives in `testkit/`).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit has a parent").to_path_buf()
@@ -357,7 +362,13 @@ impl S3Server {
             .region(Region::new("us-east-1"))
             .endpoint_url(&self.endpoint)
             .force_path_style(true)
-            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testkit"));
+            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testkit"))
+            .timeout_config(
+                aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .operation_attempt_timeout(REQUEST_DEADLINE)
+                    .build(),
+            );
         if let Some(ca_file) = &self.ca_file {
             let ca = std::fs::read(ca_file).expect("read the test CA");
             let trust = tls::TrustStore::empty().with_pem_certificate(ca);

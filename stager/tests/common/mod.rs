@@ -52,19 +52,48 @@ pub fn stager(server: &Store, args: &[&str]) -> Run {
     run(command(server, args))
 }
 
+/// The longest one stager run of these tests may take: the largest moves
+/// tens of MiB over loopback in seconds, so a run still going after this
+/// is stuck, and the test fails with what it printed instead of stalling
+/// the suite.
+pub const RUN_DEADLINE: Duration = Duration::from_secs(300);
+
 /// Runs a prepared stager command to completion, with a summary file.
+///
+/// # Panics
+/// When the run is still going after [`RUN_DEADLINE`] (it is killed first).
 pub fn run(mut cmd: Command) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let summary_path = dir.path().join("summary.json");
+    let stderr_path = dir.path().join("stderr");
     cmd.arg("--summary-file").arg(&summary_path);
+    // stderr goes to a file, not a pipe: waiting with a deadline must not
+    // also have to drain a pipe the child could fill.
+    let stderr_file = std::fs::File::create(&stderr_path).unwrap();
     let started = Instant::now();
-    let output = cmd.stdout(Stdio::null()).output().expect("run ferry-stager");
+    let mut child = cmd.stdout(Stdio::null()).stderr(stderr_file).spawn().expect("run ferry-stager");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for ferry-stager") {
+            break status;
+        }
+        if started.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = std::fs::read(&stderr_path).unwrap_or_default();
+            panic!(
+                "ferry-stager ran past {RUN_DEADLINE:?} and was killed: {cmd:?}\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let elapsed = started.elapsed();
     let summary = std::fs::read(&summary_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(serde_json::Value::Null);
-    Run { status: output.status, stderr: String::from_utf8_lossy(&output.stderr).into_owned(), summary, elapsed }
+    let stderr = std::fs::read(&stderr_path).unwrap();
+    Run { status, stderr: String::from_utf8_lossy(&stderr).into_owned(), summary, elapsed }
 }
 
 /// Writes `files` (relative path → content) below `root`.
