@@ -23,6 +23,8 @@ FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
 export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN
 
 cargo fmt --all --check
+# cargo test must not rebuild what cargo build built (see the script).
+hack/check-features.sh
 # e2e tests run the workspace's binaries (operator, stager) as processes:
 # build them first, so no test ever runs a stale one. --lib builds the Python
 # extension in the same invocation, so its dependencies are compiled once
