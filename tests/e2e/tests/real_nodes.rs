@@ -12,7 +12,9 @@
 //!    on node-b owned by root with another user's files in it: both nodes
 //!    end byte-identical to the bucket, fed peer to peer between the two
 //!    pod networks; a re-run copies nothing. A second DataStage of the
-//!    same objects links them from the node's shared objects.
+//!    same objects links them from the node's shared objects. A hostPath
+//!    that is a symbolic link is resolved when a container starts: a link
+//!    renamed over it switches new pods and leaves running ones alone.
 //! 3. A training Job wired by the label, running as a user of its own,
 //!    reads every staged file; a pod using the init-container form
 //!    (`ferry-stager wait` with its projected token) does too.
@@ -164,6 +166,44 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     assert_eq!(one.ino(), two.ino(), "one file in two directories");
     let shared = std::fs::metadata(node_a.join(".ferry-shared/objects")).unwrap();
     assert_eq!((shared.uid(), shared.mode() & 0o777), (65532, 0o755), "the shared objects are the worker's");
+
+    // 2c. What a versioned cut-over will stand on (docs/design/node-cache.md):
+    //     a hostPath that is a symbolic link is resolved when the container
+    //     starts, so renaming a new link over it switches the pods started
+    //     after, and a running pod keeps reading the tree it started with.
+    let probe = node_a.join("probe");
+    for (version, body) in [("v1", "one"), ("v2", "two")] {
+        std::fs::create_dir_all(probe.join(version)).unwrap();
+        std::fs::write(probe.join(version).join("version"), body).unwrap();
+    }
+    std::fs::create_dir_all(probe.join("signal")).unwrap();
+    std::os::unix::fs::symlink("v1", probe.join("current")).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
+    let reads = "cat /data/version; echo; until [ -e /signal/switched ]; do sleep 0.1; done; cat /data/version";
+    pods.create(&PostParams::default(), &probe_pod("before-switch", reads)).await.unwrap();
+    wait_for(&cluster, "the first pod to read the first version", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move { pods.logs("before-switch", &Default::default()).await.ok().filter(|log| log.contains("one")) }
+    })
+    .await;
+    // As a switch does it: a new link beside the old one, renamed over it.
+    std::os::unix::fs::symlink("v2", probe.join("current.next")).unwrap();
+    std::fs::rename(probe.join("current.next"), probe.join("current")).unwrap();
+    std::fs::write(probe.join("signal/switched"), b"").unwrap();
+    pods.create(&PostParams::default(), &probe_pod("after-switch", "cat /data/version")).await.unwrap();
+    for (pod, expected) in [("before-switch", "one\none"), ("after-switch", "two")] {
+        let log = wait_for(&cluster, &format!("{pod} to end"), Duration::from_secs(120), || {
+            let pods = pods.clone();
+            async move {
+                let phase = pods.get(pod).await.ok()?.status?.phase?;
+                assert_ne!(phase, "Failed", "{pod} failed");
+                (phase == "Succeeded").then_some(())?;
+                pods.logs(pod, &Default::default()).await.ok()
+            }
+        })
+        .await;
+        assert_eq!(log.trim(), expected, "{pod} read another version");
+    }
 
     // 3. Training pods read what was staged, as a user of their own.
     let expected = checksums(&cluster.node_dir("node-a").unwrap().join("mnt/ferry/data"), &dataset);
@@ -396,6 +436,26 @@ fn checksums(dir: &Path, dataset: &BTreeMap<String, Vec<u8>>) -> String {
     let output = std::process::Command::new("sha256sum").args(&keys).current_dir(dir).output().expect("sha256sum");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).unwrap().lines().map(|l| l.replacen("  ", "  /data/", 1) + "\n").collect()
+}
+
+/// A pod on node-a running `script` as the trainer's user, with
+/// `/mnt/ferry/probe/current` (a symbolic link) at `/data` and the probe's
+/// `signal` directory at `/signal`.
+fn probe_pod(name: &str, script: &str) -> Pod {
+    let mut spec = training_pod("", Some("node-a"));
+    spec.as_object_mut().unwrap().remove("initContainers");
+    spec.as_object_mut().unwrap().remove("serviceAccountName");
+    spec["containers"][0]["command"] = json!(["/bin/busybox", "sh", "-c", script]);
+    spec["containers"][0]["volumeMounts"] = json!([
+        {"name": "data", "mountPath": "/data", "readOnly": true},
+        {"name": "signal", "mountPath": "/signal", "readOnly": true},
+    ]);
+    spec["volumes"] = json!([
+        {"name": "data", "hostPath": {"path": "/mnt/ferry/probe/current", "type": "Directory"}},
+        {"name": "signal", "hostPath": {"path": "/mnt/ferry/probe/signal", "type": "Directory"}},
+    ]);
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
 }
 
 /// A trainer: user 1000, restricted-compliant, checking every staged file
