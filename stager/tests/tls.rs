@@ -13,11 +13,10 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use common::{Run, command, run, write_tree};
 use ferry_engine::store::s3::{DATA_PATH_ENV, S3DataPath};
-use ferry_testkit::{S3Server, Store, pattern, read_tree};
+use ferry_testkit::{REQUEST_DEADLINE, S3Server, Store, pattern, read_tree};
 use tempfile::TempDir;
 
 /// A stager command whose S3 data requests take `path`, with `env` added.
@@ -124,7 +123,7 @@ async fn assume_role(server: &S3Server) -> (String, String, String) {
         ))
         // A server that never answers fails the test instead of stalling it.
         .timeout_config(
-            aws_config::timeout::TimeoutConfig::builder().operation_attempt_timeout(Duration::from_secs(120)).build(),
+            aws_config::timeout::TimeoutConfig::builder().operation_attempt_timeout(REQUEST_DEADLINE).build(),
         )
         .load()
         .await;

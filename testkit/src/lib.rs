@@ -32,10 +32,10 @@ use aws_smithy_http_client::tls;
 /// How long a server may take to become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
-/// The longest one request of the test client may take: a server that
+/// The longest one request of a test client may take: a server that
 /// accepts a connection and never answers fails the test with a timeout
 /// instead of stalling the suite (the SDK has no read timeout of its own).
-const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The repository root (this crate lives in `testkit/`).
 pub fn repo_root() -> PathBuf {

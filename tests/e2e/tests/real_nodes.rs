@@ -442,9 +442,8 @@ fn checksums(dir: &Path, dataset: &BTreeMap<String, Vec<u8>>) -> String {
 /// `/mnt/ferry/probe/current` (a symbolic link) at `/data` and the probe's
 /// `signal` directory at `/signal`.
 fn probe_pod(name: &str, script: &str) -> Pod {
-    let mut spec = training_pod("", Some("node-a"));
-    spec.as_object_mut().unwrap().remove("initContainers");
-    spec.as_object_mut().unwrap().remove("serviceAccountName");
+    let mut spec = training_pod("", None);
+    spec["nodeSelector"] = json!({"ferry.dev/e2e-node": "node-a"});
     spec["containers"][0]["command"] = json!(["/bin/busybox", "sh", "-c", script]);
     spec["containers"][0]["volumeMounts"] = json!([
         {"name": "data", "mountPath": "/data", "readOnly": true},
