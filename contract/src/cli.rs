@@ -96,6 +96,20 @@ pub enum StagerCommand {
         #[arg(long, value_name = "DIR")]
         shared_objects: Option<PathBuf>,
     },
+    /// Make version DIGEST of a versioned DIR current (one rename: a reader sees the old version or the new one, whole), then remove the versions neither current nor kept.
+    Switch {
+        /// The versioned directory (what `pull --versions` staged into).
+        directory: PathBuf,
+        /// The version to make current: its snapshot digest (built by `pull --versions build`, or already held).
+        #[arg(long, value_name = "DIGEST")]
+        to: crate::versions::SnapshotDigest,
+        /// Versions to keep beside it (pods may still read them); every other one is removed.
+        #[arg(long, value_name = "DIGEST")]
+        keep: Vec<crate::versions::SnapshotDigest>,
+        /// The shared-objects directory the versions link into, when not the directory's own.
+        #[arg(long, value_name = "DIR")]
+        shared_objects: Option<PathBuf>,
+    },
     /// Make a node-local DIR usable by the unprivileged worker user before it runs (needs CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER, nothing else; symlinks are never followed).
     Prepare {
         /// The directory (created if missing).
@@ -165,6 +179,15 @@ impl StagerCli {
                 option(&mut args, "--shared-objects", shared_objects.as_ref().map(|p| p.display().to_string()));
                 vec![directory.display().to_string()]
             }
+            StagerCommand::Switch { directory, to, keep, shared_objects } => {
+                args.push("switch".to_owned());
+                option(&mut args, "--to", Some(to));
+                for digest in keep {
+                    option(&mut args, "--keep", Some(digest));
+                }
+                option(&mut args, "--shared-objects", shared_objects.as_ref().map(|p| p.display().to_string()));
+                vec![directory.display().to_string()]
+            }
             StagerCommand::Prepare { directory, purpose, owner, shared_objects } => {
                 args.push("prepare".to_owned());
                 option(&mut args, "--for", Some(value_name(*purpose)));
@@ -205,6 +228,7 @@ impl TransferOptions {
         option(args, "--memory-limit", Some(&o.memory_limit));
         option(args, "--write-buffer", Some(&o.write_buffer));
         switch(args, "--delete-removed", o.delete_removed);
+        option(args, "--versions", o.versions.map(value_name));
         option(args, "--capacity-reserve", Some(&o.capacity_reserve));
         switch(args, "--no-capacity-check", o.no_capacity_check);
         option(args, "--dataset-quota", o.dataset_quota.as_ref());
@@ -244,6 +268,7 @@ mod tests {
     use crate::disk::CapacityClaims;
     use crate::peers::{PeerAddress, PeerOptions};
     use crate::size::{ByteSize, CapacityReserve};
+    use crate::versions::VersionsMode;
     use clap::{CommandFactory as _, FromArgMatches as _};
     use proptest::prelude::*;
     use std::net::SocketAddr;
@@ -304,6 +329,7 @@ mod tests {
             size(),
             size(),
             any::<bool>(),
+            proptest::option::of(prop_oneof![Just(VersionsMode::Build), Just(VersionsMode::Switch)]),
         );
         let reporting = (
             proptest::option::of((any::<[u8; 4]>(), 1u16..).prop_map(|(ip, port)| SocketAddr::from((ip, port)))),
@@ -376,6 +402,7 @@ mod tests {
                 memory_limit,
                 write_buffer,
                 delete_removed,
+                versions,
             ) = tuning;
             let (metrics_addr, summary_file, termination_log, max_bandwidth, report_to, worker, node_name) = reporting;
             // --report-to needs --worker.
@@ -403,6 +430,7 @@ mod tests {
                 memory_limit,
                 write_buffer,
                 delete_removed,
+                versions,
                 capacity_reserve,
                 no_capacity_check,
                 dataset_quota,
@@ -454,6 +482,18 @@ mod tests {
             ("/[a-z0-9/]{1,20}", proptest::option::of("/[a-z0-9/.-]{1,20}")).prop_map(|(directory, shared)| {
                 StagerCommand::Clean { directory: directory.into(), shared_objects: shared.map(PathBuf::from) }
             }),
+            (
+                "/[a-z0-9/]{1,20}",
+                "[0-9a-f]{32}",
+                proptest::collection::vec("[0-9a-f]{32}", 0..3),
+                proptest::option::of("/[a-z0-9/.-]{1,20}")
+            )
+                .prop_map(|(directory, to, keep, shared)| StagerCommand::Switch {
+                    directory: directory.into(),
+                    to: to.parse().unwrap(),
+                    keep: keep.iter().map(|d| d.parse().unwrap()).collect(),
+                    shared_objects: shared.map(PathBuf::from),
+                }),
             (
                 "/[a-z0-9/]{1,20}",
                 prop_oneof![Just(Purpose::Pull), Just(Purpose::Push)],

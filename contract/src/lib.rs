@@ -3,8 +3,9 @@
 //! feature, the stager's command line over it (`cli`), the sizes it takes ([`size`],
 //! the same grammar the DataStage CRD admits), its exit codes ([`exit`]),
 //! the reasons it gives for a run that could not proceed ([`reason`]), what
-//! it found of its destination's filesystem ([`disk`]) and the summary it
-//! leaves behind ([`summary`]).
+//! it found of its destination's filesystem ([`disk`]), the summary it
+//! leaves behind ([`summary`]) and the layout of versioned directories
+//! ([`versions`]).
 //!
 //! Nothing here talks to Kubernetes or to a store: the crate is small so
 //! that the CRD types, the operator, the engine and the Python package can
@@ -23,6 +24,7 @@ pub mod peers;
 pub mod reason;
 pub mod size;
 pub mod summary;
+pub mod versions;
 
 pub use budget::StoreShare;
 #[cfg(feature = "cli")]
@@ -35,6 +37,7 @@ pub use peers::{PeerCounts, PeerGroup, PeerOptions};
 pub use reason::Reason;
 pub use size::{ByteSize, CapacityReserve};
 pub use summary::{Snapshot, SnapshotBuilder, Summary};
+pub use versions::{SnapshotDigest, VersionsMode};
 
 /// Makes a schema's unsigned integer formats ones the Kubernetes API server
 /// knows. schemars writes `uint64` and `uint32`, which the API server

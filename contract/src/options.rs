@@ -105,6 +105,13 @@ pub struct TransferOptions {
     /// store (files changed since they were staged, and files Ferry did not write, stay).
     #[cfg_attr(feature = "cli", arg(long))]
     pub delete_removed: bool,
+    /// Pull only: keep versions instead of updating DIR in place. The run builds the new
+    /// version beside the current one (files already held by a kept version are linked,
+    /// not fetched); readers mount DIR/current, a link that changes in one rename, so a
+    /// reader sees one version whole. `switch` makes it current when complete; `build`
+    /// leaves that to `ferry-stager switch` (the operator's choice, once every node holds it).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, value_name = "WHEN"))]
+    pub versions: Option<crate::versions::VersionsMode>,
     /// Pull only: free space to leave on the destination's filesystem beyond what the run
     /// writes, a size or a percentage of the filesystem's size (10%); a pull that would
     /// not leave it fails before writing (InsufficientCapacity).
@@ -198,6 +205,7 @@ impl Default for TransferOptions {
             memory_limit: DEFAULT_MEMORY_LIMIT.parse().expect("a valid default"),
             write_buffer: "1MiB".parse().expect("a valid default"),
             delete_removed: false,
+            versions: None,
             capacity_reserve: DEFAULT_CAPACITY_RESERVE.parse().expect("a valid default"),
             no_capacity_check: false,
             dataset_quota: None,

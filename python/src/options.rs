@@ -16,8 +16,9 @@ use pyo3::types::PyDict;
 /// Options of the CLI that make no sense in-process: they write files or
 /// report to Kubernetes on the CLI's behalf.
 /// `peers` stands for the `--peer-*` flags: fleet staging is between worker pods;
-/// `capacity_claimed` is what the operator tells a worker of others on its node.
-const CLI_ONLY: [&str; 8] = [
+/// `capacity_claimed` is what the operator tells a worker of others on its node;
+/// `versions` builds and switches trees with the stager's `switch` (not in-process yet).
+const CLI_ONLY: [&str; 9] = [
     "metrics_addr",
     "summary_file",
     "termination_log",
@@ -26,6 +27,7 @@ const CLI_ONLY: [&str; 8] = [
     "node_name",
     "peers",
     "capacity_claimed",
+    "versions",
 ];
 
 /// Every keyword argument a call takes besides its positionals.
@@ -144,6 +146,7 @@ fn every_option_is_considered(options: TransferOptions) {
         memory_limit: _,
         write_buffer: _,
         delete_removed: _,
+        versions: _,
         capacity_reserve: _,
         no_capacity_check: _,
         dataset_quota: _,

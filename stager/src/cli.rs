@@ -21,6 +21,24 @@ use ferry_engine::transfer::tally::{Failure, Operation, Summary, one_line};
 use ferry_engine::transfer::{Engine, TransferConfig, TransferError, pull, push};
 
 use crate::progress::Progress;
+use ferry_contract::versions::VersionsMode;
+use ferry_engine::local::versions::{Switched, VersionedDir, VersionsError};
+
+fn announce_switch(directory: &Path, switched: &Switched) {
+    let name = |digest: &Option<ferry_contract::SnapshotDigest>| {
+        digest.as_ref().map_or_else(|| "nothing".to_owned(), ToString::to_string)
+    };
+    eprintln!(
+        "ferry-stager: '{}' current: {} (was {}){}; removed {} versions, {} objects ({} bytes) no version links any more",
+        directory.display(),
+        name(&switched.to),
+        name(&switched.from),
+        if switched.sealed { "" } else { ", already on disk: nothing copied" },
+        switched.removed.len(),
+        switched.collected.objects_removed,
+        switched.collected.bytes_freed
+    );
+}
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
@@ -69,6 +87,26 @@ pub async fn run(cli: Cli) -> ExitCode {
                 Err(error) => {
                     eprintln!("ferry-stager: clean failed: {}", ferry_engine::error_chain(&error));
                     ExitStatus::Incomplete.into()
+                }
+            }
+        }
+        Command::Switch { directory, to, keep, shared_objects } => {
+            let versions = VersionedDir::new(directory);
+            match versions.switch(to, keep, shared_objects.as_deref()) {
+                Ok(switched) => {
+                    println!("{}", serde_json::to_string(&switched).expect("the report serializes"));
+                    announce_switch(directory, &switched);
+                    ExitStatus::Success.into()
+                }
+                Err(error) => {
+                    eprintln!("ferry-stager: switch failed: {}", ferry_engine::error_chain(&error));
+                    match error {
+                        // Another attempt finds the same directory.
+                        VersionsError::NoSuchVersion { .. }
+                        | VersionsError::NotWhatWasBuilt { .. }
+                        | VersionsError::NotALink(_) => ExitStatus::RunRefused.into(),
+                        VersionsError::Busy(_) | VersionsError::Io { .. } => ExitStatus::RunFailed.into(),
+                    }
                 }
             }
         }
@@ -152,7 +190,35 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
 }
 
 async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Result<Summary, TransferError> {
-    let config = TransferConfig::from_options(options)?;
+    let mut config = TransferConfig::from_options(options)?;
+    // A versioned pull builds beside the current version, linking what the
+    // versions already hold (their own objects, or the node's shared ones).
+    let versioned = match (job, options.versions) {
+        (Transfer::Pull { source, destination }, Some(mode)) => {
+            if mode == VersionsMode::Switch && config.selection.shard().is_some() {
+                return Err(TransferError::Config(
+                    "--versions switch needs the whole dataset: a shard cannot tell whether the version is complete; use --versions build and `ferry-stager switch` once every shard is done".into(),
+                ));
+            }
+            let versions = VersionedDir::new(destination);
+            let inputs = format!("{source}\n{:?}\n{:?}\n{:?}", options.include, options.exclude, options.endpoint_url);
+            let building = tokio::task::spawn_blocking({
+                let versions = versions.clone();
+                move || versions.prepare_build(&inputs)
+            })
+            .await
+            .expect("preparing the build panicked")
+            .map_err(|error| TransferError::Config(ferry_engine::error_chain(&error)))?;
+            if config.shared_objects.is_none() {
+                config.shared_objects = Some(ferry_engine::transfer::SharedObjectsDir {
+                    dir: versions.versions_dir().to_owned(),
+                    endpoint: options.endpoint_url.clone(),
+                });
+            }
+            Some((versions, building, mode))
+        }
+        _ => None,
+    };
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = options.metrics_addr {
         let bound = crate::metrics_endpoint::serve(addr, Arc::clone(&metrics))
@@ -195,9 +261,19 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         .clone()
         .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine), peering.clone())));
     let mut result = match job {
-        Transfer::Pull { source, destination } => {
-            pull::pull(engine, &source.prefix, destination, options.delete_removed).await
-        }
+        Transfer::Pull { source, destination } => match &versioned {
+            // The build is a directory of its own that only this version
+            // fills: what left the store leaves it.
+            Some((versions, building, mode)) => {
+                pull::pull(engine, &source.prefix, building, true).await.and_then(|summary| {
+                    if *mode == VersionsMode::Switch {
+                        switch_after_build(versions, &summary, options.shared_objects.as_deref())?;
+                    }
+                    Ok(summary)
+                })
+            }
+            None => pull::pull(engine, &source.prefix, destination, options.delete_removed).await,
+        },
         Transfer::Push { source, destination, require_files } => {
             push::push(engine, source, &destination.prefix).await.and_then(|summary| {
                 // Refused files make the run incomplete on their own.
@@ -224,6 +300,24 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         crate::report::withdraw(target, &engine_for_report).await;
     }
     result
+}
+
+/// `pull --versions switch`: makes the version just built current, keeping
+/// the one it replaces (a reader may still have it open).
+fn switch_after_build(versions: &VersionedDir, summary: &Summary, shared: Option<&Path>) -> Result<(), TransferError> {
+    let Some(snapshot) = summary.snapshot.as_ref().filter(|_| summary.complete) else {
+        tracing::warn!("the version is incomplete: the current one stays");
+        return Ok(());
+    };
+    let refused = |error: VersionsError| TransferError::Config(ferry_engine::error_chain(&error));
+    let digest = snapshot
+        .digest
+        .parse()
+        .map_err(|e: ferry_contract::versions::NotADigest| TransferError::Config(e.to_string()))?;
+    let keep: Vec<_> = versions.current().map_err(refused)?.into_iter().collect();
+    let switched = versions.switch(&digest, &keep, shared).map_err(refused)?;
+    announce_switch(&versions.versions_dir().parent().unwrap_or(Path::new(".")), &switched);
+    Ok(())
 }
 
 fn write_summary(path: Option<&PathBuf>, summary: &Summary) {

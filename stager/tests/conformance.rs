@@ -1024,6 +1024,154 @@ async fn a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_
     assert!(leftover_temp_files(small.path()).is_empty(), "{:?}", leftover_temp_files(small.path()));
 }
 
+/// Bytes of the distinct files below `root` (hard links counted once), as
+/// `du` counts them.
+fn distinct_bytes(root: &Path) -> u64 {
+    fn visit(dir: &Path, seen: &mut BTreeSet<u64>) -> u64 {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut bytes = 0;
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let meta = entry.path().symlink_metadata().unwrap();
+            if meta.is_dir() {
+                bytes += visit(&entry.path(), seen);
+            } else if meta.is_file() && seen.insert(meta.ino()) {
+                bytes += meta.len();
+            }
+        }
+        bytes
+    }
+    visit(root, &mut BTreeSet::new())
+}
+
+/// Bytes of Ferry's own files below `root`: manifests, and what the
+/// versions directory notes beside its trees.
+fn state_bytes(root: &Path) -> u64 {
+    fn visit(dir: &Path, in_state: bool) -> u64 {
+        let mut bytes = 0;
+        let notes = dir.file_name().is_some_and(|name| name == ".ferry-versions");
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let meta = entry.path().symlink_metadata().unwrap();
+            let in_state = in_state || entry.file_name() == ".ferry" || (notes && meta.is_file());
+            if meta.is_dir() {
+                bytes += visit(&entry.path(), in_state);
+            } else if meta.is_file() && in_state {
+                bytes += meta.len();
+            }
+        }
+        bytes
+    }
+    visit(root, false)
+}
+
+async fn versions_switch_whole_share_unchanged_files_and_a_change_back_copies_nothing(backend: Backend) {
+    let server = Store::start(backend);
+    server.create_bucket("models").await;
+    let v1 = {
+        let mut files = small_files("shards", 40, 60);
+        files.insert("weights.bin".into(), pattern(61, 12 * MIB));
+        files
+    };
+    put_tree(&server, "models", "llama/v1/", &v1).await;
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+    let current = dst.path().join("current");
+    let pull = |prefix: &str| {
+        let uri = server.uri(&format!("models/llama/{prefix}"));
+        stager(&server, &["pull", uri.as_str(), dir, "--versions", "switch", "--max-bandwidth", "64MiB"])
+    };
+
+    let first = pull("v1");
+    first.assert_ok();
+    let d1 = snapshot(&first).digest;
+    assert_eq!(read_tree(&current), v1);
+    // A reader that resolved `current` before the switch (as a container's
+    // mount does) keeps the whole old version.
+    let v1_tree = std::fs::canonicalize(&current).unwrap();
+
+    // A re-sync of the same prefix with one object changed and one added:
+    // only those are fetched, the rest are links to v1's files.
+    let change = BTreeMap::from([
+        ("shards/0003.bin".to_owned(), pattern(62, 4321)),
+        ("tokenizer.json".to_owned(), b"{}".to_vec()),
+    ]);
+    put_tree(&server, "models", "llama/v1/", &change).await;
+    let mut v1b = v1.clone();
+    v1b.extend(change);
+    let resync = pull("v1");
+    resync.assert_ok();
+    assert_eq!(resync.transferred(), 2, "{:#}", resync.summary);
+    assert_eq!(read_tree(&current), v1b);
+    assert_eq!(read_tree(&v1_tree), v1, "the version a reader holds never changes");
+    let changed = (4321 + 2) as u64;
+    let total: u64 = v1.values().map(|d| d.len() as u64).sum();
+    assert!(
+        distinct_bytes(dst.path()) <= total + changed + state_bytes(dst.path()),
+        "two versions take {} bytes on disk; one is {total}, the change {changed}",
+        distinct_bytes(dst.path())
+    );
+    let d1b = snapshot(&resync).digest;
+
+    // Killed while building v2 (another prefix, all new keys): current is
+    // still v1b, whole; the next run resumes and switches.
+    let mut v2 = v1b.clone();
+    v2.insert("weights.bin".into(), pattern(63, 12 * MIB));
+    put_tree(&server, "models", "llama/v2/", &v2).await;
+    let uri = server.uri("models/llama/v2");
+    let mut child = command(&server, &["pull", uri.as_str(), dir, "--versions", "switch", "--max-bandwidth", "4MiB"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let building = dst.path().join(".ferry-versions/building");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !building.join(".ferry/tmp").exists() || read_tree(&building).len() < 10 {
+        assert!(Instant::now() < deadline, "the build made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the build finished before it could be interrupted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert_eq!(read_tree(&current), v1b, "a killed build leaves the current version whole");
+    let second = pull("v2");
+    second.assert_ok();
+    assert!(second.skipped() >= 10, "the build resumed: {:#}", second.summary);
+    assert_eq!(read_tree(&current), v2);
+    let d2 = snapshot(&second).digest;
+
+    // Back to v1 (its tree, v1b, is still there: it was current until now
+    // and is kept): nothing is fetched.
+    let back = pull("v1");
+    back.assert_ok();
+    assert_eq!(back.transferred(), 0, "{:#}", back.summary);
+    assert_eq!(back.summary["bytes"]["transferred"].as_u64(), Some(0));
+    assert_eq!(snapshot(&back).digest, d1b);
+    assert_eq!(read_tree(&current), v1b);
+
+    // `switch` drops what is not kept; a version no longer on disk is
+    // refused with what to do, and current stays.
+    let switch = |args: &[&str]| {
+        let out = std::process::Command::new(common::STAGER).arg("switch").args(args).arg(dir).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = switch(&["--to", &d1b, "--keep", &d2]);
+    assert_eq!(code, 0, "{stderr}");
+    let trees = |path: &Path| std::fs::read_dir(path.join(".ferry-versions/trees")).unwrap().count();
+    assert_eq!(trees(dst.path()), 2, "v1b and v2");
+    let (code, stderr) = switch(&["--to", &d1]);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("holds no version"), "{stderr}");
+    assert_eq!(read_tree(&current), v1b);
+    let (code, stderr) = switch(&["--to", &d1b]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(trees(dst.path()), 1);
+    let v1b_bytes: u64 = v1b.values().map(|d| d.len() as u64).sum();
+    assert_eq!(distinct_bytes(dst.path()), v1b_bytes + state_bytes(dst.path()), "what v2 alone held is gone");
+
+    // A clean-up removes every version, the link and the objects.
+    let clean = std::process::Command::new(common::STAGER).args(["clean", dir]).output().unwrap();
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stderr));
+    assert_eq!(std::fs::read_dir(dst.path()).unwrap().count(), 0);
+}
+
 /// Runs each listed test against every backend, as `minio::NAME` and `gcs::NAME`.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
@@ -1064,4 +1212,5 @@ conformance!(
     a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind,
     a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs,
     a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
+    versions_switch_whole_share_unchanged_files_and_a_change_back_copies_nothing,
 );

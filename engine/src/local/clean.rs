@@ -86,7 +86,8 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Removes what pulls staged into `root`; with the pulls' `shared_objects`
+/// Removes what pulls staged into `root` (every version of a versioned
+/// directory, see [`super::versions`]); with the pulls' `shared_objects`
 /// directory, then the objects there that no directory links any more.
 ///
 /// # Errors
@@ -99,6 +100,19 @@ pub fn clean(root: &Path, shared_objects: Option<&Path>) -> Result<CleanReport, 
         return Err(CleanError::Busy(root.to_owned()));
     }
     let mut report = CleanReport::default();
+    // A versioned directory: its versions, their link and their objects.
+    if super::versions::VersionedDir::exists(root) {
+        let versions = super::versions::VersionedDir::new(root);
+        if super::staging::live_runs(&versions.building()) > 0 {
+            return Err(CleanError::Busy(root.to_owned()));
+        }
+        let (files, bytes) = versions.remove_all().map_err(|error| CleanError::Remove {
+            path: versions.versions_dir().to_owned(),
+            source: std::io::Error::other(error.to_string()),
+        })?;
+        report.files_removed += files;
+        report.bytes_freed += bytes;
+    }
     let mut remover = Remover::new(root, Directories::Remove);
     // Manifests from before they were sorted are sorted here first; the
     // scratch files go with the state directory below.

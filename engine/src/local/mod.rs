@@ -3,8 +3,8 @@
 //! place, the manifest of what has been staged, large objects downloaded
 //! part way and kept across runs, walking a directory for a push and the
 //! state that lets a push resume, removing what was staged, removing what
-//! a pull staged from objects that left the store, and the store of objects
-//! that directories on one filesystem share.
+//! a pull staged from objects that left the store, the store of objects
+//! that directories on one filesystem share, and versions of a directory.
 
 pub mod clean;
 pub mod manifest;
@@ -16,6 +16,7 @@ pub mod push_state;
 pub mod shared_objects;
 pub mod sorted;
 pub mod staging;
+pub mod versions;
 pub mod walk;
 
 /// Name of the directory, directly under the destination, that holds the
