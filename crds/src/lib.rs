@@ -59,14 +59,18 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.idleSeconds) || (has(self.capacity.eviction) && self.capacity.eviction == 'WhenSpaceIsNeeded')").message("spec.capacity.idleSeconds evicts copies no pod used for that long; it needs spec.capacity.eviction: WhenSpaceIsNeeded"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.eviction) || self.capacity.eviction == 'Never' || (has(self.destination.volume) && has(self.destination.volume.hostPath))").message("spec.capacity.eviction removes a node's copy of a pull onto a hostPath; a persistentVolumeClaim holds the only copy: remove eviction or set it to Never"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
+#[x_kube(validation = Rule::new("self.source == oldSelf.source || (has(self.updateStrategy) && self.updateStrategy == 'Versioned' && has(self.source.uri))").message("spec.source is immutable unless spec.updateStrategy is Versioned (which stages the new source beside the current version and switches when every node holds it); create a new DataStage to stage other data"))]
+#[x_kube(validation = Rule::new("(has(self.updateStrategy) ? self.updateStrategy : 'InPlace') == (has(oldSelf.updateStrategy) ? oldSelf.updateStrategy : 'InPlace')").message("spec.updateStrategy is immutable: the two strategies lay the volume out differently; create a new DataStage"))]
+#[x_kube(validation = Rule::new("!has(self.updateStrategy) || self.updateStrategy == 'InPlace' || has(self.source.uri)").message("spec.updateStrategy Versioned applies to pulls (versions of what is staged onto the volume); a push writes to object storage: remove updateStrategy"))]
 #[serde(rename_all = "camelCase")]
 pub struct DataStageSpec {
     /// Where the data comes from: object storage (`uri`) for a pull, a
-    /// volume for a push. Immutable. A push from a `hostPath` reads one
+    /// volume for a push. Immutable, except for a pull with
+    /// `updateStrategy: Versioned`, which stages the new source as a new
+    /// version (its object-storage fields may change; it stays a pull). A push from a `hostPath` reads one
     /// node's directory: `placement` must select exactly one node (the
     /// DataStage waits with reason `AmbiguousPushSource` while it selects
     /// several), so two nodes never race to write the same keys.
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.source is immutable; create a new DataStage to stage other data"))]
     pub source: Location,
 
     /// Where the data goes: a volume for a pull, object storage (`uri`) for
@@ -171,6 +175,33 @@ pub struct DataStageSpec {
     /// Pause scheduled syncs (a run already going finishes). Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<bool>,
+
+    /// How a pull brings a new version of its data onto the volume (a
+    /// scheduled re-sync that finds changes, a changed include or exclude,
+    /// or, with `Versioned`, a changed source). Immutable. The schema shows
+    /// [`UpdateStrategy`]'s description here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+}
+
+/// `InPlace` (default): files are replaced one by one, each by an atomic
+/// rename; a reader that opens several files during a sync can get some of
+/// each version. `Versioned`: the new version is staged beside the current
+/// one (files it shares with a version on the node are hard links, not
+/// copies), and once every node holds it, each node switches in one rename
+/// of the link `DIR/current`. Pods the webhook wires mount `DIR/current`:
+/// a running pod keeps reading the version it started with, whole; a pod
+/// started after the switch gets the new one. The previous version is kept
+/// while a pod that started before the switch runs, then removed; a change
+/// back to a version still on the nodes copies nothing. Status:
+/// `status.versions`. Pulls only.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UpdateStrategy {
+    /// Replace files one by one, each atomically.
+    #[default]
+    InPlace,
+    /// Stage each version beside the current one and switch whole.
+    Versioned,
 }
 
 /// One side of a transfer: object storage or a volume, never both.
@@ -587,6 +618,11 @@ pub struct DataStageStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_retries: Option<i64>,
 
+    /// `updateStrategy: Versioned`: the version pods get now and the one
+    /// before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<VersionsStatus>,
+
     /// While workers run against a bucket with a StoreBudget: the budget,
     /// and each worker's share of it now. The operator writes it as workers
     /// start and finish; every worker reads it back while it reports.
@@ -628,6 +664,33 @@ pub struct SnapshotStatus {
     /// size: equal digests mean identical datasets. `ferry-stager wait
     /// --snapshot DIGEST` waits for it.
     pub digest: String,
+}
+
+/// The versions of a `Versioned` pull on its nodes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionsStatus {
+    /// The version pods get now (its snapshot digest): current on every
+    /// node that holds the data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    /// The source `current` was staged from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_source: Option<String>,
+    /// The version before `current`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// The source `previous` was staged from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_source: Option<String>,
+    /// Whether `previous` is still on the nodes: kept while a pod that
+    /// started before the switch runs, then removed (a change back to it
+    /// while it is kept copies nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_kept: Option<bool>,
+    /// When `current` became current on every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_time: Option<Time>,
 }
 
 /// Totals over all workers.

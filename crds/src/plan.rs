@@ -81,6 +81,13 @@ impl<'a> Plan<'a> {
 }
 
 impl DataStageSpec {
+    /// Whether this is a pull that keeps versions (`updateStrategy:
+    /// Versioned`): pods mount `DIR/current`, and new versions are switched
+    /// to whole.
+    pub fn versioned(&self) -> bool {
+        self.source.uri.is_some() && self.update_strategy == Some(crate::UpdateStrategy::Versioned)
+    }
+
     /// What this spec means.
     ///
     /// # Errors

@@ -473,6 +473,11 @@ async fn carry_out(
         workers_to_start(workers, &existing, recorded, run.number).into_iter().cloned().collect();
     let (mut created, mut failed) = (Vec::new(), None);
     let mut held_by_quota = BTreeMap::new();
+    // A versioned pull's workers build where a switch or prune Job still
+    // at work would move their directory away: they start after it.
+    if !starting.is_empty() && ds.spec.versioned() && versions_jobs_at_work(ds, ctx) {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
     if !starting.is_empty() {
         // A new DataStage waits for its Jobs as long as the requests made
         // before them one after another, each queued behind all else the
@@ -560,6 +565,11 @@ async fn carry_out(
         let note = status.conditions.first().map(|c| c.message.clone()).unwrap_or_default();
         publish(ctx, ds, EventType::Normal, reasons::RESYNCING, note, "Sync").await;
     }
+    let versioning = if ds.spec.versioned() && plan.direction == Direction::Pull {
+        advance_versions(ds, ctx, plan, workers, &run, &mut status, &now).await
+    } else {
+        Versioning::default()
+    };
     let evicting = match &in_use {
         Some(in_use) => evict(ds, ctx, plan, in_use, &mut status, &now).await,
         None => Evicting::default(),
@@ -570,8 +580,11 @@ async fn carry_out(
     ctx.metrics.observe(&namespace, &name, Some(DataStageProgress::of(&status)));
     update_status(ds, ctx, status).await?;
     evicting.carry_out(ds, ctx).await?;
+    versioning.carry_out(ds, ctx).await?;
     Ok(match (phase, next_sync) {
         _ if resync => Action::requeue(Duration::from_millis(500)),
+        // Switch and prune Jobs are watched; this guards a missed event.
+        _ if versioning.pending => Action::requeue(Duration::from_secs(5)),
         // A clean-up Job of an evicted copy is not watched: look again soon.
         _ if evicting.pending => Action::requeue(Duration::from_secs(2)),
         // Keep lastUsedTime current while pods use the data, and evict an
@@ -598,6 +611,135 @@ async fn carry_out(
         }
         _ => Action::await_change(),
     })
+}
+
+/// Whether a switch or prune Job of `ds` has not finished.
+fn versions_jobs_at_work(ds: &DataStage, ctx: &Context) -> bool {
+    let namespace = ds.namespace().unwrap_or_default();
+    Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), crate::versions::VERSIONS_LABEL)
+        .iter()
+        .any(|job| !status::job_phase(Some(job)).is_finished())
+}
+
+/// What a versioned pull's next step (see [`crate::versions`]) leaves to
+/// do once the status that records it is written.
+#[derive(Default)]
+struct Versioning {
+    /// Switch or prune Jobs to create.
+    create: Vec<Job>,
+    /// Jobs of a step every place completed, to delete.
+    delete: Vec<String>,
+    /// Events to publish: (type, reason, note).
+    events: Vec<(EventType, &'static str, String)>,
+    /// A step is under way.
+    pending: bool,
+}
+
+/// Decides the next step of a versioned pull and follows its Jobs, one
+/// per place: a switch once the run succeeded with one snapshot (the
+/// DataStage stays Running until every place switched, so the gate lets
+/// no pod through before), a prune once no pod may read the previous
+/// version. Records in `status` what completed.
+async fn advance_versions(
+    ds: &DataStage,
+    ctx: &Context,
+    plan: &Plan<'_>,
+    workers: &[Worker],
+    run: &Run,
+    status: &mut DataStageStatus,
+    now: &Time,
+) -> Versioning {
+    use crate::versions::{Step, VERSIONS_LABEL};
+    let mut versioning = Versioning::default();
+    let older_in_use = {
+        let pods = ctx.caches.pods.state();
+        crate::versions::older_version_in_use(ds, pods.iter().map(|pod| &**pod))
+    };
+    let step = crate::versions::next_step(status, run.number, older_in_use);
+    if step == Step::Idle {
+        return versioning;
+    }
+    let namespace = ds.namespace().unwrap_or_default();
+    let existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), VERSIONS_LABEL);
+    // Every place that holds the run's data: an evicted copy has none.
+    let evicted = |worker: &Worker| status.workers.iter().any(|w| w.name == worker.name && w.evicted.is_some());
+    let places: Vec<&Worker> = workers.iter().filter(|worker| !evicted(worker)).collect();
+    let defaults = ctx.config.worker_defaults();
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for worker in &places {
+        let Some(job) = crate::versions::build_job(ds, plan, worker, run.number, &step, &defaults) else { continue };
+        match existing.iter().find(|found| found.name_any() == job.name_any()) {
+            None => versioning.create.push(job),
+            Some(found) => match status::job_phase(Some(found)) {
+                Phase::Succeeded => done.push(found.name_any()),
+                Phase::Failed => failed.push(found.name_any()),
+                Phase::Pending | Phase::Running => {}
+            },
+        }
+    }
+    let what = match &step {
+        Step::Switch { to, .. } => format!("version {}", &to.as_str()[..8]),
+        Step::Prune { .. } | Step::Idle => "previous version".to_owned(),
+    };
+    if done.len() == places.len() {
+        let before = status.versions.clone().unwrap_or_default();
+        crate::versions::completed(status, &step, plan.uri, now);
+        let note = match &step {
+            Step::Switch { to, .. } => format!(
+                "{} nodes switched to version {to} of {}; {}",
+                places.len(),
+                plan.uri,
+                before.current.map_or_else(
+                    || "the first version".to_owned(),
+                    |old| format!("version {old} stays while pods that started before use it")
+                )
+            ),
+            Step::Prune { .. } | Step::Idle => format!(
+                "removed version {} from {} nodes: no pod that started before the switch runs",
+                before.previous.unwrap_or_default(),
+                places.len()
+            ),
+        };
+        let reason = if matches!(step, Step::Switch { .. }) { reasons::SWITCHED } else { reasons::VERSION_REMOVED };
+        versioning.events.push((EventType::Normal, reason, note));
+        versioning.delete = done;
+        return versioning;
+    }
+    versioning.pending = failed.is_empty();
+    if let Some(job) = failed.first() {
+        let message = format!(
+            "Job {job} could not switch its node to {what}; the nodes keep what they had (see the Job's pod log); delete the Job to try again"
+        );
+        versioning.events.push((EventType::Warning, reasons::SWITCH_FAILED, message.clone()));
+        if matches!(step, Step::Switch { .. }) {
+            status.phase = Some(Phase::Failed);
+            status.conditions = status::conditions(ds, Phase::Failed, reasons::SWITCH_FAILED, &message, now);
+        }
+    } else if matches!(step, Step::Switch { .. }) {
+        // Not ready until every place holds the version as current.
+        let message = format!("switching to {what}: {} of {} nodes done", done.len(), places.len());
+        status.phase = Some(Phase::Running);
+        status.conditions = status::conditions(ds, Phase::Running, reasons::SWITCHING, &message, now);
+    }
+    versioning
+}
+
+impl Versioning {
+    /// Creates the step's Jobs, deletes those of a completed step and
+    /// publishes its Events.
+    async fn carry_out(&self, ds: &DataStage, ctx: &Context) -> Result<(), Error> {
+        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+        for job in &self.create {
+            create_job(&jobs, job).await?;
+        }
+        for (kind, reason, note) in &self.events {
+            publish(ctx, ds, kind.clone(), reason, note.clone(), "Switch").await;
+        }
+        for name in &self.delete {
+            delete_job(&jobs, name).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether `ds` may be evicted or has been: only then does its

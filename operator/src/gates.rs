@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_crds::DataStage;
+
+use crate::versions::{POD_VERSIONS_ANNOTATION, PodVersions};
 use ferry_crds::readiness::DataReadiness;
 use futures::StreamExt as _;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
@@ -116,15 +118,22 @@ pub fn decide(request: &DataRequest, found: &[Option<&DataStage>], unmounted: &B
     }
 }
 
-/// The patch that lifts the gate (keeping other gates), pins `nodes`, and
-/// drops the gated label, conditional on `pod`'s resourceVersion.
+/// The patch that lifts the gate (keeping other gates), pins `nodes`,
+/// records the `versions` of versioned DataStages current now (see
+/// [`crate::versions::PodVersions`]) and drops the gated label, conditional
+/// on `pod`'s resourceVersion.
 ///
 /// The API server accepts one node name per `metadata.name` field
 /// selector, so a pod without node affinity gets one term per node (terms
 /// are ORed). A pod with terms of its own can only have each term narrowed
 /// (requirements are ANDed): by its node when there is one, else by the
 /// nodes' `kubernetes.io/hostname` labels, `hostnames`.
-pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>, hostnames: &BTreeSet<String>) -> Patch {
+pub fn lift_patch(
+    pod: &Pod,
+    nodes: Option<&BTreeSet<String>>,
+    hostnames: &BTreeSet<String>,
+    versions: &PodVersions,
+) -> Patch {
     let pointer = |path: &str| PointerBuf::parse(path).expect("a valid pointer");
     let spec = pod.spec.clone().unwrap_or_default();
     let mut ops = vec![PatchOperation::Test(TestOperation {
@@ -194,6 +203,16 @@ pub fn lift_patch(pod: &Pod, nodes: Option<&BTreeSet<String>>, hostnames: &BTree
         let path = pointer("/metadata/annotations").with_trailing_token(WAITING_FOR_ANNOTATION);
         ops.push(PatchOperation::Remove(RemoveOperation { path }));
     }
+    if !versions.0.is_empty() {
+        let value = json!(versions.to_annotation());
+        ops.push(if pod.metadata.annotations.is_some() {
+            let path = pointer("/metadata/annotations").with_trailing_token(POD_VERSIONS_ANNOTATION);
+            PatchOperation::Add(AddOperation { path, value })
+        } else {
+            let path = pointer("/metadata/annotations");
+            PatchOperation::Add(AddOperation { path, value: json!({ POD_VERSIONS_ANNOTATION: value }) })
+        });
+    }
     Patch(ops)
 }
 
@@ -245,7 +264,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, GateError
                     hostnames.insert(node.labels().get(HOSTNAME_LABEL).cloned().unwrap_or_else(|| node.name_any()));
                 }
             }
-            let patch = lift_patch(&pod, nodes.as_ref(), &hostnames);
+            let versions = PodVersions::current(found.iter().flatten().copied());
+            let patch = lift_patch(&pod, nodes.as_ref(), &hostnames, &versions);
             match pods.patch(&pod.name_any(), &PatchParams::default(), &kube::api::Patch::<()>::Json(patch)).await {
                 Ok(_) => {}
                 // A stale view (the test operation failed): the watch brings the new one.
@@ -430,7 +450,12 @@ mod tests {
         let mut out = pod;
         json_patch::patch(
             &mut out,
-            &lift_patch(&parsed, nodes, &BTreeSet::from(["host-1".to_owned(), "host-2".to_owned()])),
+            &lift_patch(
+                &parsed,
+                nodes,
+                &BTreeSet::from(["host-1".to_owned(), "host-2".to_owned()]),
+                &PodVersions::default(),
+            ),
         )
         .unwrap();
         out
@@ -452,6 +477,25 @@ mod tests {
         );
         assert_eq!(out["metadata"]["labels"], json!({"app": "t"}));
         assert_eq!(out["metadata"]["annotations"], json!({}));
+    }
+
+    #[test]
+    fn lifting_records_the_versions_current_now_with_or_without_annotations() {
+        let versions = PodVersions(std::collections::BTreeMap::from([("llama".to_owned(), "ab".repeat(16))]));
+        for annotations in [None, Some(json!({"team": "a"}))] {
+            let mut pod = json!({"metadata": {"name": "p", "resourceVersion": "7", "labels": {"ferry.dev/data-gated": "true"}},
+                "spec": {"containers": [], "schedulingGates": [{"name": "ferry.dev/data-ready"}]}});
+            if let Some(annotations) = &annotations {
+                pod["metadata"]["annotations"] = annotations.clone();
+            }
+            let parsed: Pod = serde_json::from_value(pod.clone()).unwrap();
+            json_patch::patch(&mut pod, &lift_patch(&parsed, None, &BTreeSet::new(), &versions)).unwrap();
+            let patched: Pod = serde_json::from_value(pod.clone()).unwrap();
+            assert_eq!(PodVersions::of(&patched), versions, "{pod}");
+            if annotations.is_some() {
+                assert_eq!(pod["metadata"]["annotations"]["team"], "a");
+            }
+        }
     }
 
     #[test]
@@ -484,6 +528,9 @@ mod tests {
         let parsed: Pod = serde_json::from_value(pod.clone()).unwrap();
         let mut newer = pod;
         newer["metadata"]["resourceVersion"] = json!("8");
-        assert!(json_patch::patch(&mut newer, &lift_patch(&parsed, None, &BTreeSet::new())).is_err());
+        assert!(
+            json_patch::patch(&mut newer, &lift_patch(&parsed, None, &BTreeSet::new(), &PodVersions::default()))
+                .is_err()
+        );
     }
 }

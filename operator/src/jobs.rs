@@ -302,6 +302,8 @@ pub fn stager_cli(
             .get(&worker.name)
             .and_then(|bytes| ByteSize::from_bytes(*bytes).or_else(|_| ByteSize::from_bytes(bytes >> 10 << 10)).ok());
         options.capacity_claimed = defaults.capacity_claims.get(&worker.name).filter(|c| !c.is_empty()).cloned();
+        // The operator switches once every worker holds the new version.
+        options.versions = ds.spec.versioned().then_some(ferry_contract::VersionsMode::Build);
     }
     let layout = data_layout(plan, &defaults.shared_host_paths);
     options.shared_objects = layout.shared_objects.map(Into::into);
@@ -336,7 +338,7 @@ pub fn cleanup_cli(layout: &DataLayout) -> StagerCli {
 }
 
 /// Labels of a DataStage's child objects.
-fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BTreeMap<String, String> {
+pub(crate) fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (DATASTAGE_LABEL.to_owned(), ds.name_any()),
         ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
@@ -556,7 +558,7 @@ fn prepare_container(plan: &Plan<'_>, layout: &DataLayout, image: &str, mount: V
 /// A pod spec running the stager with `args` on `worker`'s node (or where
 /// the placement allows), the data volume mounted as `layout` says, locked
 /// down.
-fn stager_pod(
+pub(crate) fn stager_pod(
     ds: &DataStage,
     plan: &Plan<'_>,
     layout: &DataLayout,

@@ -39,6 +39,7 @@ pub mod quotas;
 pub mod runs;
 pub mod schedule;
 pub mod status;
+pub mod versions;
 pub mod watch_backoff;
 pub mod webhook;
 

@@ -84,6 +84,14 @@ pub mod reasons {
     pub const EVICTED: &str = "Evicted";
     /// Event: the clean-up Job of an evicted copy failed.
     pub const EVICTION_FAILED: &str = "EvictionFailed";
+    /// A versioned pull's nodes are switching to the version its run staged.
+    pub const SWITCHING: &str = "SwitchingVersion";
+    /// Every node of a versioned pull switched to a new version.
+    pub const SWITCHED: &str = "VersionSwitched";
+    /// A node could not switch to the new version (its Job failed).
+    pub const SWITCH_FAILED: &str = "VersionSwitchFailed";
+    /// The previous version left every node: no pod could read it any more.
+    pub const VERSION_REMOVED: &str = "VersionRemoved";
     /// Nothing is wrong.
     pub const NONE: &str = "AsExpected";
 }
@@ -226,7 +234,7 @@ pub fn condition(
 }
 
 /// The three conditions for a phase with one reason and message.
-fn conditions(ds: &DataStage, phase: Phase, reason: &str, message: &str, now: &Time) -> Vec<Condition> {
+pub(crate) fn conditions(ds: &DataStage, phase: Phase, reason: &str, message: &str, now: &Time) -> Vec<Condition> {
     let existing = ds.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = ds.metadata.generation;
     let failed = phase == Phase::Failed;
@@ -486,6 +494,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
         last_sync: previous.last_sync.clone(),
         last_sync_time: previous.last_sync_time.clone(),
         snapshot: previous.snapshot.clone(),
+        versions: previous.versions.clone(),
         ..DataStageStatus::default()
     };
     // Workers refused for room they could have make the run wait, not fail

@@ -84,7 +84,11 @@ impl DataRequest {
     pub fn of(pod: &Pod) -> Result<Option<Self>, WiringError> {
         let labels = pod.metadata.labels.as_ref();
         let annotations = pod.metadata.annotations.as_ref();
-        if labels.is_some_and(|l| l.contains_key(WORKER_LABEL) || l.contains_key(CLEANUP_LABEL)) {
+        if labels.is_some_and(|l| {
+            l.contains_key(WORKER_LABEL)
+                || l.contains_key(CLEANUP_LABEL)
+                || l.contains_key(crate::versions::VERSIONS_LABEL)
+        }) {
             return Ok(None);
         }
         let label = labels.and_then(|l| l.get(DATASTAGE_KEY));
@@ -157,9 +161,23 @@ pub fn wire(pod: &Pod, request: &DataRequest, found: &[Option<&DataStage>]) -> R
         if plan.direction == Direction::Push {
             return Err(WiringError::Push(name.clone()));
         }
+        // A versioned pull's pods mount the link to the current version,
+        // which the kubelet resolves as the container starts.
+        let current = ds.spec.versioned().then_some(ferry_contract::versions::CURRENT_LINK);
         let (source, sub_path) = match plan.volume {
-            Volume::HostPath(path) => (json!({"hostPath": {"path": path}}), None),
+            Volume::HostPath(path) => {
+                let path = match current {
+                    Some(link) => format!("{}/{link}", path.trim_end_matches('/')),
+                    None => path.to_owned(),
+                };
+                (json!({"hostPath": {"path": path}}), None)
+            }
             Volume::Claim { name: claim, sub_path } => {
+                let sub_path = match (current, sub_path) {
+                    (Some(link), Some(sub)) => Some(format!("{}/{link}", sub.trim_end_matches('/'))),
+                    (Some(link), None) => Some(link.to_owned()),
+                    (None, sub) => sub.map(str::to_owned),
+                };
                 (json!({"persistentVolumeClaim": {"claimName": claim, "readOnly": true}}), sub_path)
             }
         };
@@ -321,6 +339,32 @@ mod tests {
         // Wiring the result again changes nothing (webhook re-invocation).
         let again = pod(out.clone());
         assert_eq!(wire(&again, &request, &[Some(&local), Some(&shared)]).unwrap(), Patch(vec![]));
+    }
+
+    #[test]
+    fn a_versioned_pull_is_mounted_through_its_current_link() {
+        let pod_json = json!({"metadata": {"name": "p", "annotations": {"ferry.dev/datastage": "local,shared,bare"}},
+            "spec": {"containers": [{"name": "train", "image": "i"}]}});
+        let p = pod(pod_json.clone());
+        let request = DataRequest::of(&p).unwrap().unwrap();
+        let versioned = |mut ds: DataStage| {
+            ds.spec.update_strategy = Some(ferry_crds::UpdateStrategy::Versioned);
+            ds
+        };
+        let local = versioned(stage("local", json!({"hostPath": "/mnt/local/"})));
+        let shared = versioned(stage("shared", json!({"persistentVolumeClaim": {"claimName": "c", "subPath": "ds"}})));
+        let bare = versioned(stage("bare", json!({"persistentVolumeClaim": {"claimName": "c"}})));
+        let out = applied(&pod_json, &wire(&p, &request, &[Some(&local), Some(&shared), Some(&bare)]).unwrap());
+        assert_eq!(out["spec"]["volumes"][0]["hostPath"]["path"], "/mnt/local/current");
+        let mounts = &out["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            (mounts[1]["subPath"].as_str(), mounts[2]["subPath"].as_str()),
+            (Some("ds/current"), Some("current"))
+        );
+        // A versions Job's pod asks for no data, like a worker's.
+        let job_pod =
+            pod(json!({"metadata": {"labels": {"ferry.dev/datastage": "a", "ferry.dev/versions": "node-a"}}}));
+        assert_eq!(DataRequest::of(&job_pod), Ok(None));
     }
 
     #[test]

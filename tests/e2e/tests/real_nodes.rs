@@ -12,9 +12,11 @@
 //!    on node-b owned by root with another user's files in it: both nodes
 //!    end byte-identical to the bucket, fed peer to peer between the two
 //!    pod networks; a re-run copies nothing. A second DataStage of the
-//!    same objects links them from the node's shared objects. A hostPath
-//!    that is a symbolic link is resolved when a container starts: a link
-//!    renamed over it switches new pods and leaves running ones alone.
+//!    same objects links them from the node's shared objects. A versioned
+//!    DataStage whose source is edited under a pod reading it in a loop:
+//!    the pod reads only its version, a pod started after the switch the
+//!    new one, a change back copies nothing, and a version leaves the node
+//!    once no pod that started with it runs.
 //! 3. A training Job wired by the label, running as a user of its own,
 //!    reads every staged file; a pod using the init-container form
 //!    (`ferry-stager wait` with its projected token) does too.
@@ -167,43 +169,106 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let shared = std::fs::metadata(node_a.join(".ferry-shared/objects")).unwrap();
     assert_eq!((shared.uid(), shared.mode() & 0o777), (65532, 0o755), "the shared objects are the worker's");
 
-    // 2c. What a versioned cut-over will stand on (docs/design/node-cache.md):
-    //     a hostPath that is a symbolic link is resolved when the container
-    //     starts, so renaming a new link over it switches the pods started
-    //     after, and a running pod keeps reading the tree it started with.
-    let probe = node_a.join("probe");
-    for (version, body) in [("v1", "one"), ("v2", "two")] {
-        std::fs::create_dir_all(probe.join(version)).unwrap();
-        std::fs::write(probe.join(version).join("version"), body).unwrap();
+    // 2c. Versions (`updateStrategy: Versioned`): a source edited while a
+    //     pod reads the data in a loop. The pod reads only the version it
+    //     started with; a pod started after the switch reads the new one;
+    //     a change back to a version still on the node copies nothing; a
+    //     version leaves the node once no pod that started with it runs.
+    let versions = [("v1", "one", pattern(81, (3 << 20) + 5)), ("v2", "two", pattern(82, (3 << 20) + 5))];
+    for (prefix, marker, weights) in &versions {
+        s3.put("datasets", &format!("model/{prefix}/version"), format!("{marker}\n").into_bytes()).await;
+        s3.put("datasets", &format!("model/{prefix}/weights.bin"), weights.clone()).await;
+        s3.put("datasets", &format!("model/{prefix}/config.json"), b"{}".to_vec()).await;
     }
-    std::fs::create_dir_all(probe.join("signal")).unwrap();
-    std::os::unix::fs::symlink("v1", probe.join("current")).unwrap();
+    let sha = |data: &[u8]| {
+        let mut child = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), data).unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
+    };
+    let (v1_sha, v2_sha) = (sha(&versions[0].2), sha(&versions[1].2));
+    let source = |prefix: &str| json!({"uri": format!("s3://datasets/model/{prefix}"), "endpoint": endpoint, "credentials": {"name": "s3"}});
+    let model = json!({
+        "source": source("v1"),
+        "destination": {"volume": {"hostPath": "/mnt/ferry/model"}},
+        "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
+        "updateStrategy": "Versioned",
+    });
+    stages.create(&PostParams::default(), &datastage("model", model)).await.unwrap();
+    let first = finished(&cluster, &stages, "model", 1).await;
+    let d1 = first.versions.clone().and_then(|v| v.current).expect("a current version");
+    assert_eq!(Some(&d1), first.snapshot.as_ref().map(|s| &s.digest));
+    let model_dir = node_a.join("model");
+    let tree = |digest: &str| model_dir.join(".ferry-versions/trees").join(digest);
+    assert_eq!(std::fs::read_link(model_dir.join("current")).unwrap(), Path::new(".ferry-versions/trees").join(&d1));
+    std::fs::create_dir_all(node_a.join("signal")).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
-    let reads = "cat /data/version; echo; until [ -e /signal/switched ]; do sleep 0.1; done; cat /data/version";
-    pods.create(&PostParams::default(), &probe_pod("before-switch", reads)).await.unwrap();
-    wait_for(&cluster, "the first pod to read the first version", Duration::from_secs(120), || {
+    let reader =
+        "while [ ! -e /signal/stop ]; do cat /data/version; /bin/busybox sha256sum /data/weights.bin; sleep 0.2; done";
+    pods.create(&PostParams::default(), &wired_pod("reader", reader)).await.unwrap();
+    wait_for(&cluster, "the reader to read the first version", Duration::from_secs(120), || {
         let pods = pods.clone();
-        async move { pods.logs("before-switch", &Default::default()).await.ok().filter(|log| log.contains("one")) }
+        async move { pods.logs("reader", &Default::default()).await.ok().filter(|log| log.contains("one")) }
     })
     .await;
-    // As a switch does it: a new link beside the old one, renamed over it.
-    std::os::unix::fs::symlink("v2", probe.join("current.next")).unwrap();
-    std::fs::rename(probe.join("current.next"), probe.join("current")).unwrap();
-    std::fs::write(probe.join("signal/switched"), b"").unwrap();
-    pods.create(&PostParams::default(), &probe_pod("after-switch", "cat /data/version")).await.unwrap();
-    for (pod, expected) in [("before-switch", "one\none"), ("after-switch", "two")] {
-        let log = wait_for(&cluster, &format!("{pod} to end"), Duration::from_secs(120), || {
-            let pods = pods.clone();
-            async move {
-                let phase = pods.get(pod).await.ok()?.status?.phase?;
-                assert_ne!(phase, "Failed", "{pod} failed");
-                (phase == "Succeeded").then_some(())?;
-                pods.logs(pod, &Default::default()).await.ok()
-            }
-        })
-        .await;
-        assert_eq!(log.trim(), expected, "{pod} read another version");
-    }
+    let edit = |prefix: &str| Patch::Merge(json!({"spec": {"source": source(prefix)}}));
+    let switched_to = |status: &ferry_crds::DataStageStatus| {
+        let versions = status.versions.clone().unwrap_or_default();
+        (versions.current.unwrap_or_default(), versions.previous.unwrap_or_default(), versions.previous_kept)
+    };
+
+    stages.patch("model", &PatchParams::default(), &edit("v2")).await.unwrap();
+    let second = finished(&cluster, &stages, "model", 2).await;
+    let d2 = second.snapshot.clone().unwrap().digest;
+    assert_eq!(switched_to(&second), (d2.clone(), d1.clone(), Some(true)), "v1 stays: the reader uses it");
+    assert!(tree(&d1).is_dir() && tree(&d2).is_dir());
+    pods.create(
+        &PostParams::default(),
+        &wired_pod("after-switch", "cat /data/version; /bin/busybox sha256sum /data/weights.bin"),
+    )
+    .await
+    .unwrap();
+    let after = pod_log_once_done(&cluster, &pods, "after-switch").await;
+    assert_eq!(after.lines().collect::<Vec<_>>(), ["two", &format!("{v2_sha}  /data/weights.bin")], "{after}");
+
+    // Back to v1 while the reader keeps it: switched without copying.
+    stages.patch("model", &PatchParams::default(), &edit("v1")).await.unwrap();
+    let third = finished(&cluster, &stages, "model", 3).await;
+    assert_eq!(third.totals.clone().unwrap().bytes_from_store.unwrap_or(0), 0, "nothing read: {third:?}");
+    assert_eq!(switched_to(&third), (d1.clone(), d2.clone(), Some(true)));
+    // No pod started with v2 runs any more: it leaves the node.
+    let stage_status = |name: &'static str| {
+        let stages = stages.clone();
+        async move { stages.get(name).await.ok()?.status }
+    };
+    wait_for(&cluster, "v2 to be removed", Duration::from_secs(120), || async {
+        stage_status("model").await.filter(|s| switched_to(s).2 == Some(false))
+    })
+    .await;
+    assert!(!tree(&d2).exists() && tree(&d1).is_dir());
+
+    // Forward to v2 again; v1 stays while the reader runs, and goes after.
+    stages.patch("model", &PatchParams::default(), &edit("v2")).await.unwrap();
+    let fourth = finished(&cluster, &stages, "model", 4).await;
+    assert_eq!(switched_to(&fourth), (d2.clone(), d1.clone(), Some(true)));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(tree(&d1).is_dir(), "v1 is kept while the reader runs");
+    std::fs::write(node_a.join("signal/stop"), b"").unwrap();
+    let read = pod_log_once_done(&cluster, &pods, "reader").await;
+    let lines: Vec<&str> = read.lines().collect();
+    assert!(lines.len() > 20, "the reader read through four switches: {read}");
+    let v1_line = format!("{v1_sha}  /data/weights.bin");
+    assert!(lines.iter().all(|line| *line == "one" || *line == v1_line), "the reader saw another version:\n{read}");
+    wait_for(&cluster, "v1 to be removed once its reader ended", Duration::from_secs(120), || async {
+        stage_status("model").await.filter(|s| switched_to(s).2 == Some(false))
+    })
+    .await;
+    assert!(!tree(&d1).exists() && tree(&d2).is_dir());
+    assert_eq!(read_tree(&model_dir.join("current")).get("version").map(Vec::as_slice), Some(&b"two\n"[..]));
 
     // 3. Training pods read what was staged, as a user of their own.
     let expected = checksums(&cluster.node_dir("node-a").unwrap().join("mnt/ferry/data"), &dataset);
@@ -438,23 +503,31 @@ fn checksums(dir: &Path, dataset: &BTreeMap<String, Vec<u8>>) -> String {
     String::from_utf8(output.stdout).unwrap().lines().map(|l| l.replacen("  ", "  /data/", 1) + "\n").collect()
 }
 
-/// A pod on node-a running `script` as the trainer's user, with
-/// `/mnt/ferry/probe/current` (a symbolic link) at `/data` and the probe's
-/// `signal` directory at `/signal`.
-fn probe_pod(name: &str, script: &str) -> Pod {
+/// A pod running `script` as the trainer's user, wired by the webhook to
+/// DataStage `model` at `/data` (so placed where its data is), with
+/// node-a's `/mnt/ferry/signal` at `/signal`.
+fn wired_pod(name: &str, script: &str) -> Pod {
     let mut spec = training_pod("", None);
-    spec["nodeSelector"] = json!({"ferry.dev/e2e-node": "node-a"});
     spec["containers"][0]["command"] = json!(["/bin/busybox", "sh", "-c", script]);
-    spec["containers"][0]["volumeMounts"] = json!([
-        {"name": "data", "mountPath": "/data", "readOnly": true},
-        {"name": "signal", "mountPath": "/signal", "readOnly": true},
-    ]);
-    spec["volumes"] = json!([
-        {"name": "data", "hostPath": {"path": "/mnt/ferry/probe/current", "type": "Directory"}},
-        {"name": "signal", "hostPath": {"path": "/mnt/ferry/probe/signal", "type": "Directory"}},
-    ]);
-    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}))
-        .unwrap()
+    spec["containers"][0]["volumeMounts"] = json!([{"name": "signal", "mountPath": "/signal", "readOnly": true}]);
+    spec["volumes"] = json!([{"name": "signal", "hostPath": {"path": "/mnt/ferry/signal", "type": "Directory"}}]);
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"ferry.dev/datastage": "model"}}, "spec": spec}))
+    .unwrap()
+}
+
+/// The log of pod `name` once it has succeeded.
+async fn pod_log_once_done(cluster: &Cluster, pods: &Api<Pod>, name: &str) -> String {
+    wait_for(cluster, &format!("{name} to end"), Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let phase = pods.get(name).await.ok()?.status?.phase?;
+            assert_ne!(phase, "Failed", "{name} failed");
+            (phase == "Succeeded").then_some(())?;
+            pods.logs(name, &Default::default()).await.ok()
+        }
+    })
+    .await
 }
 
 /// A trainer: user 1000, restricted-compliant, checking every staged file
