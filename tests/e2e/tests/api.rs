@@ -180,6 +180,30 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         .await;
     let Err(kube::Error::Api(status)) = update else { panic!("changing the source was accepted: {update:?}") };
     assert!(status.message.contains("spec.source is immutable"), "{}", status.message);
+
+    // Versioned: the source may change (it stays a pull); the strategy may not.
+    let mut versioned = pull_spec();
+    versioned["updateStrategy"] = json!("Versioned");
+    api.create(&PostParams::default(), &stage("versioned", versioned.clone())).await.expect("a versioned pull");
+    versioned["source"]["uri"] = json!("s3://datasets/v2");
+    let apply = PatchParams::apply("ferry.dev/e2e-tests").force();
+    api.patch("versioned", &apply, &Patch::Apply(stage("versioned", versioned.clone())))
+        .await
+        .expect("a versioned pull's source may change");
+    let mut in_place = versioned.clone();
+    in_place["updateStrategy"] = json!("InPlace");
+    let update = api.patch("versioned", &apply, &Patch::Apply(stage("versioned", in_place))).await;
+    let Err(kube::Error::Api(status)) = update else { panic!("changing the strategy was accepted: {update:?}") };
+    assert!(status.message.contains("spec.updateStrategy is immutable"), "{}", status.message);
+    let mut to_versioned = pull_spec();
+    to_versioned["updateStrategy"] = json!("Versioned");
+    to_versioned["source"]["uri"] = json!("s3://datasets/other");
+    let update = api.patch("valid", &apply, &Patch::Apply(stage("valid", to_versioned))).await;
+    let Err(kube::Error::Api(status)) = update else { panic!("turning versioned with a new source was accepted") };
+    assert!(status.message.contains("spec.updateStrategy is immutable"), "{}", status.message);
+    let push = json!({"source": {"volume": {"hostPath": "/mnt/ferry/ckpt"}},
+                      "destination": {"uri": "s3://checkpoints/run"}, "updateStrategy": "Versioned"});
+    assert_refused(&raw, "versioned-push", push, "spec.updateStrategy Versioned applies to pulls").await;
     cluster.stop().await;
 }
 
