@@ -815,6 +815,10 @@ pub struct WorkerStatus {
     /// used copy first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used_time: Option<Time>,
+    /// `updateStrategy: Versioned`: the version `current` names on this
+    /// worker's node (or the claim), as the last switch there left it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
     /// Set once the operator evicted this node's copy to make room (see
     /// `spec.capacity.eviction`); the node does not hold the data since.
     #[serde(default, skip_serializing_if = "Option::is_none")]

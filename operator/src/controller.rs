@@ -655,54 +655,74 @@ async fn advance_versions(
         let pods = ctx.caches.pods.state();
         crate::versions::older_version_in_use(ds, pods.iter().map(|pod| &**pod))
     };
-    let step = crate::versions::next_step(status, run.number, older_in_use);
-    if step == Step::Idle {
-        return versioning;
-    }
-    let namespace = ds.namespace().unwrap_or_default();
-    let existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), VERSIONS_LABEL);
     // Every place that holds the run's data: an evicted copy has none.
     let evicted = |worker: &Worker| status.workers.iter().any(|w| w.name == worker.name && w.evicted.is_some());
     let places: Vec<&Worker> = workers.iter().filter(|worker| !evicted(worker)).collect();
+    let names: Vec<&str> = places.iter().map(|worker| worker.name.as_str()).collect();
+    let step = crate::versions::next_step(status, run.number, &names, older_in_use);
+    let (to, what) = match &step {
+        Step::Idle => return versioning,
+        Step::Switch { to, .. } => (Some(to.clone()), format!("version {}", &to.as_str()[..8])),
+        Step::Prune { .. } => (None, "previous version".to_owned()),
+    };
+    let namespace = ds.namespace().unwrap_or_default();
+    let existing = Caches::of_datastage(&ctx.caches.jobs, &namespace, &ds.name_any(), VERSIONS_LABEL);
     let defaults = ctx.config.worker_defaults();
+    // A switch goes to the places not on the version yet; a prune to all.
+    let targets: Vec<&Worker> = places
+        .iter()
+        .copied()
+        .filter(|worker| to.as_ref().is_none_or(|to| !crate::versions::place_holds(status, &worker.name, to)))
+        .collect();
     let (mut done, mut failed) = (Vec::new(), Vec::new());
-    for worker in &places {
+    for worker in &targets {
         let Some(job) = crate::versions::build_job(ds, plan, worker, run.number, &step, &defaults) else { continue };
         match existing.iter().find(|found| found.name_any() == job.name_any()) {
             None => versioning.create.push(job),
             Some(found) => match status::job_phase(Some(found)) {
-                Phase::Succeeded => done.push(found.name_any()),
+                Phase::Succeeded => {
+                    done.push(found.name_any());
+                    // What the place's `current` names now.
+                    if let Some(entry) = status.workers.iter_mut().find(|w| w.name == worker.name) {
+                        entry.current_version = to.as_ref().map(ToString::to_string).or(entry.current_version.take());
+                    }
+                }
                 Phase::Failed => failed.push(found.name_any()),
                 Phase::Pending | Phase::Running => {}
             },
         }
     }
-    let what = match &step {
-        Step::Switch { to, .. } => format!("version {}", &to.as_str()[..8]),
-        Step::Prune { .. } | Step::Idle => "previous version".to_owned(),
-    };
-    if done.len() == places.len() {
+    // A place's switch is recorded in its entry, so its Job may go; a
+    // prune's Jobs go when every place pruned.
+    if matches!(step, Step::Switch { .. }) || done.len() == targets.len() {
+        versioning.delete.clone_from(&done);
+    }
+    if done.len() == targets.len() {
         let before = status.versions.clone().unwrap_or_default();
-        crate::versions::completed(status, &step, plan.uri, now);
         let note = match &step {
-            Step::Switch { to, .. } => format!(
+            Step::Switch { to, .. } if before.current.as_deref() == Some(to.as_str()) => {
+                // A place that joined (or came back) caught up.
+                let names: Vec<&str> = targets.iter().map(|w| w.name.as_str()).collect();
+                Some(format!("{} now on the current version {to}", names.join(", ")))
+            }
+            Step::Switch { to, .. } => Some(format!(
                 "{} nodes switched to version {to} of {}; {}",
                 places.len(),
                 plan.uri,
-                before.current.map_or_else(
+                before.current.as_ref().map_or_else(
                     || "the first version".to_owned(),
                     |old| format!("version {old} stays while pods that started before use it")
                 )
-            ),
-            Step::Prune { .. } | Step::Idle => format!(
-                "removed version {} from {} nodes: no pod that started before the switch runs",
-                before.previous.unwrap_or_default(),
+            )),
+            Step::Prune { .. } | Step::Idle => Some(format!(
+                "removed version {} from {} nodes: no pod that started with it runs",
+                before.previous.clone().unwrap_or_default(),
                 places.len()
-            ),
+            )),
         };
+        crate::versions::completed(status, &step, plan.uri, now);
         let reason = if matches!(step, Step::Switch { .. }) { reasons::SWITCHED } else { reasons::VERSION_REMOVED };
-        versioning.events.push((EventType::Normal, reason, note));
-        versioning.delete = done;
+        versioning.events.extend(note.map(|note| (EventType::Normal, reason, note)));
         return versioning;
     }
     versioning.pending = failed.is_empty();
@@ -717,7 +737,8 @@ async fn advance_versions(
         }
     } else if matches!(step, Step::Switch { .. }) {
         // Not ready until every place holds the version as current.
-        let message = format!("switching to {what}: {} of {} nodes done", done.len(), places.len());
+        let switched = places.len() - targets.len() + done.len();
+        let message = format!("switching to {what}: {switched} of {} nodes done", places.len());
         status.phase = Some(Phase::Running);
         status.conditions = status::conditions(ds, Phase::Running, reasons::SWITCHING, &message, now);
     }
@@ -808,6 +829,8 @@ async fn evict(
         {
             let eviction = ferry_crds::Eviction { time: now.clone(), message: victim.message.clone(), removed: false };
             entry.evicted = Some(eviction);
+            // Its clean-up removes every version and the link.
+            entry.current_version = None;
             ctx.metrics.evicted(victim.bytes);
             let note = format!("{} ({})", victim.message, ferry_contract::size::human_bytes(victim.bytes));
             publish(ctx, ds, EventType::Normal, reasons::EVICTED, note, "Evict").await;

@@ -347,6 +347,8 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
     // Pods' last use outlives runs; an eviction holds for the run it
     // evicted (a new run stages the node again).
     entry.last_used_time = recorded.and_then(|w| w.last_used_time.clone());
+    // What a node's `current` names outlives runs too (an eviction clears it).
+    entry.current_version = recorded.and_then(|w| w.current_version.clone());
     entry.evicted = recorded.filter(|w| w.run == Some(run)).and_then(|w| w.evicted.clone());
     entry
 }

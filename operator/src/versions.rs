@@ -135,16 +135,20 @@ impl Step {
 }
 
 /// The next step of `ds`, whose status for run `run` is `status` (the
-/// aggregate of its workers), given whether a pod may read an older
-/// version (see [`older_version_in_use`]).
-pub fn next_step(status: &DataStageStatus, run: i64, older_in_use: bool) -> Step {
+/// aggregate of its workers), on `places` (the workers whose node or claim
+/// holds the data), given whether a pod may read an older version (see
+/// [`older_version_in_use`]). A place whose `current` is not the staged
+/// version (a new version, a node that joined, a copy staged again after
+/// an eviction) is switched.
+pub fn next_step(status: &DataStageStatus, run: i64, places: &[&str], older_in_use: bool) -> Step {
     let versions = status.versions.clone().unwrap_or_default();
     let run_done = status.run == Some(run) && status.phase == Some(Phase::Succeeded);
     let staged = status.snapshot.as_ref().and_then(|s| s.digest.parse::<SnapshotDigest>().ok());
     let digest = |text: &Option<String>| text.as_deref().and_then(|d| d.parse::<SnapshotDigest>().ok());
     let (current, previous) = (digest(&versions.current), digest(&versions.previous));
+    let behind = |to: &SnapshotDigest| places.iter().any(|place| !place_holds(status, place, to));
     match staged {
-        Some(to) if run_done && current.as_ref() != Some(&to) => {
+        Some(to) if run_done && (current.as_ref() != Some(&to) || behind(&to)) => {
             let kept_previous = previous.filter(|_| versions.previous_kept == Some(true));
             let mut keep: Vec<SnapshotDigest> = current.into_iter().chain(kept_previous).filter(|d| d != &to).collect();
             keep.sort();
@@ -158,12 +162,19 @@ pub fn next_step(status: &DataStageStatus, run: i64, older_in_use: bool) -> Step
     }
 }
 
+/// Whether `place`'s `current` names `version`, as its last switch left it.
+pub fn place_holds(status: &DataStageStatus, place: &str, version: &SnapshotDigest) -> bool {
+    status.workers.iter().find(|w| w.name == place).and_then(|w| w.current_version.as_deref()) == Some(version.as_str())
+}
+
 /// `status` after `step` completed on every place at `now`, with `source`
 /// the source the run staged.
 pub fn completed(status: &mut DataStageStatus, step: &Step, source: &str, now: &Time) {
     let versions = status.versions.get_or_insert_with(VersionsStatus::default);
     match step {
         Step::Idle => {}
+        // A place that joined caught up with the current version.
+        Step::Switch { to, .. } if versions.current.as_deref() == Some(to.as_str()) => {}
         Step::Switch { to, .. } => {
             if let Some(old) = versions.current.take() {
                 versions.previous = Some(old);
@@ -238,15 +249,25 @@ mod tests {
         text.parse().unwrap()
     }
 
+    /// The status of run `run` on node `n1`, whose `current` is the
+    /// DataStage's current version.
     fn status(run: i64, phase: Phase, staged: &str, versions: Option<VersionsStatus>) -> DataStageStatus {
+        let on_n1 = versions.as_ref().and_then(|v| v.current.clone());
         DataStageStatus {
             run: Some(run),
             phase: Some(phase),
             snapshot: Some(SnapshotStatus { objects: 1, bytes: 1, digest: staged.into() }),
             versions,
+            workers: vec![ferry_crds::WorkerStatus {
+                name: "n1".into(),
+                current_version: on_n1,
+                ..ferry_crds::WorkerStatus::default()
+            }],
             ..DataStageStatus::default()
         }
     }
+
+    const PLACES: &[&str] = &["n1"];
 
     fn versions(current: &str, previous: Option<&str>, kept: bool) -> Option<VersionsStatus> {
         Some(VersionsStatus {
@@ -261,14 +282,15 @@ mod tests {
     fn a_finished_run_switches_keeping_what_pods_may_read_then_prunes_once_nobody_can() {
         // The first version: nothing to keep.
         let first = status(1, Phase::Succeeded, D1, None);
-        assert_eq!(next_step(&first, 1, false), Step::Switch { to: digest(D1), keep: vec![] });
+        assert_eq!(next_step(&first, 1, PLACES, false), Step::Switch { to: digest(D1), keep: vec![] });
         // Not before the run is over, nor for an older run.
-        assert_eq!(next_step(&status(1, Phase::Running, D1, None), 1, false), Step::Idle);
-        assert_eq!(next_step(&first, 2, false), Step::Idle);
+        assert_eq!(next_step(&status(1, Phase::Running, D1, None), 1, PLACES, false), Step::Idle);
+        assert_eq!(next_step(&first, 2, PLACES, false), Step::Idle);
 
         let mut now = status(2, Phase::Succeeded, D2, versions(D1, None, false));
-        assert_eq!(next_step(&now, 2, false), Step::Switch { to: digest(D2), keep: vec![digest(D1)] });
+        assert_eq!(next_step(&now, 2, PLACES, false), Step::Switch { to: digest(D2), keep: vec![digest(D1)] });
         completed(&mut now, &Step::Switch { to: digest(D2), keep: vec![] }, "s3://m/v2", &Time(jiff::Timestamp::now()));
+        now.workers[0].current_version = Some(D2.into());
         let recorded = now.versions.clone().unwrap();
         assert_eq!(
             (recorded.current.as_deref(), recorded.previous.as_deref(), recorded.previous_kept),
@@ -276,22 +298,33 @@ mod tests {
         );
         assert_eq!(recorded.current_source.as_deref(), Some("s3://m/v2"));
         // Kept while a pod may read it, pruned after.
-        assert_eq!(next_step(&now, 2, true), Step::Idle);
-        assert_eq!(next_step(&now, 2, false), Step::Prune { current: digest(D2) });
+        assert_eq!(next_step(&now, 2, PLACES, true), Step::Idle);
+        assert_eq!(next_step(&now, 2, PLACES, false), Step::Prune { current: digest(D2) });
         completed(&mut now, &Step::Prune { current: digest(D2) }, "s3://m/v2", &Time(jiff::Timestamp::now()));
-        assert_eq!(next_step(&now, 2, false), Step::Idle);
+        assert_eq!(next_step(&now, 2, PLACES, false), Step::Idle);
     }
 
     #[test]
     fn a_switch_before_the_previous_went_keeps_both() {
         let now = status(3, Phase::Succeeded, D3, versions(D2, Some(D1), true));
-        assert_eq!(next_step(&now, 3, true), Step::Switch { to: digest(D3), keep: vec![digest(D1), digest(D2)] });
+        assert_eq!(
+            next_step(&now, 3, PLACES, true),
+            Step::Switch { to: digest(D3), keep: vec![digest(D1), digest(D2)] }
+        );
         // Back to the kept previous version: it is the target, not kept.
         let back = status(3, Phase::Succeeded, D1, versions(D2, Some(D1), true));
-        assert_eq!(next_step(&back, 3, true), Step::Switch { to: digest(D1), keep: vec![digest(D2)] });
+        assert_eq!(next_step(&back, 3, PLACES, true), Step::Switch { to: digest(D1), keep: vec![digest(D2)] });
         // A re-sync that found nothing new switches nothing.
         let same = status(3, Phase::Succeeded, D2, versions(D2, Some(D1), false));
-        assert_eq!(next_step(&same, 3, false), Step::Idle);
+        assert_eq!(next_step(&same, 3, PLACES, false), Step::Idle);
+        // ... but a node that joined, or was staged again after an
+        // eviction, has no `current` yet: it is switched, and the versions
+        // stay as they were.
+        let step = next_step(&same, 3, &["n1", "n2"], false);
+        assert_eq!(step, Step::Switch { to: digest(D2), keep: vec![] });
+        let mut caught_up = same.clone();
+        completed(&mut caught_up, &step, "s3://m/v2", &Time(jiff::Timestamp::now()));
+        assert_eq!(caught_up.versions, same.versions);
     }
 
     fn pod(annotation: Option<&str>, node: Option<&str>, phase: &str) -> Pod {

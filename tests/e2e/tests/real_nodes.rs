@@ -270,6 +270,16 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     assert!(!tree(&d1).exists() && tree(&d2).is_dir());
     assert_eq!(read_tree(&model_dir.join("current")).get("version").map(Vec::as_slice), Some(&b"two\n"[..]));
 
+    // A node that joins gets the current version; only it switches.
+    let everywhere = Patch::Merge(json!({"spec": {"placement": null}}));
+    stages.patch("model", &PatchParams::default(), &everywhere).await.unwrap();
+    let fifth = finished(&cluster, &stages, "model", 5).await;
+    assert_eq!(switched_to(&fifth), (d2.clone(), d1.clone(), Some(false)), "no new version: {fifth:?}");
+    let on_b = cluster.node_dir("node-b").unwrap().join("mnt/ferry/model");
+    assert_eq!(std::fs::read_link(on_b.join("current")).unwrap(), Path::new(".ferry-versions/trees").join(&d2));
+    assert_eq!(read_tree(&on_b.join("current")), read_tree(&model_dir.join("current")));
+    assert!(fifth.workers.iter().all(|w| w.current_version.as_deref() == Some(d2.as_str())), "{fifth:?}");
+
     // 3. Training pods read what was staged, as a user of their own.
     let expected = checksums(&cluster.node_dir("node-a").unwrap().join("mnt/ferry/data"), &dataset);
     let jobs: Api<Job> = Api::namespaced(client.clone(), DATA_NS);
