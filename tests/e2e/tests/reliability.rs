@@ -580,13 +580,19 @@ async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_
     })
     .await;
     assert!(left_for_b.is_empty());
+    // An Event says so for each; it follows the deletion it reports.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "gone");
     for name in ["pinned", "spread"] {
-        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "gone")
-            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-            .await
-            .unwrap();
-        let deleted = events.items.iter().any(|e| e.reason.as_deref() == Some(reasons::WORKER_DELETED));
-        assert!(deleted, "{name}: an Event says its node-b Job was deleted");
+        let about = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        let what = format!("{name}: an Event saying its node-b Job was deleted");
+        wait_for(&bench.cluster, &what, Duration::from_secs(15), || {
+            let (events, about) = (events.clone(), about.clone());
+            async move {
+                let listed = events.list(&about).await.ok()?;
+                listed.items.iter().any(|e| e.reason.as_deref() == Some(reasons::WORKER_DELETED)).then_some(())
+            }
+        })
+        .await;
     }
 
     // A machine of that name registers: the pinned one is staged there,
@@ -758,11 +764,18 @@ async fn a_lost_node_and_a_full_disk_are_reported_and_staging_completes_once_the
     let message = bench.wait_progressing_reason("faults", &lost[0], reasons::NODE_NOT_READY, grace * 3).await;
     assert!(message.contains("node node-b is not Ready"), "{message}");
     let reported = crashed.elapsed();
-    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "faults")
-        .list(&ListParams::default().fields(&format!("involvedObject.name={}", lost[0])))
-        .await
-        .unwrap();
-    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some(reasons::NODE_NOT_READY)), "an Event says so too");
+    // An Event says so too. The operator publishes it once the status that
+    // shows the condition is written, so it may come a moment after.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(bench.client.clone(), "faults");
+    let about_the_first = ListParams::default().fields(&format!("involvedObject.name={}", lost[0]));
+    wait_for(&bench.cluster, "a NodeNotReady Event", Duration::from_secs(15), || {
+        let (events, about_the_first) = (events.clone(), about_the_first.clone());
+        async move {
+            let listed = events.list(&about_the_first).await.ok()?;
+            listed.items.iter().any(|e| e.reason.as_deref() == Some(reasons::NODE_NOT_READY)).then_some(())
+        }
+    })
+    .await;
     bench.cluster.restart_node("node-b").await.unwrap();
     log.push(format!("node-b crashed; NodeNotReady reported after {:.1} s; node restarted", reported.as_secs_f64()));
 
