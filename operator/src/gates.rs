@@ -19,8 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_crds::DataStage;
-
-use crate::versions::{POD_VERSIONS_ANNOTATION, PodVersions};
 use ferry_crds::readiness::DataReadiness;
 use futures::StreamExt as _;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
@@ -35,6 +33,7 @@ use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
 use crate::controller::Context;
+use crate::versions::{POD_VERSIONS_ANNOTATION, PodVersions};
 use crate::watch_backoff::WatchBackoff;
 use crate::webhook::wiring::{DATA_READY_GATE, DataRequest, GATED_LABEL, UNMOUNTED_ANNOTATION};
 

@@ -558,7 +558,7 @@ fn prepare_container(plan: &Plan<'_>, layout: &DataLayout, image: &str, mount: V
 /// A pod spec running the stager with `args` on `worker`'s node (or where
 /// the placement allows), the data volume mounted as `layout` says, locked
 /// down.
-pub(crate) fn stager_pod(
+fn stager_pod(
     ds: &DataStage,
     plan: &Plan<'_>,
     layout: &DataLayout,
@@ -733,29 +733,63 @@ pub fn literal(args: Vec<String>) -> Vec<String> {
 /// Not owned by the DataStage: the garbage collector must not race it
 /// while the DataStage is going away; the operator deletes it when done.
 pub fn build_cleanup_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> Job {
-    let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
     let layout = data_layout(plan, &defaults.shared_host_paths);
-    let mut pod = stager_pod(ds, plan, &layout, worker, &image, literal(cleanup_cli(&layout).to_args()));
-    pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
-    let labels = labels(ds, (CLEANUP_LABEL, &worker.name), None);
-    Job {
-        metadata: ObjectMeta {
-            name: Some(cleanup_job_name(&ds.name_any(), worker)),
-            namespace: ds.namespace(),
-            labels: Some(labels.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(3),
-            active_deadline_seconds: Some(600),
-            ttl_seconds_after_finished: Some(300),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
-                spec: Some(pod),
+    let short = ShortJob {
+        name: cleanup_job_name(&ds.name_any(), worker),
+        labels: labels(ds, (CLEANUP_LABEL, &worker.name), None),
+        owned: false,
+    };
+    short.build(ds, plan, &layout, worker, &cleanup_cli(&layout), defaults)
+}
+
+/// A short Job the operator runs on a worker's place besides the transfer
+/// (a clean-up, a version switch): the stager image on the workers' volume
+/// and node, no credentials, three retries within ten minutes.
+pub(crate) struct ShortJob {
+    /// The Job's name.
+    pub name: String,
+    /// The Job's and its pod's labels.
+    pub labels: BTreeMap<String, String>,
+    /// Whether the DataStage owns it (its changes then wake the DataStage).
+    pub owned: bool,
+}
+
+impl ShortJob {
+    /// The Job running `cli` on `worker`'s place, laid out as `layout`.
+    pub(crate) fn build(
+        self,
+        ds: &DataStage,
+        plan: &Plan<'_>,
+        layout: &DataLayout,
+        worker: &Worker,
+        cli: &StagerCli,
+        defaults: &WorkerDefaults,
+    ) -> Job {
+        let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
+        let mut pod = stager_pod(ds, plan, layout, worker, &image, literal(cli.to_args()));
+        pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
+        let owner =
+            self.owned.then(|| ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"));
+        Job {
+            metadata: ObjectMeta {
+                name: Some(self.name),
+                namespace: ds.namespace(),
+                labels: Some(self.labels.clone()),
+                owner_references: owner.map(|owner| vec![owner]),
+                ..ObjectMeta::default()
             },
-            ..JobSpec::default()
-        }),
-        status: None,
+            spec: Some(JobSpec {
+                backoff_limit: Some(3),
+                active_deadline_seconds: Some(600),
+                ttl_seconds_after_finished: Some(300),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta { labels: Some(self.labels), ..ObjectMeta::default() }),
+                    spec: Some(pod),
+                },
+                ..JobSpec::default()
+            }),
+            status: None,
+        }
     }
 }
 

@@ -22,13 +22,13 @@ use ferry_contract::SnapshotDigest;
 use ferry_contract::cli::{LogFormat, ProgressMode, StagerCli, StagerCommand};
 use ferry_crds::plan::Plan;
 use ferry_crds::{DataStage, DataStageStatus, Phase, VersionsStatus};
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::{Resource as _, ResourceExt as _};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt as _;
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{DataLayout, Worker, WorkerDefaults, bounded_name, data_layout, literal};
+use crate::jobs::{DataLayout, ShortJob, Worker, WorkerDefaults, bounded_name, data_layout};
 use crate::webhook::wiring::DataRequest;
 
 /// Label on switch and prune Jobs (value: the place they act on).
@@ -206,33 +206,13 @@ pub fn build_job(
     defaults: &WorkerDefaults,
 ) -> Option<Job> {
     let layout = data_layout(plan, &defaults.shared_host_paths);
-    let args = literal(step.cli(&layout)?.to_args());
-    let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
-    let mut pod = crate::jobs::stager_pod(ds, plan, &layout, worker, &image, args);
-    pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
-    let labels = crate::jobs::labels(ds, (VERSIONS_LABEL, &worker.name), Some(run));
-    Some(Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(&ds.name_any(), worker, run, step)),
-            namespace: ds.namespace(),
-            labels: Some(labels.clone()),
-            owner_references: Some(vec![
-                ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
-            ]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(3),
-            active_deadline_seconds: Some(600),
-            ttl_seconds_after_finished: Some(300),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
-                spec: Some(pod),
-            },
-            ..JobSpec::default()
-        }),
-        status: None,
-    })
+    let cli = step.cli(&layout)?;
+    let short = ShortJob {
+        name: job_name(&ds.name_any(), worker, run, step),
+        labels: crate::jobs::labels(ds, (VERSIONS_LABEL, &worker.name), Some(run)),
+        owned: true,
+    };
+    Some(short.build(ds, plan, &layout, worker, &cli, defaults))
 }
 
 #[cfg(test)]

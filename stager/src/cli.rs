@@ -14,31 +14,15 @@ use std::sync::Arc;
 
 use ferry_contract::ExitStatus;
 pub use ferry_contract::cli::{LogFormat, StagerCli as Cli, StagerCommand as Command, TransferOptions};
+use ferry_contract::versions::VersionsMode;
 use ferry_engine::ObjectLocation;
+use ferry_engine::local::versions::{Switched, VersionedDir, VersionsError};
 use ferry_engine::metrics::Metrics;
 use ferry_engine::options;
 use ferry_engine::transfer::tally::{Failure, Operation, Summary, one_line};
 use ferry_engine::transfer::{Engine, TransferConfig, TransferError, pull, push};
 
 use crate::progress::Progress;
-use ferry_contract::versions::VersionsMode;
-use ferry_engine::local::versions::{Switched, VersionedDir, VersionsError};
-
-fn announce_switch(directory: &Path, switched: &Switched) {
-    let name = |digest: &Option<ferry_contract::SnapshotDigest>| {
-        digest.as_ref().map_or_else(|| "nothing".to_owned(), ToString::to_string)
-    };
-    eprintln!(
-        "ferry-stager: '{}' current: {} (was {}){}; removed {} versions, {} objects ({} bytes) no version links any more",
-        directory.display(),
-        name(&switched.to),
-        name(&switched.from),
-        if switched.sealed { "" } else { ", already on disk: nothing copied" },
-        switched.removed.len(),
-        switched.collected.objects_removed,
-        switched.collected.bytes_freed
-    );
-}
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
@@ -316,8 +300,25 @@ fn switch_after_build(versions: &VersionedDir, summary: &Summary, shared: Option
         .map_err(|e: ferry_contract::versions::NotADigest| TransferError::Config(e.to_string()))?;
     let keep: Vec<_> = versions.current().map_err(refused)?.into_iter().collect();
     let switched = versions.switch(&digest, &keep, shared).map_err(refused)?;
-    announce_switch(&versions.versions_dir().parent().unwrap_or(Path::new(".")), &switched);
+    announce_switch(versions.dir(), &switched);
     Ok(())
+}
+
+/// Says on stderr what a switch did to `directory`.
+fn announce_switch(directory: &Path, switched: &Switched) {
+    let name = |digest: &Option<ferry_contract::SnapshotDigest>| {
+        digest.as_ref().map_or_else(|| "nothing".to_owned(), ToString::to_string)
+    };
+    eprintln!(
+        "ferry-stager: '{}' current: {} (was {}){}; removed {} versions, {} objects ({} bytes) no version links any more",
+        directory.display(),
+        name(&switched.to),
+        name(&switched.from),
+        if switched.sealed { "" } else { ", already on disk: nothing copied" },
+        switched.removed.len(),
+        switched.collected.objects_removed,
+        switched.collected.bytes_freed
+    );
 }
 
 fn write_summary(path: Option<&PathBuf>, summary: &Summary) {

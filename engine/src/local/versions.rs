@@ -134,6 +134,11 @@ impl VersionedDir {
         dir.join(VERSIONS_DIR).is_dir()
     }
 
+    /// `DIR` itself.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// `DIR/.ferry-versions`: the shared-objects directory of its pulls
     /// unless they are given a node-wide one.
     pub fn versions_dir(&self) -> &Path {
