@@ -303,7 +303,11 @@ mod tests {
     }
 
     fn location() -> impl Strategy<Value = ObjectLocation> {
-        (prop_oneof!["s3", "gs"], "[a-z0-9][a-z0-9.-]{1,10}[a-z0-9]", "([a-z0-9_]{1,8}/){0,3}")
+        (
+            proptest::sample::select(crate::Scheme::ALL.to_vec()),
+            "[a-z0-9][a-z0-9.-]{1,10}[a-z0-9]",
+            "([a-z0-9_]{1,8}/){0,3}",
+        )
             .prop_map(|(scheme, bucket, prefix)| format!("{scheme}://{bucket}/{prefix}").parse().unwrap())
     }
 

@@ -31,7 +31,7 @@ pub use budget::StoreShare;
 pub use cli::{StagerCli, StagerCommand};
 pub use disk::{CapacityClaims, DiskSpace};
 pub use exit::ExitStatus;
-pub use location::ObjectLocation;
+pub use location::{ObjectLocation, Scheme};
 pub use options::{Shard, TransferOptions, VerifyMode};
 pub use peers::{PeerCounts, PeerGroup, PeerOptions};
 pub use reason::Reason;

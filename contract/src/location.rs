@@ -1,14 +1,57 @@
 //! Object storage locations as users write them: `s3://bucket/prefix` or
-//! `gs://bucket/prefix`.
+//! `gs://bucket/prefix`. The scheme is a [`Scheme`], decided here once, so
+//! that the operator, the engine and the budgets match on a type instead of
+//! comparing strings.
 
 use std::fmt;
 use std::str::FromStr;
 
+/// Which protocol a location is read and written with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// `s3://`: S3 and S3-compatible stores.
+    S3,
+    /// `gs://`: Google Cloud Storage.
+    Gcs,
+}
+
+impl Scheme {
+    /// Every scheme, in the order messages list them.
+    pub const ALL: [Scheme; 2] = [Scheme::S3, Scheme::Gcs];
+
+    /// How URIs spell it, before `://`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3",
+            Scheme::Gcs => "gs",
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A scheme no store of Ferry's speaks.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown scheme '{0}': expected one of s3, gs")]
+pub struct UnknownScheme(String);
+
+impl FromStr for Scheme {
+    type Err = UnknownScheme;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        Scheme::ALL.into_iter().find(|s| s.as_str() == value).ok_or_else(|| UnknownScheme(value.to_owned()))
+    }
+}
+
 /// A bucket and a key prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectLocation {
-    /// The URI scheme (`s3` or `gs`).
-    pub scheme: String,
+    /// The protocol.
+    pub scheme: Scheme,
     /// The bucket name.
     pub bucket: String,
     /// The key prefix: empty (whole bucket) or ending in `/`, so that
@@ -31,9 +74,7 @@ impl FromStr for ObjectLocation {
         let err = |reason| LocationError { uri: uri.to_owned(), reason };
         let (scheme, rest) =
             uri.split_once("://").ok_or_else(|| err("expected s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]"))?;
-        if scheme != "s3" && scheme != "gs" {
-            return Err(err("only s3:// and gs:// are supported"));
-        }
+        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3:// and gs:// are supported"))?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(err("the bucket name is empty"));
@@ -42,7 +83,7 @@ impl FromStr for ObjectLocation {
         if !prefix.is_empty() && !prefix.ends_with('/') {
             prefix.push('/');
         }
-        Ok(Self { scheme: scheme.to_owned(), bucket: bucket.to_owned(), prefix })
+        Ok(Self { scheme, bucket: bucket.to_owned(), prefix })
     }
 }
 
@@ -63,7 +104,11 @@ mod tests {
         assert_eq!(loc.prefix, "data/train/");
         assert_eq!("s3://bucket".parse::<ObjectLocation>().unwrap().prefix, "");
         assert_eq!("s3://bucket/".parse::<ObjectLocation>().unwrap().prefix, "");
-        assert_eq!("gs://b/p".parse::<ObjectLocation>().unwrap().scheme, "gs");
+        assert_eq!("gs://b/p".parse::<ObjectLocation>().unwrap().scheme, Scheme::Gcs);
+        for scheme in Scheme::ALL {
+            assert_eq!(scheme.as_str().parse::<Scheme>(), Ok(scheme));
+            assert_eq!(format!("{scheme}://b/").parse::<ObjectLocation>().unwrap().scheme, scheme);
+        }
         assert!("az://b/p".parse::<ObjectLocation>().is_err());
         assert!("s3:///p".parse::<ObjectLocation>().is_err());
         assert!("/local/path".parse::<ObjectLocation>().is_err());

@@ -68,7 +68,7 @@ impl StoreBudgetSpec {
     /// Whether a DataStage's store, bucket `bucket` of scheme `scheme` at
     /// `endpoint`, falls under this budget. Endpoints compare without a
     /// trailing slash and without case.
-    pub fn covers(&self, scheme: &str, bucket: &str, endpoint: Option<&str>) -> bool {
+    pub fn covers(&self, scheme: ferry_contract::Scheme, bucket: &str, endpoint: Option<&str>) -> bool {
         let normal = |endpoint: Option<&str>| endpoint.map(|e| e.trim_end_matches('/').to_ascii_lowercase());
         let own: Option<ferry_contract::ObjectLocation> = self.uri.parse().ok();
         own.is_some_and(|own| own.scheme == scheme && own.bucket == bucket)
@@ -131,6 +131,8 @@ pub struct DataStageBudget {
 
 #[cfg(test)]
 mod tests {
+    use ferry_contract::Scheme;
+
     use super::*;
 
     fn spec(uri: &str, endpoint: Option<&str>) -> StoreBudgetSpec {
@@ -145,11 +147,11 @@ mod tests {
     #[test]
     fn a_budget_covers_its_bucket_at_its_endpoint_whatever_the_spelling_of_either() {
         let budget = spec("s3://data/", Some("http://MinIO:9000/"));
-        assert!(budget.covers("s3", "data", Some("http://minio:9000")));
-        assert!(!budget.covers("s3", "data", None), "another endpoint, another store");
-        assert!(!budget.covers("gs", "data", Some("http://minio:9000")));
-        assert!(!budget.covers("s3", "data2", Some("http://minio:9000")));
-        assert!(spec("gs://data", None).covers("gs", "data", None));
+        assert!(budget.covers(Scheme::S3, "data", Some("http://minio:9000")));
+        assert!(!budget.covers(Scheme::S3, "data", None), "another endpoint, another store");
+        assert!(!budget.covers(Scheme::Gcs, "data", Some("http://minio:9000")));
+        assert!(!budget.covers(Scheme::S3, "data2", Some("http://minio:9000")));
+        assert!(spec("gs://data", None).covers(Scheme::Gcs, "data", None));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! Not here: which nodes match (that needs the cluster's nodes; see the
 //! operator's placement module).
 
+use ferry_contract::{ObjectLocation, location::LocationError};
+
 use crate::{DataStageSpec, Fanout, Location};
 
 /// Which way data moves.
@@ -17,15 +19,6 @@ pub enum Direction {
     Pull,
     /// Volume → object storage.
     Push,
-}
-
-/// The object store's protocol, from the URI's scheme.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// `s3://`: S3 and S3-compatible stores.
-    S3,
-    /// `gs://`: Google Cloud Storage.
-    Gcs,
 }
 
 /// The volume side.
@@ -44,16 +37,16 @@ pub enum Volume<'a> {
 }
 
 /// One interpretation of a spec.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Plan<'a> {
     /// Which way data moves.
     pub direction: Direction,
     /// The object-storage side (its `uri`, endpoint, credentials).
     pub store: &'a Location,
-    /// The store's URI.
+    /// The store's URI, as the spec spells it.
     pub uri: &'a str,
-    /// The store's protocol.
-    pub backend: Backend,
+    /// The store's URI, parsed: its scheme, bucket and prefix.
+    pub location: ObjectLocation,
     /// The volume side.
     pub volume: Volume<'a>,
     /// Worker pods per place (per node for a hostPath, for the claim
@@ -68,10 +61,16 @@ pub struct Plan<'a> {
 /// A spec the API server should have refused: only an object written
 /// before the schema's rules existed can have one.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "the spec does not name one object store and one volume (hostPath or persistentVolumeClaim); fix spec.source and spec.destination"
-)]
-pub struct IncompleteSpec;
+pub enum IncompleteSpec {
+    /// A side is missing.
+    #[error(
+        "the spec does not name one object store and one volume (hostPath or persistentVolumeClaim); fix spec.source and spec.destination"
+    )]
+    Sides,
+    /// The store's URI does not parse.
+    #[error("{0}; fix the uri in spec.source or spec.destination")]
+    Uri(#[from] LocationError),
+}
 
 impl<'a> Plan<'a> {
     /// Whether each node gets its own workers (a hostPath is node-local).
@@ -98,13 +97,13 @@ impl DataStageSpec {
         } else {
             (Direction::Push, &self.destination, &self.source)
         };
-        let uri = store.uri.as_deref().ok_or(IncompleteSpec)?;
-        let backend = if uri.starts_with("gs://") { Backend::Gcs } else { Backend::S3 };
-        let volume = volume_side.volume.as_ref().ok_or(IncompleteSpec)?;
+        let uri = store.uri.as_deref().ok_or(IncompleteSpec::Sides)?;
+        let location: ObjectLocation = uri.parse()?;
+        let volume = volume_side.volume.as_ref().ok_or(IncompleteSpec::Sides)?;
         let volume = match (&volume.host_path, &volume.persistent_volume_claim) {
             (Some(path), None) => Volume::HostPath(path),
             (None, Some(claim)) => Volume::Claim { name: &claim.claim_name, sub_path: claim.sub_path.as_deref() },
-            _ => return Err(IncompleteSpec),
+            _ => return Err(IncompleteSpec::Sides),
         };
         let pods_per_worker = self.workers.unwrap_or(1).clamp(1, 1000) as u32;
         // Peers are nodes that each hold a whole copy and one process each
@@ -116,12 +115,14 @@ impl DataStageSpec {
             Some(Fanout::PeerToPeer) | None if peers_possible => Fanout::PeerToPeer,
             _ => Fanout::Direct,
         };
-        Ok(Plan { direction, store, uri, backend, volume, pods_per_worker, fanout })
+        Ok(Plan { direction, store, uri, location, volume, pods_per_worker, fanout })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use ferry_contract::Scheme;
+
     use super::*;
 
     fn spec(value: serde_json::Value) -> DataStageSpec {
@@ -133,7 +134,7 @@ mod tests {
         let pull = spec(serde_json::json!({
             "source": {"uri": "gs://b/p"}, "destination": {"volume": {"hostPath": "/mnt/x"}}, "workers": 3}));
         let plan = pull.plan().unwrap();
-        assert_eq!((plan.direction, plan.backend, plan.uri), (Direction::Pull, Backend::Gcs, "gs://b/p"));
+        assert_eq!((plan.direction, plan.location.scheme, plan.uri), (Direction::Pull, Scheme::Gcs, "gs://b/p"));
         assert_eq!((plan.volume, plan.pods_per_worker), (Volume::HostPath("/mnt/x"), 3));
         assert!(plan.per_node());
 
@@ -141,13 +142,21 @@ mod tests {
             "source": {"volume": {"persistentVolumeClaim": {"claimName": "c", "subPath": "s"}}},
             "destination": {"uri": "s3://b/p"}}));
         let plan = push.plan().unwrap();
-        assert_eq!((plan.direction, plan.backend), (Direction::Push, Backend::S3));
+        assert_eq!((plan.direction, plan.location.scheme), (Direction::Push, Scheme::S3));
         assert_eq!(plan.volume, Volume::Claim { name: "c", sub_path: Some("s") });
         assert!(!plan.per_node());
         assert_eq!(plan.pods_per_worker, 1);
 
         let neither = spec(serde_json::json!({"source": {"uri": "s3://b/p"}, "destination": {}}));
-        assert_eq!(neither.plan(), Err(IncompleteSpec));
+        assert_eq!(neither.plan(), Err(IncompleteSpec::Sides));
+
+        // Admission refuses it; an object from before the rule still gets
+        // a message that names the field, not a guessed store.
+        let unknown = spec(serde_json::json!({
+            "source": {"uri": "ftp://b/p"}, "destination": {"volume": {"hostPath": "/mnt/x"}}}));
+        let error = unknown.plan().unwrap_err();
+        assert!(matches!(error, IncompleteSpec::Uri(_)), "{error:?}");
+        assert!(error.to_string().contains("'ftp://b/p'") && error.to_string().contains("spec.source"), "{error}");
     }
 
     #[test]

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use ferry_contract::TransferOptions;
 use ferry_contract::options::{COMPLETION_INDEX_ENV, Concurrency, Shard};
+use ferry_contract::{Scheme, TransferOptions};
 
 use crate::ObjectLocation;
 use crate::selection::Selection;
@@ -100,7 +100,7 @@ impl TransferConfig {
 
 /// The store a location names, configured from the options.
 pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Arc<dyn ObjectStore> {
-    if location.scheme == "gs" {
+    if location.scheme == Scheme::Gcs {
         // The emulator convention of Google's own client libraries.
         let emulator = std::env::var("STORAGE_EMULATOR_HOST")
             .ok()

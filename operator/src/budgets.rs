@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_contract::{ObjectLocation, StoreShare};
+use ferry_contract::{ObjectLocation, Scheme, StoreShare};
 use ferry_crds::{DataStage, DataStageBudget, StoreBudget, StoreBudgetStatus};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -42,10 +42,9 @@ pub const FIELD_MANAGER: &str = "ferry.dev/operator-budgets";
 const PERIOD: Duration = Duration::from_secs(1);
 
 /// A DataStage's store as budgets name it: scheme, bucket, endpoint.
-fn store_of(ds: &DataStage) -> Option<(String, String, Option<String>)> {
+fn store_of(ds: &DataStage) -> Option<(Scheme, String, Option<String>)> {
     let plan = ds.spec.plan().ok()?;
-    let location: ObjectLocation = plan.uri.parse().ok()?;
-    Some((location.scheme, location.bucket, plan.store.endpoint.clone()))
+    Some((plan.location.scheme, plan.location.bucket, plan.store.endpoint.clone()))
 }
 
 /// The budget that applies to bucket `bucket` of scheme `scheme` at
@@ -53,7 +52,7 @@ fn store_of(ds: &DataStage) -> Option<(String, String, Option<String>)> {
 /// so in their status).
 fn applying<'a>(
     budgets: &'a [Arc<StoreBudget>],
-    scheme: &str,
+    scheme: Scheme,
     bucket: &str,
     endpoint: Option<&str>,
 ) -> Option<&'a Arc<StoreBudget>> {
@@ -63,7 +62,7 @@ fn applying<'a>(
 /// The budget that applies to `ds`'s store.
 fn budget_for<'a>(budgets: &'a [Arc<StoreBudget>], ds: &DataStage) -> Option<&'a Arc<StoreBudget>> {
     let (scheme, bucket, endpoint) = store_of(ds)?;
-    applying(budgets, &scheme, &bucket, endpoint.as_deref())
+    applying(budgets, scheme, &bucket, endpoint.as_deref())
 }
 
 /// Workers (pods) a Job runs: its parallelism, 1 unless sharded.
@@ -150,7 +149,7 @@ pub fn split(
         let entry = out.budgets.get_mut(&budget.name_any()).expect("every budget has an entry");
         entry.share = budget.spec.share(entry.workers);
         let own: Option<ObjectLocation> = budget.spec.uri.parse().ok();
-        let first = own.and_then(|own| applying(budgets, &own.scheme, &own.bucket, budget.spec.endpoint.as_deref()));
+        let first = own.and_then(|own| applying(budgets, own.scheme, &own.bucket, budget.spec.endpoint.as_deref()));
         entry.shadowed_by = first.map(|b| b.name_any()).filter(|name| *name != budget.name_any());
     }
     for (ds, budget, running) in under {

@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_crds::plan::{Backend, Direction, Plan};
+use ferry_contract::Scheme;
+use ferry_crds::plan::{Direction, Plan};
 use ferry_crds::{DataStage, DataStageStatus, Fanout, Phase, ReclaimPolicy, WorkerStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
@@ -176,7 +177,7 @@ pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Res
             ),
         });
     }
-    if plan.store.anonymous == Some(true) && plan.backend == Backend::S3 {
+    if plan.store.anonymous == Some(true) && plan.location.scheme == Scheme::S3 {
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
             message: "anonymous applies to gs:// only; for s3:// give credentials or rely on the pod's identity".into(),
@@ -310,9 +311,9 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
     if !missing {
         return Ok(None);
     }
-    let keys = match plan.backend {
-        Backend::Gcs => "key key.json (a service-account key)",
-        Backend::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    let keys = match plan.location.scheme {
+        Scheme::Gcs => "key key.json (a service-account key)",
+        Scheme::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
     };
     Ok(Some(Blocked {
         phase: Phase::Pending,
@@ -1031,22 +1032,22 @@ pub fn workers_to_start<'a>(
 /// never possible.
 async fn with_peer_secret<'a>(ds: &DataStage, ctx: &Context, plan: &Plan<'a>) -> Result<Plan<'a>, Error> {
     if plan.fanout != Fanout::PeerToPeer {
-        return Ok(*plan);
+        return Ok(plan.clone());
     }
     let namespace = ds.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let secret = crate::peers::build_secret(ds, &crate::peers::new_token());
     let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
     match secrets.create(&params, &secret).await {
-        Ok(_) => Ok(*plan),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(*plan),
+        Ok(_) => Ok(plan.clone()),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(plan.clone()),
         Err(kube::Error::Api(status)) if status.is_forbidden() => {
             let note = format!(
                 "the operator may not create Secret {} in namespace {namespace}, which peers need; these workers read everything from the store (fanout Direct). Add the namespace to the chart's dataStageNamespaces",
                 secret.name_any()
             );
             publish(ctx, ds, EventType::Warning, "PeersUnavailable", note, "Create").await;
-            Ok(Plan { fanout: Fanout::Direct, ..*plan })
+            Ok(Plan { fanout: Fanout::Direct, ..plan.clone() })
         }
         Err(error) => Err(error.into()),
     }

@@ -17,8 +17,8 @@ use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
     WebIdentityOptions,
 };
-use ferry_contract::{ByteSize, ExitStatus, ObjectLocation};
-use ferry_crds::plan::{Backend, Direction, Plan, Volume as PlanVolume};
+use ferry_contract::{ByteSize, ExitStatus, Scheme};
+use ferry_crds::plan::{Direction, Plan, Volume as PlanVolume};
 use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
@@ -307,13 +307,7 @@ pub fn stager_cli(
     }
     let layout = data_layout(plan, &defaults.shared_host_paths);
     options.shared_objects = layout.shared_objects.map(Into::into);
-    // The CRD admits only URIs this parses; a spec from before its rules gets
-    // the stager's own error for it.
-    let location: ObjectLocation = plan.uri.parse().unwrap_or_else(|_| ObjectLocation {
-        scheme: "s3".into(),
-        bucket: plan.uri.to_owned(),
-        prefix: String::new(),
-    });
+    let location = plan.location.clone();
     let command = match plan.direction {
         Direction::Pull => StagerCommand::Pull { source: location, destination: layout.data.into(), options },
         // The node creates a hostPath that does not exist (DirectoryOrCreate,
@@ -409,9 +403,9 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
         return (Vec::new(), Some((volume, mount)));
     }
     let Some(secret) = &credentials.name else { return (Vec::new(), None) };
-    match plan.backend {
+    match plan.location.scheme {
         // A service-account key: Application Default Credentials read the file.
-        Backend::Gcs => {
+        Scheme::Gcs => {
             let env = EnvVar {
                 name: "GOOGLE_APPLICATION_CREDENTIALS".into(),
                 value: Some(format!("{GCS_KEY_MOUNT}/key.json")),
@@ -429,7 +423,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             let mount = read_only_mount(&volume, GCS_KEY_MOUNT);
             (vec![env], Some((volume, mount)))
         }
-        Backend::S3 => {
+        Scheme::S3 => {
             let env = [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
                 .into_iter()
                 .map(|(key, optional)| EnvVar {
