@@ -1,19 +1,14 @@
 //! From [`TransferOptions`] (what the `ferry-stager` flags and the Python
 //! package's keyword arguments both parse into) to a configured run: the
-//! engine's [`TransferConfig`] and the store a location names. One
+//! engine's [`TransferConfig`] (the store a location names is
+//! `ferry_store::connect`'s). One
 //! translation for every front end, so an option cannot mean one thing on
 //! the command line and another in Python.
 
-use std::sync::Arc;
-
+use ferry_contract::TransferOptions;
 use ferry_contract::options::{COMPLETION_INDEX_ENV, Concurrency, Shard};
-use ferry_contract::{Scheme, TransferOptions};
 
-use crate::ObjectLocation;
 use crate::selection::Selection;
-use crate::store::ObjectStore;
-use crate::store::gcs::{GcsOptions, GcsStore};
-use crate::store::s3::{S3Options, S3Store};
 use crate::transfer::capacity::CapacityCheck;
 use crate::transfer::{RetryPolicy, SharedObjectsDir, TransferConfig, TransferError};
 
@@ -96,43 +91,6 @@ impl TransferConfig {
                 .map(|dir| SharedObjectsDir { dir, endpoint: options.endpoint_url.clone() }),
         })
     }
-}
-
-/// The store a location names, configured from the options.
-pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Arc<dyn ObjectStore> {
-    if location.scheme == Scheme::Gcs {
-        // The emulator convention of Google's own client libraries.
-        let emulator = std::env::var("STORAGE_EMULATOR_HOST")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .map(|host| if host.contains("://") { host } else { format!("http://{host}") });
-        let gcs = GcsOptions {
-            endpoint_url: options.endpoint_url.clone().or_else(|| emulator.clone()),
-            anonymous: options.anonymous || emulator.is_some(),
-            connect_timeout: options.connect_timeout,
-            request_timeout: options.request_timeout,
-        };
-        return Arc::new(GcsStore::connect(&location.bucket, &gcs).await);
-    }
-    // An ablation knob for benchmarks, read from the environment only
-    // (store::s3's module documentation); a value it does not know is
-    // refused loudly and the run goes on with the default.
-    let data_path = crate::store::s3::S3DataPath::from_env().unwrap_or_else(|error| {
-        let default = crate::store::s3::S3DataPath::default();
-        tracing::error!(error = %error, data_path = %default, "S3 data requests take the default path");
-        default
-    });
-    let s3 = S3Options {
-        endpoint_url: options.endpoint_url.clone(),
-        // S3-compatible servers rarely care about the region; defaulting
-        // it here spares a lookup in instance metadata that cannot succeed.
-        region: options.region.clone().or_else(|| options.endpoint_url.as_ref().map(|_| "us-east-1".to_owned())),
-        connect_timeout: options.connect_timeout,
-        request_timeout: options.request_timeout,
-        data_path,
-        web_identity: crate::store::s3::WebIdentity::from_options(&options.web_identity),
-    };
-    Arc::new(S3Store::connect(&location.bucket, &s3).await)
 }
 
 #[cfg(test)]

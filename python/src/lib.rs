@@ -105,7 +105,9 @@ async fn shared_engine(options: &TransferOptions, location: &ObjectLocation) -> 
 /// An engine of its own, for one pull or push.
 async fn new_engine(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<Engine>, Failure> {
     let config = TransferConfig::from_options(options).map_err(Failure::Run)?;
-    let store = ferry_engine::options::connect(options, location).await;
+    let store = ferry_store::connect(options, location)
+        .await
+        .map_err(|source| Failure::Run(TransferError::Store { uri: location.to_string(), source }))?;
     Engine::new(store, config, Arc::new(Metrics::new())).map_err(Failure::Run)
 }
 

@@ -214,7 +214,9 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         Transfer::Pull { source, .. } => source,
         Transfer::Push { destination, .. } => destination,
     };
-    let store = options::connect(options, location).await;
+    let store = ferry_store::connect(options, location)
+        .await
+        .map_err(|source| TransferError::Store { uri: location.to_string(), source })?;
     // Fleet staging is for pulls: a push reads one node's directory.
     let peering = match job {
         Transfer::Pull { .. } => crate::peers::start(options, &metrics).await?.map(Arc::new),

@@ -1,5 +1,5 @@
 //! What production S3 stores ask of a client beyond the test suite's plain
-//! HTTP and static keys, on every S3 data path (`sdk`, `hyper`):
+//! HTTP and static keys:
 //!
 //! * HTTPS with a private CA, as on-premises MinIO and Ceph usually are:
 //!   the stager trusts the CA named by `SSL_CERT_FILE`, moves a tree both
@@ -15,29 +15,28 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{Run, command, run, write_tree};
-use ferry_engine::store::s3::{DATA_PATH_ENV, S3DataPath};
 use ferry_testkit::{REQUEST_DEADLINE, S3Server, Store, pattern, read_tree};
 use tempfile::TempDir;
 
-/// A stager command whose S3 data requests take `path`, with `env` added.
-fn on_path(server: &Store, path: S3DataPath, env: &[(&str, &OsStr)], args: &[&str]) -> Command {
+/// A stager command with `env` added.
+fn with_env(server: &Store, env: &[(&str, &OsStr)], args: &[&str]) -> Command {
     let mut command = command(server, args);
-    command.env(DATA_PATH_ENV, path.as_str()).envs(env.iter().copied());
+    command.envs(env.iter().copied());
     command
 }
 
 /// Pushes `src` to `uri` (5 MiB parts) and pulls it back into a new
-/// directory, both on `path` with `env`; returns the pull and its directory.
-fn round_trip(server: &Store, path: S3DataPath, env: &[(&str, &OsStr)], src: &Path, uri: &str) -> (Run, TempDir) {
-    run(on_path(server, path, env, &["push", src.to_str().unwrap(), uri, "--part-size", "5MiB"])).assert_ok();
+/// directory, both with `env`; returns the pull and its directory.
+fn round_trip(server: &Store, env: &[(&str, &OsStr)], src: &Path, uri: &str) -> (Run, TempDir) {
+    run(with_env(server, env, &["push", src.to_str().unwrap(), uri, "--part-size", "5MiB"])).assert_ok();
     let dst = tempfile::tempdir().unwrap();
-    let pull = run(on_path(server, path, env, &["pull", uri, dst.path().to_str().unwrap()]));
+    let pull = run(with_env(server, env, &["pull", uri, dst.path().to_str().unwrap()]));
     pull.assert_ok();
     (pull, dst)
 }
 
 #[test]
-fn every_s3_data_path_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
+fn the_stager_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
     let server = S3Server::minio_tls();
     let ca_file = server.ca_file.clone().expect("a TLS server has a CA");
     let server = Store::S3(server);
@@ -52,34 +51,32 @@ fn every_s3_data_path_trusts_the_ca_it_is_given_and_refuses_an_unknown_one() {
     let src = tempfile::tempdir().unwrap();
     write_tree(src.path(), &files);
 
-    for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
-        let uri = server.uri(&format!("tls/{path}"));
-        let (pull, dst) = round_trip(&server, path, &[("SSL_CERT_FILE", ca_file.as_os_str())], src.path(), &uri);
-        assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{path}: {:#}", pull.summary);
-        assert!(read_tree(dst.path()) == files, "{path}: the tree differs after the round trip over TLS");
+    let uri = server.uri("tls/tree");
+    let (pull, dst) = round_trip(&server, &[("SSL_CERT_FILE", ca_file.as_os_str())], src.path(), &uri);
+    assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(3), "{:#}", pull.summary);
+    assert!(read_tree(dst.path()) == files, "the tree differs after the round trip over TLS");
 
-        // The platform's roots do not include the test CA: the handshake is
-        // refused, the run fails with the reason, and nothing is written.
-        let untrusting = tempfile::tempdir().unwrap();
-        let mut pull = on_path(&server, path, &[], &["pull", &uri, untrusting.path().to_str().unwrap()]);
-        pull.env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
-        let refused = run(pull);
-        assert_ne!(refused.code(), 0, "{path}: a server with an unknown CA was trusted:\n{}", refused.stderr);
-        assert!(
-            refused.stderr.to_ascii_lowercase().contains("certificate"),
-            "{path}: the failure does not say the certificate was refused:\n{}",
-            refused.stderr
-        );
-        assert!(read_tree(untrusting.path()).is_empty(), "{path}: a refused run left files behind");
-    }
+    // The platform's roots do not include the test CA: the handshake is
+    // refused, the run fails with the reason, and nothing is written.
+    let untrusting = tempfile::tempdir().unwrap();
+    let mut pull = with_env(&server, &[], &["pull", &uri, untrusting.path().to_str().unwrap()]);
+    pull.env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
+    let refused = run(pull);
+    assert_ne!(refused.code(), 0, "a server with an unknown CA was trusted:\n{}", refused.stderr);
+    assert!(
+        refused.stderr.to_ascii_lowercase().contains("certificate"),
+        "the failure does not say the certificate was refused:\n{}",
+        refused.stderr
+    );
+    assert!(read_tree(untrusting.path()).is_empty(), "a refused run left files behind");
 }
 
 /// Temporary credentials carry a session token that every request must
 /// sign (IRSA on EKS, assumed roles): with credentials MinIO's STS issued
-/// for an assumed role, each data path signs the token and moves the tree
+/// for an assumed role, the stager signs the token and moves the tree
 /// both ways.
 #[test]
-fn every_s3_data_path_signs_the_session_token_of_temporary_credentials() {
+fn the_stager_signs_the_session_token_of_temporary_credentials() {
     let server = S3Server::minio();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (access_key, secret_key, session_token) = runtime.block_on(assume_role(&server));
@@ -90,23 +87,20 @@ fn every_s3_data_path_signs_the_session_token_of_temporary_credentials() {
     let src = tempfile::tempdir().unwrap();
     write_tree(src.path(), &files);
 
-    for path in [S3DataPath::Sdk, S3DataPath::Hyper] {
-        let uri = server.uri(&format!("sts/{path}"));
-        let temporary = [
-            ("AWS_ACCESS_KEY_ID", OsStr::new(&access_key)),
-            ("AWS_SECRET_ACCESS_KEY", OsStr::new(&secret_key)),
-            ("AWS_SESSION_TOKEN", OsStr::new(&session_token)),
-        ];
-        let (_, dst) = round_trip(&server, path, &temporary, src.path(), &uri);
-        assert!(read_tree(dst.path()) == files, "{path}: the tree differs after a round trip with a session token");
+    let uri = server.uri("sts/tree");
+    let temporary = [
+        ("AWS_ACCESS_KEY_ID", OsStr::new(&access_key)),
+        ("AWS_SECRET_ACCESS_KEY", OsStr::new(&secret_key)),
+        ("AWS_SESSION_TOKEN", OsStr::new(&session_token)),
+    ];
+    let (_, dst) = round_trip(&server, &temporary, src.path(), &uri);
+    assert!(read_tree(dst.path()) == files, "the tree differs after a round trip with a session token");
 
-        // The token is checked: without it the same keys are refused.
-        let tokenless_dst = tempfile::tempdir().unwrap();
-        let refused =
-            run(on_path(&server, path, &temporary[..2], &["pull", &uri, tokenless_dst.path().to_str().unwrap()]));
-        assert_ne!(refused.code(), 0, "{path}: temporary keys worked without their session token");
-        assert!(refused.stderr.contains("InvalidTokenId"), "{path}: refused for another reason:\n{}", refused.stderr);
-    }
+    // The token is checked: without it the same keys are refused.
+    let tokenless_dst = tempfile::tempdir().unwrap();
+    let refused = run(with_env(&server, &temporary[..2], &["pull", &uri, tokenless_dst.path().to_str().unwrap()]));
+    assert_ne!(refused.code(), 0, "temporary keys worked without their session token");
+    assert!(refused.stderr.contains("InvalidTokenId"), "refused for another reason:\n{}", refused.stderr);
 }
 
 /// Temporary credentials from MinIO's STS (AssumeRole, signed with the root keys).

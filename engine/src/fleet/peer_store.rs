@@ -85,7 +85,7 @@ impl PeerStore {
 
     /// What the store says version `etag` of `key` is verified against.
     async fn trusted_checksum(&self, key: &str, etag: &str) -> Result<Option<Integrity>, StoreError> {
-        if let Some(md5) = crate::store::s3::md5_from_etag(etag) {
+        if let Some(md5) = crate::store::md5_from_etag(etag) {
             return Ok(Some(Integrity::Whole(md5)));
         }
         let (meta, checksum) = self.inner.head(key).await?;

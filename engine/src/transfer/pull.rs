@@ -52,7 +52,7 @@ use crate::local::shared_objects::{ObjectIdentity, SharedObjects};
 use crate::local::sorted::{RunWriter, SortedRun};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
-use crate::store::s3::md5_from_etag;
+use crate::store::md5_from_etag;
 use crate::store::{
     Integrity, ListPage, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum,
 };

@@ -8,62 +8,41 @@
 //! the CRC32C header instead of a SHA-256 of the payload, which would cost a
 //! second pass over every byte.
 //!
-//! # The data paths
+//! # The data path
 //!
-//! Which client carries the *data* requests (GET, whole or ranged, PUT and
-//! UploadPart) is chosen by `FERRY_S3_DATA_PATH` ([`S3DataPath`]). It is a
-//! knob for benchmarks that compare HTTP stacks under the same scheduler,
-//! budgets and verification, not a user option: it is read from the
-//! environment only and never appears among the flags. Listing, HEAD,
-//! `part_size` and the multipart control requests (create, complete, abort,
-//! list) always go through `aws-sdk-s3`. The default is `hyper`: it spends
-//! the least CPU per request and is level per byte (docs/benchmarks.md);
-//! when it cannot be set up (no TLS roots for an https endpoint) the run
-//! says so and stays on the SDK.
+//! Data requests (GET, whole or ranged, PUT and UploadPart) go through a
+//! lean client on hyper 1 and hyper-util's pooled client
+//! (`s3/hyper_path.rs`), the same stack and rustls (aws-lc-rs) provider the
+//! SDK runs on, signed with `aws-sigv4` (UNSIGNED-PAYLOAD, the engine's
+//! CRC32C in `x-amz-checksum-crc32c`). Listing, HEAD, `part_size` and the
+//! multipart control requests (create, complete, abort, list) go through
+//! `aws-sdk-s3`. The bucket's URL is resolved once, by the SDK's own
+//! endpoint resolver, so addressing (path style for custom endpoints,
+//! virtual hosts on AWS) matches the SDK's; credentials come from the same
+//! SDK configuration chain and are cached until shortly before they expire.
 //!
-//! * `sdk`: every request through `aws-sdk-s3`. Each request
-//!   runs the SDK's orchestrator: interceptors, the S3 endpoint rules engine,
-//!   identity-cache lookup and signing, and deserialisation of every modelled
-//!   header into an output struct. A whole-object GET asks for the object's
-//!   checksum headers with the `x-amz-checksum-mode` header rather than the
-//!   input's `checksum_mode`, which would also make the SDK CRC the body
-//!   itself, a pass over every byte that the engine's verification repeats.
-//! * `hyper` (`s3/hyper_path.rs`, the default): a lean path straight on hyper 1 and
-//!   hyper-util's pooled client, the same stack and rustls (aws-lc-rs)
-//!   provider the SDK runs on, signed with `aws-sigv4` (UNSIGNED-PAYLOAD, the
-//!   engine's CRC32C in `x-amz-checksum-crc32c` as the SDK path sends it).
-//!   The bucket's URL is resolved once, by the SDK's own endpoint resolver,
-//!   so addressing (path style for custom endpoints, virtual hosts on AWS)
-//!   matches the SDK path; credentials come from the same SDK configuration
-//!   chain and are cached until shortly before they expire.
-//! * `object_store` (`s3/object_store_path.rs`): the `object_store` crate's S3
-//!   client over reqwest, pointed at the same resolved bucket URL, with the
-//!   same credentials (bridged from the SDK chain), its own retries off and
-//!   unsigned payloads. It cannot send a CRC32C with a PUT or a part (it
-//!   knows only SHA-256 and CRC64NVME, computed by itself), so on this path
-//!   the store does not check uploaded bytes against the engine's CRC32C,
-//!   and multipart uploads are started and completed without one (a store
-//!   promised a CRC32C refuses parts without it); such objects are verified
-//!   on a pull against their ETags (MD5, multipart MD5). Keys it cannot
-//!   represent (empty segments, `.`/`..` segments, control characters) are
-//!   refused. It can send If-Match. Response checksum headers reach the
-//!   engine through a connector that copies them into the response's
-//!   extensions.
+//! Why this path: it spends the least CPU per request and is level per
+//! byte with the SDK and the `object_store` crate's S3 client, measured
+//! under the same scheduler, budgets and verification (docs/benchmarks.md,
+//! "HTTP stack"). Those two data paths were benchmark ablations and are
+//! gone; their figures stay in docs/benchmarks.md. The SDK's orchestrator
+//! (interceptors, the endpoint rules engine, identity-cache lookup and
+//! signing, deserialisation of every modelled header) costs per request
+//! what the data requests of a bulk copy have most of.
 //!
-//! All three hand the engine the same [`GetResponse`]: content length, the
-//! ETag without quotes, the [`Integrity`] of a whole-object read (one header
-//! parser, `integrity`) and errors in the same [`StoreError`] categories
-//! (`classify_status` on the status and the S3 error code).
+//! Every response reaches the engine as the same [`GetResponse`]: content
+//! length, the ETag without quotes, the [`Integrity`] of a whole-object
+//! read (one header parser, `integrity`) and errors in the same
+//! [`StoreError`] categories (`classify_status` on the status and the S3
+//! error code).
 
 mod credentials;
 mod hyper_path;
-mod object_store_path;
 mod web_identity;
 
 pub use web_identity::WebIdentity;
 
 use std::ops::Range;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,21 +53,19 @@ use aws_sdk_s3::config::{
     Region, RequestChecksumCalculation, ResponseChecksumValidation, retry::RetryConfig, timeout::TimeoutConfig,
 };
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart, ServerSideEncryption,
 };
-use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
-use futures::StreamExt as _;
 
 use super::{
     GetResponse, Integrity, ListPage, ObjectMeta, ObjectStore, PartAlgorithm, PartsChecksum, RetryReason, StoreError,
     StoredChecksum, UploadedPart,
 };
 use super::{ListedPart, PendingUpload};
+use crate::md5_from_etag;
 
 /// How to reach an S3-compatible store.
 #[derive(Clone, Debug, Default)]
@@ -101,98 +78,8 @@ pub struct S3Options {
     pub connect_timeout: Duration,
     /// Time allowed for one request until its response headers arrive.
     pub request_timeout: Duration,
-    /// Which client carries the data requests (an ablation knob, see the
-    /// module documentation).
-    pub data_path: S3DataPath,
     /// Credentials from a token exchanged at STS, instead of the SDK chain's.
     pub web_identity: Option<WebIdentity>,
-}
-
-/// The environment variable that chooses the [`S3DataPath`] of a run.
-pub const DATA_PATH_ENV: &str = "FERRY_S3_DATA_PATH";
-
-/// Which client carries GET, PUT and UploadPart requests: an ablation knob
-/// for benchmarks (`FERRY_S3_DATA_PATH`), not a user option.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum S3DataPath {
-    /// `aws-sdk-s3`, like every other request.
-    Sdk,
-    /// hyper with SigV4 signing from `aws-sigv4` (the default: measured the
-    /// cheapest per request, level per byte; docs/benchmarks.md).
-    #[default]
-    Hyper,
-    /// The `object_store` crate's S3 client.
-    ObjectStore,
-}
-
-impl S3DataPath {
-    /// Every choice, in the order the error message lists them.
-    pub const ALL: [S3DataPath; 3] = [S3DataPath::Sdk, S3DataPath::Hyper, S3DataPath::ObjectStore];
-
-    /// The value `FERRY_S3_DATA_PATH` takes for it.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            S3DataPath::Sdk => "sdk",
-            S3DataPath::Hyper => "hyper",
-            S3DataPath::ObjectStore => "object_store",
-        }
-    }
-
-    /// The choice `FERRY_S3_DATA_PATH` makes; unset or empty is the default.
-    ///
-    /// # Errors
-    /// A value that names no data path.
-    pub fn from_env() -> Result<Self, DataPathError> {
-        match std::env::var(DATA_PATH_ENV) {
-            Ok(value) if !value.trim().is_empty() => value.parse(),
-            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(S3DataPath::default()),
-            Err(std::env::VarError::NotUnicode(value)) => {
-                Err(DataPathError::Unknown(value.to_string_lossy().into_owned()))
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for S3DataPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for S3DataPath {
-    type Err = DataPathError;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let value = value.trim();
-        S3DataPath::ALL
-            .into_iter()
-            .find(|path| path.as_str().eq_ignore_ascii_case(value))
-            .ok_or_else(|| DataPathError::Unknown(value.to_owned()))
-    }
-}
-
-/// Why the data path a run asked for cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum DataPathError {
-    /// `FERRY_S3_DATA_PATH` names no data path.
-    #[error("{DATA_PATH_ENV}='{0}' is not one of sdk, hyper, object_store")]
-    Unknown(String),
-    /// The client of the chosen data path could not be built.
-    #[error("the {path} data path cannot be set up: {detail}")]
-    Unusable {
-        /// The data path that was asked for.
-        path: S3DataPath,
-        /// What went wrong.
-        detail: String,
-    },
-}
-
-/// The client that carries a store's data requests.
-#[derive(Clone, Debug)]
-enum DataClient {
-    Sdk,
-    Hyper(Arc<hyper_path::HyperDataPath>),
-    ObjectStore(Arc<object_store_path::ObjectStoreDataPath>),
 }
 
 /// How the SDK client addresses a bucket, beyond its region and endpoint.
@@ -227,17 +114,7 @@ async fn resolve_bucket_url(
     Ok(resolved.url().trim_end_matches('/').to_owned())
 }
 
-impl DataClient {
-    /// Whether PUTs and parts carry the engine's CRC32C. Multipart uploads
-    /// are started with a CRC32C only then: a store that was promised one
-    /// refuses parts without it (MinIO: "checksum missing"), and completes
-    /// an upload against the parts' checksums.
-    fn sends_crc32c(&self) -> bool {
-        !matches!(self, DataClient::ObjectStore(_))
-    }
-}
-
-/// What the non-SDK data paths share with the SDK's view of a bucket,
+/// What the data path shares with the SDK's view of a bucket,
 /// resolved once when the store connects.
 struct DataPathSetup<'a> {
     bucket: &'a str,
@@ -255,13 +132,17 @@ struct DataPathSetup<'a> {
 pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
-    data: DataClient,
+    data: Arc<hyper_path::HyperDataPath>,
 }
 
 impl S3Store {
     /// Builds a client from the standard AWS configuration chain (environment,
     /// profile, web identity / IRSA, container and instance metadata).
-    pub async fn connect(bucket: &str, options: &S3Options) -> Self {
+    ///
+    /// # Errors
+    /// [`StoreError::Rejected`] when the bucket cannot be addressed at the
+    /// endpoint, or an https endpoint finds no TLS root certificates.
+    pub async fn connect(bucket: &str, options: &S3Options) -> Result<Self, StoreError> {
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
         if let Some(region) = &options.region {
             loader = loader.region(Region::new(region.clone()));
@@ -284,9 +165,16 @@ impl S3Store {
     }
 
     /// Builds a client from an SDK configuration the caller loaded (tests
-    /// give one with static keys); `options` adds the timeouts, the
-    /// addressing a custom endpoint implies and the data path.
-    pub async fn from_sdk_config(bucket: &str, options: &S3Options, shared: &aws_config::SdkConfig) -> Self {
+    /// give one with static keys); `options` adds the timeouts and the
+    /// addressing a custom endpoint implies.
+    ///
+    /// # Errors
+    /// As [`S3Store::connect`].
+    pub async fn from_sdk_config(
+        bucket: &str,
+        options: &S3Options,
+        shared: &aws_config::SdkConfig,
+    ) -> Result<Self, StoreError> {
         let mut config = aws_sdk_s3::config::Builder::from(shared)
             .retry_config(RetryConfig::disabled())
             .timeout_config(
@@ -307,31 +195,21 @@ impl S3Store {
             config = config.force_path_style(true);
         }
         let config = config.build();
-        let data = match options.data_path {
-            S3DataPath::Sdk => DataClient::Sdk,
-            path => {
-                Self::data_client(path, bucket, options, shared, &config, path_style).await.unwrap_or_else(|error| {
-                    tracing::error!(error = %error, "S3 data requests stay on the SDK");
-                    DataClient::Sdk
-                })
-            }
-        };
-        let store = Self { client: aws_sdk_s3::Client::from_conf(config), bucket: bucket.to_owned(), data };
-        tracing::info!(data_path = %store.data_path(), "S3 data requests' client");
-        store
+        let data = Self::data_client(bucket, options, shared, &config, path_style).await.map_err(|detail| {
+            StoreError::Rejected { code: "InvalidEndpoint".into(), message: format!("S3 data requests: {detail}") }
+        })?;
+        Ok(Self { client: aws_sdk_s3::Client::from_conf(config), bucket: bucket.to_owned(), data: Arc::new(data) })
     }
 
-    /// The client of a non-SDK data path, configured as the SDK client is:
-    /// the same region, credentials chain and bucket URL.
+    /// The data path's client, configured as the SDK client is: the same
+    /// region, credentials chain and bucket URL.
     async fn data_client(
-        path: S3DataPath,
         bucket: &str,
         options: &S3Options,
         shared: &aws_config::SdkConfig,
         config: &aws_sdk_s3::Config,
         path_style: bool,
-    ) -> Result<DataClient, DataPathError> {
-        let unusable = |detail: String| DataPathError::Unusable { path, detail };
+    ) -> Result<hyper_path::HyperDataPath, String> {
         let region = config.region().map_or_else(|| "us-east-1".to_owned(), |r| r.as_ref().to_owned());
         let endpoint = options.endpoint_url.as_deref().or(shared.endpoint_url());
         let addressing = Addressing {
@@ -339,7 +217,7 @@ impl S3Store {
             fips: shared.use_fips().unwrap_or(false),
             dual_stack: shared.use_dual_stack().unwrap_or(false),
         };
-        let bucket_url = resolve_bucket_url(bucket, &region, endpoint, addressing).await.map_err(unusable)?;
+        let bucket_url = resolve_bucket_url(bucket, &region, endpoint, addressing).await?;
         let setup = DataPathSetup {
             bucket,
             bucket_url,
@@ -347,25 +225,7 @@ impl S3Store {
             credentials: Arc::new(credentials::CachedCredentials::new(shared.credentials_provider())),
             options,
         };
-        match path {
-            S3DataPath::Sdk => Ok(DataClient::Sdk),
-            S3DataPath::Hyper => {
-                Ok(DataClient::Hyper(Arc::new(hyper_path::HyperDataPath::new(&setup).map_err(unusable)?)))
-            }
-            S3DataPath::ObjectStore => Ok(DataClient::ObjectStore(Arc::new(
-                object_store_path::ObjectStoreDataPath::new(&setup).map_err(unusable)?,
-            ))),
-        }
-    }
-
-    /// Which client carries this store's data requests (the one asked for,
-    /// or the SDK when that one could not be set up).
-    pub fn data_path(&self) -> S3DataPath {
-        match self.data {
-            DataClient::Sdk => S3DataPath::Sdk,
-            DataClient::Hyper(_) => S3DataPath::Hyper,
-            DataClient::ObjectStore(_) => S3DataPath::ObjectStore,
-        }
+        hyper_path::HyperDataPath::new(&setup)
     }
 
     fn map_error<E>(&self, err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
@@ -578,19 +438,6 @@ impl<'a> ChecksumHeaders<'a> {
     }
 }
 
-/// The response headers [`ChecksumHeaders::from_headers`] reads.
-const CHECKSUM_HEADERS: [&str; 9] = [
-    CRC64NVME_HEADER,
-    CRC32C_HEADER,
-    CRC32_HEADER,
-    SHA1_HEADER,
-    SHA256_HEADER,
-    CHECKSUM_TYPE_HEADER,
-    ETAG_HEADER,
-    ENCRYPTION_HEADER,
-    CUSTOMER_KEY_HEADER,
-];
-
 const CRC64NVME_HEADER: &str = "x-amz-checksum-crc64nvme";
 /// Read from responses, and sent with every PUT and part on the hyper path.
 const CRC32C_HEADER: &str = "x-amz-checksum-crc32c";
@@ -687,16 +534,6 @@ fn multipart_etag(etag: &str) -> Option<PartsChecksum> {
     let (digest, parts) = split_parts(etag.trim_matches('"'))?;
     let digest = hex::decode(digest).ok().filter(|d| d.len() == 16)?;
     Some(PartsChecksum { algorithm: PartAlgorithm::Md5, digest, parts })
-}
-
-/// The MD5 of a single-part object's content, when its ETag is one.
-pub(crate) fn md5_from_etag(etag: &str) -> Option<StoredChecksum> {
-    let etag = etag.trim_matches('"');
-    if etag.len() != 32 {
-        return None;
-    }
-    let bytes = hex::decode(etag).ok()?;
-    Some(StoredChecksum::Md5(bytes.try_into().ok()?))
 }
 
 /// The [`ChecksumHeaders`] of a HeadObject or GetObject output (the two
@@ -796,19 +633,11 @@ impl ObjectStore for S3Store {
         range: Option<Range<u64>>,
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
-        match &self.data {
-            DataClient::Sdk => self.sdk_get(key, range, if_match).await,
-            DataClient::Hyper(hyper) => hyper.get(key, range, if_match).await,
-            DataClient::ObjectStore(store) => store.get(key, range, if_match).await,
-        }
+        self.data.get(key, range, if_match).await
     }
 
     async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
-        match &self.data {
-            DataClient::Sdk => self.sdk_put(key, body, crc32c).await,
-            DataClient::Hyper(hyper) => hyper.put(key, body, crc32c).await,
-            DataClient::ObjectStore(store) => store.put(key, body).await,
-        }
+        self.data.put(key, body, crc32c).await
     }
 
     async fn upload_part(
@@ -819,11 +648,7 @@ impl ObjectStore for S3Store {
         body: Bytes,
         crc32c: u32,
     ) -> Result<UploadedPart, StoreError> {
-        let etag = match &self.data {
-            DataClient::Sdk => self.sdk_upload_part(key, upload_id, number, body, crc32c).await?,
-            DataClient::Hyper(hyper) => hyper.upload_part(key, upload_id, number, body, crc32c).await?,
-            DataClient::ObjectStore(store) => store.upload_part(key, upload_id, number, body).await?,
-        };
+        let etag = self.data.upload_part(key, upload_id, number, body, crc32c).await?;
         let etag = etag.ok_or_else(|| StoreError::Rejected {
             code: "MissingETag".into(),
             message: format!("the store accepted part {number} without returning its ETag"),
@@ -832,14 +657,13 @@ impl ObjectStore for S3Store {
     }
 
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
-        let checksums = self.data.sends_crc32c();
         let output = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
-            .set_checksum_algorithm(checksums.then_some(ChecksumAlgorithm::Crc32C))
-            .set_checksum_type(checksums.then_some(ChecksumType::FullObject))
+            .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+            .checksum_type(ChecksumType::FullObject)
             .send()
             .await
             .map_err(|e| self.map_error(e))?;
@@ -856,14 +680,13 @@ impl ObjectStore for S3Store {
         parts: Vec<UploadedPart>,
         crc32c: u32,
     ) -> Result<Option<String>, StoreError> {
-        let checksums = self.data.sends_crc32c();
         let parts = parts
             .into_iter()
             .map(|part| {
                 CompletedPart::builder()
                     .part_number(i32::try_from(part.number).unwrap_or(i32::MAX))
                     .e_tag(format!("\"{}\"", part.etag))
-                    .set_checksum_crc32_c(checksums.then(|| encode_crc(part.crc32c)))
+                    .checksum_crc32_c(encode_crc(part.crc32c))
                     .build()
             })
             .collect();
@@ -873,8 +696,8 @@ impl ObjectStore for S3Store {
             .bucket(&self.bucket)
             .key(key)
             .upload_id(upload_id)
-            .set_checksum_type(checksums.then_some(ChecksumType::FullObject))
-            .set_checksum_crc32_c(checksums.then(|| encode_crc(crc32c)))
+            .checksum_type(ChecksumType::FullObject)
+            .checksum_crc32_c(encode_crc(crc32c))
             .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
             .send()
             .await
@@ -941,90 +764,6 @@ impl ObjectStore for S3Store {
 }
 
 impl S3Store {
-    async fn sdk_get(
-        &self,
-        key: &str,
-        range: Option<Range<u64>>,
-        if_match: Option<&str>,
-    ) -> Result<GetResponse, StoreError> {
-        let ranged = range.is_some();
-        let mut request = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .set_range(range.as_ref().map(range_header))
-            .set_if_match(if_match.map(|etag| format!("\"{etag}\"")))
-            .customize();
-        if !ranged {
-            // The object's checksum headers are asked for with the header
-            // itself, not the input's `checksum_mode`: that field also
-            // switches on the SDK's own CRC of the body, a second pass over
-            // every byte that the engine's verification already makes.
-            request = request.mutate_request(|request: &mut HttpRequest| {
-                request.headers_mut().insert(CHECKSUM_MODE_HEADER, CHECKSUM_MODE_ENABLED);
-            });
-        }
-        let output = request.send().await.map_err(|e| self.map_error(e))?;
-        // A checksum header on a ranged response describes the whole object,
-        // not the range: only trust it for full reads.
-        let checksum = if ranged { None } else { integrity(&checksum_headers!(output)) };
-        let content_length = u64::try_from(output.content_length().unwrap_or(0)).unwrap_or(0);
-        let etag = output.e_tag().map(strip_quotes);
-        let body = futures::stream::unfold(output.body, |mut body: ByteStream| async move {
-            let next = body.next().await?;
-            let mapped = next.map_err(|e| StoreError::transient(RetryReason::TruncatedBody, crate::error_chain(&e)));
-            Some((mapped, body))
-        })
-        .boxed();
-        Ok(GetResponse { content_length, etag, checksum, body })
-    }
-
-    async fn sdk_put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
-        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
-        let output = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_length(length)
-            .checksum_crc32_c(encode_crc(crc32c))
-            .body(ByteStream::from(body))
-            .customize()
-            .disable_payload_signing()
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        Ok(output.e_tag().map(strip_quotes))
-    }
-
-    async fn sdk_upload_part(
-        &self,
-        key: &str,
-        upload_id: &str,
-        number: u32,
-        body: Bytes,
-        crc32c: u32,
-    ) -> Result<Option<String>, StoreError> {
-        let length = i64::try_from(body.len()).unwrap_or(i64::MAX);
-        let output = self
-            .client
-            .upload_part()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .part_number(i32::try_from(number).unwrap_or(i32::MAX))
-            .content_length(length)
-            .checksum_crc32_c(encode_crc(crc32c))
-            .body(ByteStream::from(body))
-            .customize()
-            .disable_payload_signing()
-            .send()
-            .await
-            .map_err(|e| self.map_error(e))?;
-        Ok(output.e_tag().map(strip_quotes))
-    }
-
     async fn list_uploads_page_by_page(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
         let mut uploads = Vec::new();
         let (mut key_marker, mut upload_id_marker) = (None, None);
@@ -1180,20 +919,6 @@ mod tests {
     }
 
     #[test]
-    fn the_data_path_is_named_by_one_word_and_defaults_to_hyper() {
-        assert_eq!(S3DataPath::default(), S3DataPath::Hyper);
-        for path in S3DataPath::ALL {
-            assert_eq!(path.as_str().parse::<S3DataPath>().unwrap(), path);
-        }
-        assert_eq!(" HYPER ".parse::<S3DataPath>().unwrap(), S3DataPath::Hyper);
-        let error = "reqwest".parse::<S3DataPath>().unwrap_err().to_string();
-        assert!(
-            error.contains(DATA_PATH_ENV) && error.contains("'reqwest'") && error.contains("object_store"),
-            "{error}"
-        );
-    }
-
-    #[test]
     fn a_raw_header_map_is_read_as_the_sdks_output_is() {
         let mut map = http::HeaderMap::new();
         map.insert("x-amz-checksum-crc32c", encode_crc(0xdead_beef).parse().unwrap());
@@ -1247,7 +972,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_data_paths_address_a_bucket_as_the_sdk_does() {
+    async fn the_data_path_addresses_a_bucket_as_the_sdk_does() {
         let path_style = Addressing { path_style: true, ..Addressing::default() };
         let minio = resolve_bucket_url("data", "us-east-1", Some("http://127.0.0.1:9000"), path_style).await;
         assert_eq!(minio.unwrap(), "http://127.0.0.1:9000/data");

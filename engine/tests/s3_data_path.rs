@@ -1,11 +1,11 @@
-//! The S3 data-path ablation against a real MinIO: each data path (`sdk`,
-//! `hyper`, `object_store`, see `store::s3`) carries a push and a pull of a
-//! small tree through the engine (an empty file, a few bytes, and a
-//! multipart object of an odd size) byte for byte with verification on, and
-//! hands the engine the same things the SDK path does: content length,
-//! ETag, the checksum of a whole-object read (the one HEAD reports), and
-//! the same error categories for a replaced object under If-Match, a
-//! missing key, refused credentials and an endpoint nobody listens on.
+//! The S3 data path (hyper + SigV4, see `ferry_store::s3`) against a real
+//! MinIO: it carries a push and a pull of a small tree through the engine
+//! (an empty file, a few bytes, and a multipart object of an odd size) byte
+//! for byte with verification on, and hands the engine what the SDK's
+//! requests do: content length, ETag, the checksum of a whole-object read
+//! (the one HEAD, an SDK request, reports), and the same error categories
+//! for a replaced object under If-Match, a missing key, refused credentials
+//! and an endpoint nobody listens on.
 //!
 //! The store is built from an SDK configuration with the test server's
 //! static keys, so nothing here depends on this process's environment.
@@ -19,10 +19,8 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, SharedCredentials
 use bytes::Bytes;
 use ferry_contract::TransferOptions;
 use ferry_engine::metrics::Metrics;
-use ferry_engine::store::s3::{S3DataPath, S3Options, S3Store};
-use ferry_engine::store::{
-    GetResponse, Integrity, ObjectStore, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum,
-};
+use ferry_engine::store::s3::{S3Options, S3Store};
+use ferry_engine::store::{GetResponse, Integrity, ObjectStore, RetryReason, StoreError, StoredChecksum};
 use ferry_engine::transfer::{Engine, TransferConfig, pull::pull, push::push};
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::TryStreamExt as _;
@@ -30,8 +28,8 @@ use futures::TryStreamExt as _;
 const MIB: usize = 1 << 20;
 const BUCKET: &str = "ablation";
 
-/// A store on `endpoint` whose data requests take `path`.
-async fn connect(endpoint: &str, access_key: &str, secret_key: &str, path: S3DataPath) -> S3Store {
+/// A store on `endpoint`.
+async fn connect(endpoint: &str, access_key: &str, secret_key: &str) -> S3Store {
     let shared = aws_config::SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
@@ -45,12 +43,9 @@ async fn connect(endpoint: &str, access_key: &str, secret_key: &str, path: S3Dat
         region: Some("us-east-1".to_owned()),
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(30),
-        data_path: path,
         web_identity: None,
     };
-    let store = S3Store::from_sdk_config(BUCKET, &options, &shared).await;
-    assert_eq!(store.data_path(), path, "the {path} data path could not be set up");
-    store
+    S3Store::from_sdk_config(BUCKET, &options, &shared).await.expect("the data path is set up")
 }
 
 fn write_tree(root: &Path, files: &BTreeMap<String, Vec<u8>>) {
@@ -66,11 +61,11 @@ async fn body(response: GetResponse) -> Vec<u8> {
     chunks.concat()
 }
 
-async fn data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_does(path: S3DataPath) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_does() {
     let server = S3Server::minio();
     server.create_bucket(BUCKET).await;
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(connect(&server.endpoint, &server.access_key, &server.secret_key, path).await);
+    let store: Arc<dyn ObjectStore> = Arc::new(connect(&server.endpoint, &server.access_key, &server.secret_key).await);
 
     // Push then pull, through the engine, with a part size that splits the
     // large file into 5 MiB, 5 MiB and 2 MiB + 7 B.
@@ -109,18 +104,12 @@ async fn data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_d
         assert_eq!(response.checksum, head, "{key}");
         assert!(response.checksum.is_some(), "{key}: no checksum to verify against");
     }
-    // The SDK and hyper paths send the engine's CRC32C with a PUT, and the
-    // store keeps it; object_store cannot send one.
+    // A PUT and the parts carry the engine's CRC32C, and the store keeps it.
     let (_, tiny) = store.head("ds/tiny.txt").await.unwrap();
     let (_, large) = store.head("ds/nested/large.bin").await.unwrap();
-    eprintln!("{path}: tiny.txt verifies against {tiny:?}, large.bin against {large:?}");
-    if path == S3DataPath::ObjectStore {
-        assert!(matches!(large, Some(Integrity::Parts(PartsChecksum { algorithm: PartAlgorithm::Md5, parts: 3, .. }))));
-    } else {
-        assert_eq!(tiny, Some(Integrity::Whole(StoredChecksum::Crc32c(crc32c::crc32c(b"ferry")))));
-        let whole = crc32c::crc32c(&files["nested/large.bin"]);
-        assert_eq!(large, Some(Integrity::Whole(StoredChecksum::Crc32c(whole))));
-    }
+    assert_eq!(tiny, Some(Integrity::Whole(StoredChecksum::Crc32c(crc32c::crc32c(b"ferry")))));
+    let whole = crc32c::crc32c(&files["nested/large.bin"]);
+    assert_eq!(large, Some(Integrity::Whole(StoredChecksum::Crc32c(whole))));
 
     // A ranged read under If-Match, then the object replaced under it.
     let key = "ds/nested/large.bin";
@@ -142,7 +131,7 @@ async fn data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_d
     assert!(matches!(missing, StoreError::NotFound), "{missing:?}");
 
     // Refused credentials, on a read and on a write.
-    let wrong = connect(&server.endpoint, &server.access_key, "not-the-secret", path).await;
+    let wrong = connect(&server.endpoint, &server.access_key, "not-the-secret").await;
     let denied = wrong.get("ds/tiny.txt", None, None).await.unwrap_err();
     assert!(matches!(&denied, StoreError::AccessDenied { code, .. } if code == "SignatureDoesNotMatch"), "{denied:?}");
     let denied = wrong.put("ds/denied.txt", Bytes::from_static(b"no"), crc32c::crc32c(b"no")).await.unwrap_err();
@@ -150,22 +139,7 @@ async fn data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_d
 
     // Nobody listening: a connection failure, worth retrying.
     let port = ferry_testkit::free_port();
-    let nowhere = connect(&format!("http://127.0.0.1:{port}"), "key", "secret", path).await;
+    let nowhere = connect(&format!("http://127.0.0.1:{port}"), "key", "secret").await;
     let refused = nowhere.get("ds/tiny.txt", None, None).await.unwrap_err();
     assert_eq!(refused.retry_reason(), Some(RetryReason::Connection), "{refused:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sdk_data_path() {
-    data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_does(S3DataPath::Sdk).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_hyper_data_path() {
-    data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_does(S3DataPath::Hyper).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_object_store_data_path() {
-    data_path_carries_a_verified_round_trip_and_reports_errors_as_the_sdk_does(S3DataPath::ObjectStore).await;
 }

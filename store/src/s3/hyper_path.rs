@@ -1,4 +1,4 @@
-//! The lean data path (`FERRY_S3_DATA_PATH=hyper`): GET, PUT and UploadPart
+//! The S3 data path: GET, PUT and UploadPart
 //! as plain HTTP requests on hyper 1 and hyper-util's pooled client, signed
 //! with `aws-sigv4`.
 //!
@@ -9,7 +9,7 @@
 //! resolver), no output structs, and no checksum of the response body
 //! (the engine verifies what it reads itself). Bodies are never signed
 //! (UNSIGNED-PAYLOAD): the store checks the engine's CRC32C in
-//! `x-amz-checksum-crc32c` instead, as on the SDK path. GET bodies stream.
+//! `x-amz-checksum-crc32c` instead. GET bodies stream.
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_s3::config::{Credentials, ProvideCredentials as _, SharedCredentialsProvider};
+use aws_sdk_s3::config::{ProvideCredentials as _, SharedCredentialsProvider};
 use aws_smithy_runtime_api::client::identity::Identity;
 
 use super::StoreError;
@@ -31,9 +31,7 @@ pub(super) struct CachedCredentials {
 
 /// Credentials as the signers want them.
 pub(super) struct Resolved {
-    /// The keys (and session token) themselves.
-    pub(super) credentials: Credentials,
-    /// The same, as `aws-sigv4` takes them.
+    /// The keys (and session token), as `aws-sigv4` takes them.
     pub(super) identity: Identity,
     /// When to ask the provider again; never for credentials that do not expire.
     refresh_at: Option<SystemTime>,
@@ -69,7 +67,7 @@ impl CachedCredentials {
             super::web_identity::access_denied(&e).unwrap_or_else(|| StoreError::NoCredentials(crate::error_chain(&e)))
         })?;
         let refresh_at = credentials.expiry().map(|expiry| refresh_time(SystemTime::now(), expiry));
-        let resolved = Arc::new(Resolved { identity: Identity::from(credentials.clone()), credentials, refresh_at });
+        let resolved = Arc::new(Resolved { identity: Identity::from(credentials), refresh_at });
         *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&resolved));
         Ok(resolved)
     }
@@ -90,6 +88,8 @@ fn refresh_time(now: SystemTime, expiry: SystemTime) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
+    use aws_sdk_s3::config::Credentials;
+
     use super::*;
 
     #[test]
@@ -127,7 +127,7 @@ mod tests {
         let calls = Arc::new(AtomicUsize::new(0));
         let cache = CachedCredentials::new(Some(SharedCredentialsProvider::new(Counting(Arc::clone(&calls)))));
         for _ in 0..5 {
-            assert_eq!(cache.get().await.unwrap().credentials.access_key_id(), "key");
+            assert_eq!(cache.get().await.unwrap().identity.data::<Credentials>().unwrap().access_key_id(), "key");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         let none = CachedCredentials::new(None);

@@ -1,0 +1,72 @@
+//! From a location and the options every front end takes to a configured
+//! store: the one place a [`Scheme`] picks a backend.
+
+use std::sync::Arc;
+
+use ferry_contract::{ObjectLocation, Scheme, TransferOptions};
+
+use crate::{ObjectStore, StoreError};
+
+/// The store a location names, configured from the options.
+///
+/// # Errors
+/// A scheme whose backend this build was compiled without (its cargo
+/// feature is off), or a store that cannot be addressed (see each
+/// backend's `connect`).
+pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    match location.scheme {
+        Scheme::S3 => s3(options, location).await,
+        Scheme::Gcs => gcs(options, location).await,
+    }
+}
+
+#[cfg(feature = "s3")]
+async fn s3(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use crate::s3::{S3Options, S3Store, WebIdentity};
+    let s3 = S3Options {
+        endpoint_url: options.endpoint_url.clone(),
+        // S3-compatible servers rarely care about the region; defaulting
+        // it here spares a lookup in instance metadata that cannot succeed.
+        region: options.region.clone().or_else(|| options.endpoint_url.as_ref().map(|_| "us-east-1".to_owned())),
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+        web_identity: WebIdentity::from_options(&options.web_identity),
+    };
+    Ok(Arc::new(S3Store::connect(&location.bucket, &s3).await?))
+}
+
+#[cfg(feature = "gcs")]
+async fn gcs(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use crate::gcs::{GcsOptions, GcsStore};
+    // The emulator convention of Google's own client libraries.
+    let emulator = std::env::var("STORAGE_EMULATOR_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .map(|host| if host.contains("://") { host } else { format!("http://{host}") });
+    let gcs = GcsOptions {
+        endpoint_url: options.endpoint_url.clone().or_else(|| emulator.clone()),
+        anonymous: options.anonymous || emulator.is_some(),
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+    };
+    Ok(Arc::new(GcsStore::connect(&location.bucket, &gcs).await))
+}
+
+#[cfg(not(feature = "s3"))]
+async fn s3(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(not_compiled(location, "s3"))
+}
+
+#[cfg(not(feature = "gcs"))]
+async fn gcs(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(not_compiled(location, "gcs"))
+}
+
+/// A build without the backend a location needs.
+#[cfg(not(all(feature = "s3", feature = "gcs")))]
+fn not_compiled(location: &ObjectLocation, feature: &str) -> StoreError {
+    StoreError::Rejected {
+        code: "UnsupportedScheme".into(),
+        message: format!("this build has no {}:// store (the ferry-store feature '{feature}' is off)", location.scheme),
+    }
+}
