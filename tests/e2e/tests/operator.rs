@@ -1234,22 +1234,31 @@ async fn a_scheduled_datastage_resyncs_only_what_changed_and_counts_it() {
                 "destination": {"volume": {"hostPath": "/mnt/ferry/nightly"}},
                 "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-a"}},
                 "schedule": "*/3 * * * * *",
+                // Suspended while the bucket is changed: a sync every 3 s
+                // would otherwise end between two changes, or run again
+                // before the first one's status is read.
+                "suspend": true,
             }),
         )
         .await;
+    // A suspended schedule still stages once when created.
     let first = setup.wait_status("nightly", "the first sync", |s| s.phase == Some(Phase::Succeeded)).await;
     let first_run = first.run.unwrap();
-    assert!(first.next_sync_time.is_some(), "{first:?}");
+    assert_eq!(first.next_sync_time, None, "suspended: no next sync {first:?}");
     let added = first.last_sync.clone().unwrap().added;
     assert_eq!(added.objects as usize, setup.files.len());
 
-    // The bucket changes: one object new, one rewritten, one gone.
+    // The bucket changes: one object new, one rewritten, one gone. Then the
+    // schedule resumes and its next sync sees all three.
     setup.s3.put("datasets", "demo/train/new.bin", pattern(99, 1234)).await;
     setup.s3.put("datasets", "demo/train/001.bin", pattern(98, 777)).await;
     setup.s3.client().delete_object().bucket("datasets").key("demo/train/002.bin").send().await.unwrap();
+    let resume = json!({"spec": {"suspend": false}});
+    setup.datastages.patch("nightly", &PatchParams::default(), &Patch::Merge(&resume)).await.unwrap();
+    setup.wait_status("nightly", "resumed", |s| s.next_sync_time.is_some()).await;
     let synced = setup
         .wait_status("nightly", "a sync that saw the change", |s| {
-            s.phase == Some(Phase::Succeeded) && s.last_sync.as_ref().is_some_and(|c| c.added.objects == 1)
+            s.phase == Some(Phase::Succeeded) && s.run.is_some_and(|run| run > first_run)
         })
         .await;
     let changes = synced.last_sync.clone().unwrap();
