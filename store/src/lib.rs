@@ -9,7 +9,7 @@
 //! backend-specific type, and what an object is verified against is an
 //! [`Integrity`] whatever store keeps it.
 //!
-//! Each backend lives behind a cargo feature (`s3`, `gcs`) and keeps its
+//! Each backend lives behind a cargo feature (`s3`, `gcs`, `azure`) and keeps its
 //! SDK types to itself; [`connect()`] builds the one a location's scheme
 //! names. The engine depends on this crate without features: on the trait
 //! and the integrity types only.
@@ -17,12 +17,18 @@
 //! This crate is not a general-purpose object-store abstraction: it offers
 //! exactly the operations a bulk copy needs.
 
+#[cfg(feature = "azure")]
+pub mod azure;
 mod connect;
 #[cfg(feature = "gcs")]
 pub mod gcs;
+#[cfg(any(feature = "s3", feature = "azure"))]
+mod http;
 pub mod integrity;
 #[cfg(feature = "s3")]
 pub mod s3;
+#[cfg(any(feature = "s3", feature = "azure"))]
+mod xml;
 
 pub use connect::connect;
 pub use integrity::{Integrity, PartAlgorithm, PartsChecksum, StoredChecksum, md5_from_etag};

@@ -65,7 +65,9 @@ use super::{
     StoredChecksum, UploadedPart,
 };
 use super::{ListedPart, PendingUpload};
+use crate::http::strip_quotes;
 use crate::md5_from_etag;
+use crate::xml::error_document;
 
 /// How to reach an S3-compatible store.
 #[derive(Clone, Debug, Default)]
@@ -309,89 +311,10 @@ fn classify_status(status: u16, code: &str, message: &str, bucket: &str) -> Stor
     }
 }
 
-/// The `<Code>` and `<Message>` of an S3 error document, empty when absent
-/// (a HEAD, or a proxy's HTML page). The non-SDK data paths read error
-/// responses with it; the SDK parses them itself.
-fn error_document(body: &str) -> (String, String) {
-    fn element<'a>(body: &'a str, name: &str) -> Option<&'a str> {
-        let start = body.find(&format!("<{name}>"))? + name.len() + 2;
-        let end = start + body[start..].find(&format!("</{name}>"))?;
-        Some(&body[start..end])
-    }
-    let code = element(body, "Code").map(unescape_xml).unwrap_or_default();
-    let message = element(body, "Message").map(unescape_xml).unwrap_or_default();
-    (code, message)
-}
-
-/// Text with XML's character references replaced (MinIO quotes with `&#34;`).
-fn unescape_xml(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find('&') {
-        out.push_str(&rest[..start]);
-        rest = &rest[start..];
-        let Some(end) = rest.find(';') else { break };
-        let entity = &rest[1..end];
-        let decoded = match entity {
-            "lt" => Some('<'),
-            "gt" => Some('>'),
-            "quot" => Some('"'),
-            "apos" => Some('\''),
-            "amp" => Some('&'),
-            _ => entity
-                .strip_prefix("#x")
-                .map_or_else(
-                    || entity.strip_prefix('#').and_then(|n| n.parse().ok()),
-                    |hex| u32::from_str_radix(hex, 16).ok(),
-                )
-                .and_then(char::from_u32),
-        };
-        match decoded {
-            Some(c) => {
-                out.push(c);
-                rest = &rest[end + 1..];
-            }
-            None => {
-                out.push('&');
-                rest = &rest[1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 /// Classifies an error response from its status and body.
 fn classify_response(status: u16, body: &str, bucket: &str) -> StoreError {
     let (code, message) = error_document(body);
     classify_status(status, &code, &message, bucket)
-}
-
-/// An S3 key as a URL path: every byte but the unreserved ones and `/`
-/// percent-encoded, as S3's SigV4 canonical URI wants it (and as the SDK
-/// encodes a greedy label). Also encodes query values, where `/` is escaped.
-fn encode_uri(value: &str, keep_slash: bool) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(value.len() + 16);
-    for byte in value.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(byte as char),
-            b'/' if keep_slash => out.push('/'),
-            _ => {
-                let _ = write!(out, "%{byte:02X}");
-            }
-        }
-    }
-    out
-}
-
-/// The `Range` header for a half-open byte range.
-fn range_header(range: &Range<u64>) -> String {
-    format!("bytes={}-{}", range.start, range.end.saturating_sub(1))
-}
-
-fn strip_quotes(etag: &str) -> String {
-    etag.trim_matches('"').to_owned()
 }
 
 fn encode_crc(crc: u32) -> String {
@@ -796,6 +719,8 @@ impl S3Store {
 
 #[cfg(test)]
 mod tests {
+    use crate::http::{encode_uri, range_header};
+
     use super::*;
 
     #[test]
@@ -952,7 +877,6 @@ mod tests {
             ("NoSuchKey".to_owned(), "The specified key does not exist & never did.".to_owned())
         );
         assert!(matches!(classify_response(404, missing, "b"), StoreError::NotFound));
-        assert_eq!(unescape_xml("want &#34;CRC32C&#34; &#x26; &bogus; & more"), "want \"CRC32C\" & &bogus; & more");
         assert!(matches!(classify_response(412, "", "b"), StoreError::Changed));
         let slow = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
         assert_eq!(classify_response(503, slow, "b").retry_reason(), Some(RetryReason::Throttled));

@@ -138,7 +138,7 @@ impl Drop for GcsServer {
     }
 }
 
-fn encode(key: &str) -> String {
+pub(crate) fn encode(key: &str) -> String {
     key.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),

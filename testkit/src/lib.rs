@@ -7,15 +7,18 @@
 //! does the same with moto's S3 server, which accepts object keys MinIO
 //! refuses (`..` segments), for the path-traversal tests.
 //!
-//! [`GcsServer`] does the same with fake-gcs-server, and [`Store`] puts
-//! either behind one interface for tests that run against every backend.
+//! [`GcsServer`] does the same with fake-gcs-server, [`AzuriteServer`] with
+//! Azurite's blob service, and [`Store`] puts MinIO or fake-gcs-server
+//! behind one interface for tests that run against every backend.
 //!
 //! Binaries are found through `FERRY_MINIO_BIN` / `FERRY_MOTO_BIN`, else by
 //! asking `hack/tools.sh path`, which installs them on first use.
 
+mod azure;
 mod gcs;
 mod proxy;
 
+pub use azure::{AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer};
 pub use gcs::{Backend, GcsServer, Store};
 pub use proxy::CorruptingProxy;
 

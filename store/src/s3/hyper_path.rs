@@ -21,30 +21,23 @@ use aws_sigv4::http_request::{
 };
 use aws_sigv4::sign::v4;
 use bytes::Bytes;
-use futures::StreamExt as _;
 use http::{HeaderValue, Method, Request, Response};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::credentials::CachedCredentials;
 use super::{
     CHECKSUM_MODE_ENABLED, CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, DataPathSetup, GetResponse,
-    RetryReason, StoreError, classify_response, encode_crc, encode_uri, integrity, range_header, strip_quotes,
+    StoreError, classify_response, encode_crc, integrity,
 };
-
-/// The most of an error response's body that is read for its code.
-const ERROR_BODY_LIMIT: usize = 64 << 10;
-
-/// How long an idle pooled connection is kept (hyper-util's default).
-const POOL_IDLE: Duration = Duration::from_secs(90);
+use crate::http::{
+    HttpClient, body_stream, content_length, encode_uri, exchange, header_value, pooled_client, range_header,
+    strip_quotes,
+};
 
 /// One bucket's data requests over hyper.
 pub(super) struct HyperDataPath {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     bucket: String,
     /// The bucket's URL, without a trailing slash.
     bucket_url: String,
@@ -66,32 +59,7 @@ impl std::fmt::Debug for HyperDataPath {
 impl HyperDataPath {
     /// A pooled client for the bucket `setup` describes.
     pub(super) fn new(setup: &DataPathSetup<'_>) -> Result<Self, String> {
-        let mut http = HttpConnector::new();
-        // hyper-rustls wraps it, and takes the https URLs itself.
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(setup.options.connect_timeout));
-        // The provider the SDK's own client uses, named rather than left to
-        // the process default, which is ambiguous when two are compiled in.
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = match HttpsConnectorBuilder::new().with_provider_and_native_roots(provider) {
-            Ok(builder) => builder,
-            // A plain-HTTP endpoint (MinIO in a test, a sidecar) needs no
-            // roots, and a minimal image may have none.
-            Err(_) if setup.bucket_url.starts_with("http://") => HttpsConnectorBuilder::new().with_tls_config(
-                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| e.to_string())?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-            ),
-            Err(error) => return Err(format!("no TLS root certificates: {error}")),
-        };
-        let connector = builder.https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+        let client = pooled_client(setup.options.connect_timeout, setup.bucket_url.starts_with("http://"))?;
         let mut settings = SigningSettings::default();
         // What S3 wants, as the SDK's S3 signer sets it: the key is encoded
         // once and never normalised (`a/../b` and `a//b` are keys), and the
@@ -132,14 +100,8 @@ impl HyperDataPath {
         let checksum =
             if range.is_some() { None } else { integrity(&ChecksumHeaders::from_headers(response.headers())) };
         let etag = etag_of(&response);
-        let content_length = response
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let body = response.into_body().into_data_stream().map(|chunk| chunk.map_err(body_error)).boxed();
-        Ok(GetResponse { content_length, etag, checksum, body })
+        let content_length = content_length(response.headers());
+        Ok(GetResponse { content_length, etag, checksum, body: body_stream(response) })
     }
 
     /// Writes a whole object; the store checks `crc32c`.
@@ -209,61 +171,16 @@ impl HyperDataPath {
         let (instructions, _signature) = signable.into_parts();
         instructions.apply_to_request_http1x(&mut request);
 
-        let response = tokio::time::timeout(self.request_timeout, self.client.request(request))
-            .await
-            .map_err(|_| {
-                StoreError::transient(
-                    RetryReason::Timeout,
-                    format!("no response within {:?} from {}", self.request_timeout, self.bucket_url),
-                )
-            })?
-            .map_err(dispatch_error)?;
-        if response.status().is_success() {
-            return Ok(response);
+        match exchange(&self.client, request, self.request_timeout, &self.bucket_url).await? {
+            Ok(response) => Ok(response),
+            Err(failed) => Err(classify_response(failed.status, &failed.body, &self.bucket)),
         }
-        let status = response.status().as_u16();
-        // An error body is small; one that does not arrive is still an
-        // error of this status.
-        let body =
-            tokio::time::timeout(self.request_timeout, Limited::new(response.into_body(), ERROR_BODY_LIMIT).collect())
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|collected| collected.to_bytes())
-                .unwrap_or_default();
-        Err(classify_response(status, &String::from_utf8_lossy(&body), &self.bucket))
     }
 }
 
 static CHECKSUM_MODE: http::HeaderName = http::HeaderName::from_static(CHECKSUM_MODE_HEADER);
 static CHECKSUM_CRC32C: http::HeaderName = http::HeaderName::from_static(CRC32C_HEADER);
 
-fn header_value(value: &str) -> Result<HeaderValue, StoreError> {
-    HeaderValue::from_str(value).map_err(|_| StoreError::Rejected {
-        code: "InvalidRequest".into(),
-        message: format!("not a header value: {value}"),
-    })
-}
-
 fn etag_of<B>(response: &Response<B>) -> Option<String> {
     response.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(strip_quotes)
-}
-
-/// A request that got no response: the connection failed, or timed out.
-fn dispatch_error(error: hyper_util::client::legacy::Error) -> StoreError {
-    let reason = if timed_out(&error) { RetryReason::Timeout } else { RetryReason::Connection };
-    StoreError::transient(reason, crate::error_chain(&error))
-}
-
-/// A body that broke off: the connection dropped or stalled mid-body.
-fn body_error(error: hyper::Error) -> StoreError {
-    let reason =
-        if error.is_timeout() || timed_out(&error) { RetryReason::Timeout } else { RetryReason::TruncatedBody };
-    StoreError::transient(reason, crate::error_chain(&error))
-}
-
-/// Whether an I/O timeout is among the causes (a connect timeout is one).
-fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
-    crate::causes(error)
-        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut))
 }

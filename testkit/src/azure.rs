@@ -1,0 +1,147 @@
+//! Azurite, the Azure Blob Storage emulator, for the stager's `az://`
+//! tests. Test-side requests (create a container, put and read a blob) are
+//! plain HTTP of their own, signed with the store's Shared Key signer,
+//! which Azurite checks.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use crate::{START_DEADLINE, free_port, http_get_status, tool_path};
+
+/// Azurite's development account (public, the same in every Azurite).
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+/// The development account's key (public, the same in every Azurite).
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// A running Azurite blob service, stopped on drop.
+#[derive(Debug)]
+pub struct AzuriteServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT/devstoreaccount1`: the account's endpoint.
+    pub endpoint: String,
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl AzuriteServer {
+    /// Starts the pinned Azurite on a free loopback port, storing in a
+    /// temporary directory.
+    pub fn start() -> Self {
+        let binary = tool_path("azurite-blob");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let data = dir.path().join("data");
+        let child = Command::new(binary)
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+            .arg("--location")
+            .arg(&data)
+            // Telemetry would reach for Azure Monitor, and keeps the
+            // process alive past its first SIGTERM.
+            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry", "--silent"])
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start azurite-blob");
+        let endpoint = format!("http://127.0.0.1:{port}/{AZURITE_ACCOUNT}");
+        let mut server = Self { child, endpoint, dir, http: reqwest::Client::new() };
+        let deadline = Instant::now() + START_DEADLINE;
+        // Any answer (an unauthenticated request is refused) means it listens.
+        while http_get_status(port, &format!("/{AZURITE_ACCOUNT}?comp=list")).is_none() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("azurite-blob exited with {status} during start-up:\n{}", server.log_tail());
+            }
+            assert!(Instant::now() < deadline, "azurite-blob not up within {START_DEADLINE:?}:\n{}", server.log_tail());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// The last lines of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// A signed request to `path` under the account (`/CONTAINER[/KEY]`,
+    /// already percent-encoded) with unencoded `query` parameters.
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, &str)],
+        headers: &[(&'static str, String)],
+        body: Vec<u8>,
+    ) -> reqwest::RequestBuilder {
+        let date = jiff::Timestamp::now().strftime("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        let mut all = vec![("x-ms-date", date), ("x-ms-version", "2021-08-06".to_owned())];
+        all.extend(headers.iter().cloned());
+        if !body.is_empty() || method == reqwest::Method::PUT {
+            all.push(("content-length", body.len().to_string()));
+        }
+        let key = BASE64.decode(AZURITE_KEY).expect("the development key is base64");
+        let authorization = ferry_store::azure::shared_key_authorization(
+            &key,
+            method.as_str(),
+            AZURITE_ACCOUNT,
+            &format!("/{AZURITE_ACCOUNT}{path}"),
+            query,
+            &all,
+        );
+        let mut request = self.http.request(method, format!("{}{path}", self.endpoint)).query(query).body(body);
+        for (name, value) in all {
+            request = request.header(name, value);
+        }
+        request.header("authorization", authorization)
+    }
+
+    /// Creates a container.
+    pub async fn create_container(&self, name: &str) {
+        let response = self
+            .request(reqwest::Method::PUT, &format!("/{name}"), &[("restype", "container")], &[], Vec::new())
+            .send()
+            .await
+            .expect("create container");
+        assert!(response.status().is_success(), "create container {name}: {}", response.status());
+    }
+
+    /// Writes one blob in one request.
+    pub async fn put(&self, container: &str, key: &str, body: Vec<u8>) {
+        let path = format!("/{container}/{}", key.split('/').map(crate::gcs::encode).collect::<Vec<_>>().join("/"));
+        let response = self
+            .request(reqwest::Method::PUT, &path, &[], &[("x-ms-blob-type", "BlockBlob".to_owned())], body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("put {key}: {e}"));
+        assert!(response.status().is_success(), "put {key}: {}", response.status());
+    }
+
+    /// Reads one blob.
+    pub async fn get(&self, container: &str, key: &str) -> Vec<u8> {
+        let path = format!("/{container}/{}", key.split('/').map(crate::gcs::encode).collect::<Vec<_>>().join("/"));
+        let response = self.request(reqwest::Method::GET, &path, &[], &[], Vec::new()).send().await.expect("get blob");
+        assert!(response.status().is_success(), "get {key}: {}", response.status());
+        response.bytes().await.expect("read body").to_vec()
+    }
+
+    /// Environment for a stager that should talk to this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("FERRY_ENDPOINT_URL", self.endpoint.clone()),
+            ("AZURE_STORAGE_ACCOUNT", AZURITE_ACCOUNT.to_owned()),
+            ("AZURE_STORAGE_KEY", AZURITE_KEY.to_owned()),
+        ]
+    }
+}
+
+impl Drop for AzuriteServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
