@@ -49,6 +49,17 @@ use crate::{
 /// The REST API version every request names.
 const API_VERSION: &str = "2021-08-06";
 
+/// HTTP dates as Azure writes and reads them (`Fri, 27 Nov 2026 17:50:46 GMT`).
+const HTTP_DATE: &str = "%a, %d %b %Y %H:%M:%S GMT";
+
+/// The headers every request carries: its date (`x-ms-date`, which Shared
+/// Key signs) and the API version. Public so that test servers' own
+/// requests name the same version.
+pub fn standard_headers() -> Vec<(&'static str, String)> {
+    let date = jiff::Timestamp::now().strftime(HTTP_DATE).to_string();
+    vec![("x-ms-date", date), ("x-ms-version", API_VERSION.to_owned())]
+}
+
 /// How to reach a storage account.
 #[derive(Clone, Debug)]
 pub struct AzureOptions {
@@ -213,8 +224,7 @@ impl AzureStore {
             url.push_str(&pairs.join("&"));
         }
         let mut request = Request::builder().method(method.clone()).uri(&url);
-        let date = jiff::Timestamp::now().strftime("%a, %d %b %Y %H:%M:%S GMT").to_string();
-        let mut all: Vec<(&str, String)> = vec![("x-ms-date", date), ("x-ms-version", API_VERSION.to_owned())];
+        let mut all = standard_headers();
         all.extend(headers);
         if (method == Method::PUT || method == Method::POST) || !body.is_empty() {
             all.push(("content-length", body.len().to_string()));
@@ -241,7 +251,7 @@ impl AzureStore {
         prefix: &str,
         marker: Option<&str>,
         uncommitted: bool,
-    ) -> Result<(Vec<ListedBlob>, Option<String>), StoreError> {
+    ) -> Result<(Vec<ObjectMeta>, Option<String>), StoreError> {
         let mut query = vec![("comp", "list"), ("restype", "container"), ("maxresults", "5000")];
         if !prefix.is_empty() {
             query.push(("prefix", prefix));
@@ -254,7 +264,7 @@ impl AzureStore {
         }
         let response = self.send(Method::GET, None, &query, Vec::new(), Bytes::new()).await?;
         let body = read_text(response, self.request_timeout).await?;
-        let blobs = elements(&body, "Blob").into_iter().filter_map(ListedBlob::parse).collect();
+        let blobs = elements(&body, "Blob").into_iter().filter_map(listed_blob).collect();
         let next = element(&body, "NextMarker").map(unescape).filter(|m| !m.is_empty());
         Ok((blobs, next))
     }
@@ -276,20 +286,14 @@ impl AzureStore {
     }
 }
 
-/// A blob as List Blobs describes it.
-struct ListedBlob {
-    meta: ObjectMeta,
-}
-
-impl ListedBlob {
-    fn parse(blob: &str) -> Option<Self> {
-        let key = unescape(element(blob, "Name")?);
-        let properties = element(blob, "Properties")?;
-        let size = element(properties, "Content-Length")?.parse().ok()?;
-        let etag = element(properties, "Etag").map(|e| strip_quotes(&unescape(e)));
-        let last_modified = element(properties, "Last-Modified").and_then(parse_http_date);
-        Some(Self { meta: ObjectMeta { key, size, etag, last_modified } })
-    }
+/// A blob as List Blobs describes it (one `<Blob>` element's inside).
+fn listed_blob(blob: &str) -> Option<ObjectMeta> {
+    let key = unescape(element(blob, "Name")?);
+    let properties = element(blob, "Properties")?;
+    let size = element(properties, "Content-Length")?.parse().ok()?;
+    let etag = element(properties, "Etag").map(|e| strip_quotes(&unescape(e)));
+    let last_modified = element(properties, "Last-Modified").and_then(parse_http_date);
+    Some(ObjectMeta { key, size, etag, last_modified })
 }
 
 #[async_trait]
@@ -300,7 +304,7 @@ impl ObjectStore for AzureStore {
 
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
         let (blobs, next) = self.list(prefix, token.as_deref(), false).await?;
-        Ok(ListPage { objects: blobs.into_iter().map(|b| b.meta).collect(), next })
+        Ok(ListPage { objects: blobs, next })
     }
 
     async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
@@ -432,7 +436,7 @@ impl ObjectStore for AzureStore {
         loop {
             let (blobs, next) = self.list(prefix, marker.as_deref(), true).await?;
             for blob in blobs {
-                let blocks = match self.uncommitted_blocks(&blob.meta.key).await {
+                let blocks = match self.uncommitted_blocks(&blob.key).await {
                     Ok(blocks) => blocks,
                     Err(StoreError::NotFound) => continue,
                     Err(error) => return Err(error),
@@ -441,7 +445,7 @@ impl ObjectStore for AzureStore {
                 ids.sort();
                 ids.dedup();
                 uploads.extend(ids.into_iter().map(|upload_id| PendingUpload {
-                    key: blob.meta.key.clone(),
+                    key: blob.key.clone(),
                     upload_id,
                     initiated: None,
                 }));
@@ -489,7 +493,7 @@ fn content_md5(headers: &http::HeaderMap, name: &str) -> Option<Integrity> {
 
 /// An HTTP date (`Fri, 27 Nov 2026 17:50:46 GMT`).
 fn parse_http_date(text: &str) -> Option<SystemTime> {
-    let parsed = jiff::fmt::strtime::parse("%a, %d %b %Y %H:%M:%S GMT", text.trim()).ok()?;
+    let parsed = jiff::fmt::strtime::parse(HTTP_DATE, text.trim()).ok()?;
     let timestamp = parsed.to_datetime().ok()?.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
     Some(SystemTime::from(timestamp))
 }
@@ -639,7 +643,7 @@ mod tests {
     #[test]
     fn listings_are_read_with_their_properties() {
         let blob = "<Name>p/a&amp;b.bin</Name><Properties><Last-Modified>Fri, 27 Nov 2026 17:50:46 GMT</Last-Modified><Etag>0x21704942EC9F440</Etag><Content-Length>70</Content-Length></Properties>";
-        let listed = ListedBlob::parse(blob).unwrap().meta;
+        let listed = listed_blob(blob).unwrap();
         assert_eq!(
             (listed.key.as_str(), listed.size, listed.etag.as_deref()),
             ("p/a&b.bin", 70, Some("0x21704942EC9F440"))

@@ -78,8 +78,7 @@ impl AzuriteServer {
         headers: &[(&'static str, String)],
         body: Vec<u8>,
     ) -> reqwest::RequestBuilder {
-        let date = jiff::Timestamp::now().strftime("%a, %d %b %Y %H:%M:%S GMT").to_string();
-        let mut all = vec![("x-ms-date", date), ("x-ms-version", "2021-08-06".to_owned())];
+        let mut all = ferry_store::azure::standard_headers();
         all.extend(headers.iter().cloned());
         if !body.is_empty() || method == reqwest::Method::PUT {
             all.push(("content-length", body.len().to_string()));
