@@ -51,7 +51,7 @@ pub enum ProgressMode {
 /// The stager's subcommands.
 #[derive(Clone, Debug, PartialEq, Subcommand)]
 pub enum StagerCommand {
-    /// Copy every object under s3://BUCKET/PREFIX or gs://BUCKET/PREFIX into DIR (keys become relative paths).
+    /// Copy every object under s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX into DIR (keys become relative paths).
     Pull {
         /// Source, e.g. s3://datasets/imagenet/train
         source: ObjectLocation,
@@ -61,7 +61,7 @@ pub enum StagerCommand {
         #[command(flatten)]
         options: TransferOptions,
     },
-    /// Copy every file below DIR to s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (relative paths become keys).
+    /// Copy every file below DIR to s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX (relative paths become keys).
     Push {
         /// Source directory.
         source: PathBuf,

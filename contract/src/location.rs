@@ -1,5 +1,5 @@
-//! Object storage locations as users write them: `s3://bucket/prefix` or
-//! `gs://bucket/prefix`. The scheme is a [`Scheme`], decided here once, so
+//! Object storage locations as users write them: `s3://bucket/prefix`,
+//! `gs://bucket/prefix` or `az://container/prefix`. The scheme is a [`Scheme`], decided here once, so
 //! that the operator, the engine and the budgets match on a type instead of
 //! comparing strings.
 
@@ -13,17 +13,21 @@ pub enum Scheme {
     S3,
     /// `gs://`: Google Cloud Storage.
     Gcs,
+    /// `az://`: Azure Blob Storage (the container is the bucket; the
+    /// account is the endpoint's).
+    Azure,
 }
 
 impl Scheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [Scheme; 2] = [Scheme::S3, Scheme::Gcs];
+    pub const ALL: [Scheme; 3] = [Scheme::S3, Scheme::Gcs, Scheme::Azure];
 
     /// How URIs spell it, before `://`.
     pub fn as_str(self) -> &'static str {
         match self {
             Scheme::S3 => "s3",
             Scheme::Gcs => "gs",
+            Scheme::Azure => "az",
         }
     }
 }
@@ -36,7 +40,7 @@ impl fmt::Display for Scheme {
 
 /// A scheme no store of Ferry's speaks.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown scheme '{0}': expected one of s3, gs")]
+#[error("unknown scheme '{0}': expected one of s3, gs, az")]
 pub struct UnknownScheme(String);
 
 impl FromStr for Scheme {
@@ -72,9 +76,10 @@ impl FromStr for ObjectLocation {
 
     fn from_str(uri: &str) -> Result<Self, Self::Err> {
         let err = |reason| LocationError { uri: uri.to_owned(), reason };
-        let (scheme, rest) =
-            uri.split_once("://").ok_or_else(|| err("expected s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]"))?;
-        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3:// and gs:// are supported"))?;
+        let (scheme, rest) = uri
+            .split_once("://")
+            .ok_or_else(|| err("expected s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or az://CONTAINER[/PREFIX]"))?;
+        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3://, gs:// and az:// are supported"))?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(err("the bucket name is empty"));
@@ -109,7 +114,7 @@ mod tests {
             assert_eq!(scheme.as_str().parse::<Scheme>(), Ok(scheme));
             assert_eq!(format!("{scheme}://b/").parse::<ObjectLocation>().unwrap().scheme, scheme);
         }
-        assert!("az://b/p".parse::<ObjectLocation>().is_err());
+        assert!("ftp://b/p".parse::<ObjectLocation>().is_err());
         assert!("s3:///p".parse::<ObjectLocation>().is_err());
         assert!("/local/path".parse::<ObjectLocation>().is_err());
     }

@@ -54,10 +54,11 @@ pub enum VerifyMode {
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TransferOptions {
     /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing);
-    /// for gs://, a GCS endpoint such as an emulator's.
+    /// for gs://, a GCS endpoint such as an emulator's; for az://, the account's blob endpoint
+    /// (default https://ACCOUNT.blob.core.windows.net).
     #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ENDPOINT_URL"))]
     pub endpoint_url: Option<String>,
-    /// gs:// only: send no credentials (public buckets, emulators). Implied by
+    /// gs:// and az:// only: send no credentials (public buckets, emulators). Implied by
     /// STORAGE_EMULATOR_HOST, which also sets the endpoint.
     #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ANONYMOUS"))]
     pub anonymous: bool,
@@ -237,6 +238,14 @@ pub const ROLE_ARN_ENV: &str = "AWS_ROLE_ARN";
 pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 /// The session name's variable.
 pub const ROLE_SESSION_NAME_ENV: &str = "AWS_ROLE_SESSION_NAME";
+
+/// An Azure storage account's name, as the Azure CLI and SDKs read it; a
+/// DataStage's credentials Secret for `az://` holds keys of these names.
+pub const AZURE_STORAGE_ACCOUNT_ENV: &str = "AZURE_STORAGE_ACCOUNT";
+/// The account's key (base64, as the portal shows it): requests are signed.
+pub const AZURE_STORAGE_KEY_ENV: &str = "AZURE_STORAGE_KEY";
+/// A shared access signature, used instead of a key when set.
+pub const AZURE_STORAGE_SAS_TOKEN_ENV: &str = "AZURE_STORAGE_SAS_TOKEN";
 
 /// Credentials for an S3 store from a web identity: an OpenID token (a
 /// projected Kubernetes service-account token) that the stager exchanges at

@@ -35,7 +35,7 @@ pub struct StoreBudgetSpec {
     /// The bucket, written as DataStages write their `uri` but without a
     /// prefix: `s3://BUCKET` or `gs://BUCKET`. Every DataStage whose store
     /// is this bucket at this endpoint shares the budget, whatever its prefix.
-    #[x_kube(validation = Rule::new("self.matches('^(s3|gs)://[^/]+/?$')").message("uri is a bucket: s3://BUCKET or gs://BUCKET, with no prefix"))]
+    #[x_kube(validation = Rule::new("self.matches('^(s3|gs|az)://[^/]+/?$')").message("uri is a bucket: s3://BUCKET, gs://BUCKET or az://CONTAINER, with no prefix"))]
     pub uri: String,
 
     /// The store's endpoint, spelled as the DataStages spell their

@@ -213,16 +213,19 @@ pub enum UpdateStrategy {
 #[x_kube(validation = Rule::new("!has(self.credentials) || !has(self.credentials.webIdentity) || (has(self.uri) && self.uri.startsWith('s3://'))").message("credentials.webIdentity exchanges a token at an S3 STS: use it with an s3:// uri (for gs://, a Secret or the workers' serviceAccountName)"))]
 #[serde(rename_all = "camelCase")]
 pub struct Location {
-    /// Object storage location: `s3://bucket/prefix` or `gs://bucket/prefix`.
+    /// Object storage location: `s3://bucket/prefix`, `gs://bucket/prefix`
+    /// or `az://container/prefix` (Azure Blob; the account is the
+    /// credentials Secret's `AZURE_STORAGE_ACCOUNT`, or the endpoint's).
     /// The prefix names a directory: `s3://b/data` means keys under `data/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$')").message("uri must look like s3://bucket/prefix or gs://bucket/prefix"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs|az)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$')").message("uri must look like s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"))]
     pub uri: Option<String>,
 
     /// Endpoint URL: an S3-compatible server (MinIO, a private endpoint),
     /// e.g. `http://minio.storage:9000`, or for `gs://` a GCS endpoint (an
-    /// emulator, Private Service Connect). Default: the provider's public
-    /// endpoint.
+    /// emulator, Private Service Connect), or for `az://` the account's
+    /// blob endpoint (`http://azurite:10000/devstoreaccount1`). Default: the
+    /// provider's public endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("endpoint must be an http:// or https:// URL"))]
     pub endpoint: Option<String>,
@@ -239,7 +242,8 @@ pub struct Location {
     #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
     pub credentials: Option<StoreCredentials>,
 
-    /// `gs://` only: send no credentials at all (public buckets, emulators).
+    /// `gs://` and `az://` only: send no credentials at all (public buckets
+    /// and containers, emulators).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous: Option<bool>,
 
@@ -262,7 +266,8 @@ pub struct StoreCredentials {
     /// A Secret in the DataStage's namespace with the store's keys: for
     /// `s3://`, `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (optionally
     /// `AWS_SESSION_TOKEN`); for `gs://`, `key.json` holding a
-    /// service-account key.
+    /// service-account key; for `az://`, `AZURE_STORAGE_ACCOUNT` with
+    /// `AZURE_STORAGE_KEY` (the account key) or `AZURE_STORAGE_SAS_TOKEN`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub name: Option<String>,
@@ -907,6 +912,29 @@ mod tests {
                 committed == expected,
                 "{relative} is out of date: run `cargo run -p ferry-crds --bin crdgen` and commit the result"
             );
+        }
+    }
+
+    #[test]
+    fn the_admission_rules_accept_exactly_the_schemes_the_stores_speak() {
+        // Every URI rule spells its schemes as `^(s3|gs|…)://`; a scheme
+        // added to the contract but not to a rule would be refused at
+        // admission, one in a rule but not the contract by the stager.
+        let expected: Vec<&str> = ferry_contract::Scheme::ALL.iter().map(|s| s.as_str()).collect();
+        for (relative, yaml) in committed_crds() {
+            let spelled: Vec<Vec<&str>> = yaml
+                .split("self.matches('^(")
+                .skip(1)
+                .filter_map(|rest| rest.split_once('\'').map(|(pattern, _)| pattern))
+                .filter_map(|pattern| pattern.split_once(")://").map(|(schemes, _)| schemes.split('|').collect()))
+                .collect();
+            for schemes in spelled {
+                assert_eq!(schemes, expected, "{relative}");
+            }
+        }
+        let datastage = crd_yaml();
+        for scheme in ferry_contract::Scheme::ALL {
+            assert!(datastage.contains(&format!("{scheme}://")), "the uri message names {scheme}://");
         }
     }
 

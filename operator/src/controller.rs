@@ -180,7 +180,9 @@ pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Res
     if plan.store.anonymous == Some(true) && plan.location.scheme == Scheme::S3 {
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
-            message: "anonymous applies to gs:// only; for s3:// give credentials or rely on the pod's identity".into(),
+            message:
+                "anonymous applies to gs:// and az:// only; for s3:// give credentials or rely on the pod's identity"
+                    .into(),
         });
     }
     let part_size = ds.spec.transfer.as_ref().and_then(|t| t.part_size.as_ref());
@@ -314,6 +316,7 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
     let keys = match plan.location.scheme {
         Scheme::Gcs => "key key.json (a service-account key)",
         Scheme::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        Scheme::Azure => "keys AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY (or AZURE_STORAGE_SAS_TOKEN)",
     };
     Ok(Some(Blocked {
         phase: Phase::Pending,
@@ -1625,6 +1628,9 @@ mod tests {
         let mut anonymous_s3 = ds("/mnt/x", "s3://b/p");
         anonymous_s3.spec.source.anonymous = Some(true);
         assert_eq!(check(&anonymous_s3).unwrap_err().reason, reasons::UNSUPPORTED_STORE);
+        let mut anonymous_azure = ds("/mnt/x", "az://public/p");
+        anonymous_azure.spec.source.anonymous = Some(true);
+        assert_eq!(check(&anonymous_azure), Ok(false), "a public container");
         let mut small_parts: DataStage = serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "d", "namespace": "n"},
             "spec": {"source": {"volume": {"hostPath": "/mnt/x"}}, "destination": {"uri": "s3://b/p"},

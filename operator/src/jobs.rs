@@ -17,6 +17,7 @@ use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
     WebIdentityOptions,
 };
+use ferry_contract::options::{AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV, AZURE_STORAGE_SAS_TOKEN_ENV};
 use ferry_contract::{ByteSize, ExitStatus, Scheme};
 use ferry_crds::plan::{Direction, Plan, Volume as PlanVolume};
 use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
@@ -369,7 +370,7 @@ fn data_volume(plan: &Plan<'_>, layout: &DataLayout) -> (Volume, VolumeMount) {
     (volume, mount)
 }
 
-/// The store's credentials: environment variables, and for `gs://` a key
+/// The store's credentials: environment variables (`s3://`, `az://`), and for `gs://` a key
 /// file volume. Without a Secret the pod's own identity (IRSA, GKE
 /// Workload Identity, instance role) is the credential.
 fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
@@ -424,24 +425,39 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             (vec![env], Some((volume, mount)))
         }
         Scheme::S3 => {
-            let env = [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)]
-                .into_iter()
-                .map(|(key, optional)| EnvVar {
-                    name: key.into(),
-                    value_from: Some(EnvVarSource {
-                        secret_key_ref: Some(SecretKeySelector {
-                            name: secret.clone(),
-                            key: key.into(),
-                            optional: Some(optional),
-                        }),
-                        ..EnvVarSource::default()
-                    }),
-                    ..EnvVar::default()
-                })
-                .collect();
-            (env, None)
+            let keys = [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)];
+            (secret_env(secret, &keys), None)
+        }
+        // The account is required (it names the default endpoint); a key or
+        // a SAS token, whichever the Secret holds, authorises.
+        Scheme::Azure => {
+            let keys = [
+                (AZURE_STORAGE_ACCOUNT_ENV, false),
+                (AZURE_STORAGE_KEY_ENV, true),
+                (AZURE_STORAGE_SAS_TOKEN_ENV, true),
+            ];
+            (secret_env(secret, &keys), None)
         }
     }
+}
+
+/// Each of `keys` (a name, and whether the Secret may lack it) as the
+/// variable of the same name, read from the Secret.
+fn secret_env(secret: &str, keys: &[(&str, bool)]) -> Vec<EnvVar> {
+    keys.iter()
+        .map(|&(key, optional)| EnvVar {
+            name: key.into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.to_owned(),
+                    key: key.into(),
+                    optional: Some(optional),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+        .collect()
 }
 
 /// The store's private CA, when the spec names one: the ConfigMap key as a
@@ -1396,6 +1412,35 @@ mod tests {
         let options = transfer_options(&emulator.spec, &emulator.spec.plan().unwrap());
         assert_eq!(options.endpoint_url.as_deref(), Some("http://gcs:4443"));
         assert!(options.anonymous);
+    }
+
+    #[test]
+    fn an_azure_source_reads_its_account_and_key_or_token_from_the_secret() {
+        let ds = datastage(json!({
+            "source": {"uri": "az://models/llama", "endpoint": "http://azurite:10000/devstoreaccount1", "credentials": {"name": "azure"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/llama"}},
+        }));
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let from_secret: Vec<(String, String, Option<bool>)> = pod.containers[0]
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.name.starts_with("AZURE_"))
+            .filter_map(|e| {
+                let selector = e.value_from?.secret_key_ref?;
+                Some((e.name, format!("{}/{}", selector.name, selector.key), selector.optional))
+            })
+            .collect();
+        let expected =
+            [(AZURE_STORAGE_ACCOUNT_ENV, false), (AZURE_STORAGE_KEY_ENV, true), (AZURE_STORAGE_SAS_TOKEN_ENV, true)]
+                .map(|(key, optional)| (key.to_owned(), format!("azure/{key}"), Some(optional)));
+        assert_eq!(from_secret, expected);
+        assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "no key file: only the data volume");
+        let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(source.scheme, Scheme::Azure);
+        assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite:10000/devstoreaccount1"));
     }
 
     #[test]

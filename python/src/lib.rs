@@ -272,7 +272,7 @@ async fn report_progress(tally: Arc<Tally>, callback: Py<PyAny>) {
     }
 }
 
-/// Reads the object at `uri` (`s3://BUCKET/KEY` or `gs://BUCKET/KEY`) into
+/// Reads the object at `uri` (`s3://BUCKET/KEY`, `gs://BUCKET/KEY` or `az://CONTAINER/KEY`) into
 /// memory, verified against the store's checksum, and returns it as a
 /// `ferry.Buffer` (bytes-like, no copy). `range=(start, end)` reads bytes
 /// `start` to `end` (exclusive), checked for length only.

@@ -1,8 +1,8 @@
 //! The conformance suite: the stager against every backend it supports, a
-//! real MinIO through `s3://` and fake-gcs-server through `gs://`. Each test
-//! is written once, takes the backend, starts its own server and uses its
-//! own bucket; `conformance!` runs it against each backend. The few
-//! backend-specific tests say so in their names.
+//! real MinIO through `s3://`, fake-gcs-server through `gs://` and Azurite
+//! through `az://`. Each test is written once, takes the backend, starts its
+//! own server and uses its own bucket; `conformance!` runs it against each
+//! backend. The few backend-specific tests say so in their names.
 
 mod common;
 
@@ -195,6 +195,13 @@ async fn multipart_upload(
 /// keeps; returns them and the verification kinds a pull should count.
 async fn foreign_objects(server: &Store, bucket: &str) -> (BTreeMap<String, Vec<u8>>, Vec<(&'static str, u64)>) {
     let mut files = BTreeMap::new();
+    if let Store::Azure(_) = server {
+        // Put Blob keeps the content's MD5 (Content-MD5) of every blob.
+        files.insert("small.bin".to_owned(), marked(20, 300 << 10, 1000));
+        files.insert("ranged.bin".to_owned(), marked(21, 12 * MIB + 5, 9 * MIB));
+        put_tree(server, bucket, "", &files).await;
+        return (files, vec![("md5", 2)]);
+    }
     let Store::S3(s3) = server else {
         // GCS keeps a CRC32C of every object, composed ones included.
         files.insert("small.bin".to_owned(), marked(20, 300 << 10, 1000));
@@ -664,7 +671,8 @@ fn transferred_bytes(exposition: &str) -> u64 {
 
 /// Unfinished uploads under `prefix`, seen with a client of the test's own:
 /// S3's ListMultipartUploads (of the whole bucket, since MinIO matches a
-/// prefix against whole keys only), GCS's temporary part objects.
+/// prefix against whole keys only), GCS's temporary part objects, Azure's
+/// blobs with uncommitted blocks.
 async fn pending_uploads(server: &Store, bucket: &str, prefix: &str) -> Vec<String> {
     match server {
         Store::S3(s3) => {
@@ -678,6 +686,7 @@ async fn pending_uploads(server: &Store, bucket: &str, prefix: &str) -> Vec<Stri
                 .collect()
         }
         Store::Gcs(_) => server.list(bucket, ".ferry-uploads/").await.into_iter().map(|(key, _)| key).collect(),
+        Store::Azure(azure) => azure.pending_uploads(bucket, prefix).await,
     }
 }
 
@@ -761,7 +770,21 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     for (rel, data) in &files {
         assert!(server.get("push-resume", &format!("ckpt/{rel}")).await == *data, "{rel} differs in the store");
     }
-    assert_eq!(pending_uploads(&server, "push-resume", "ckpt/").await, Vec::<String>::new(), "uploads left behind");
+    let pending = pending_uploads(&server, "push-resume", "ckpt/").await;
+    if backend == Backend::Azurite {
+        // The exception: Azure has no upload to abort. A commit discards
+        // every uncommitted block of its blob, but a block a killed run had
+        // already handed to its socket can land after the re-run committed
+        // that blob, and no call removes uncommitted blocks of a committed
+        // blob short of rewriting it (the service expires them after a
+        // week). Such blocks are only ever on a blob committed whole, which
+        // the loop above checked byte for byte; say when it happens.
+        if !pending.is_empty() {
+            eprintln!("{backend:?}: blocks of a killed run landed after the commit of {pending:?}");
+        }
+    } else {
+        assert_eq!(pending, Vec::<String>::new(), "uploads left behind");
+    }
 
     let again = stager(&server, &push);
     again.assert_ok();
@@ -810,14 +833,19 @@ async fn keys_that_would_escape_the_destination_are_refused(backend: Backend) {
         other => Store::start(other),
     };
     server.create_bucket("hostile").await;
-    let hostile =
-        ["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
+    let mut hostile =
+        vec!["../escape.txt", "sub/../../escape-too.txt", "sub/./dot.txt", ".ferry/manifest.jsonl", "link/inside.txt"];
+    if backend == Backend::Azurite {
+        // Azure's naming rules say no path segment should end in a dot, and
+        // Azurite refuses them (400); the other hostile keys it keeps.
+        hostile.retain(|key| !key.split('/').any(|segment| segment.ends_with('.')));
+    }
     for key in hostile.iter().chain(&["ok.txt"]) {
         server.put("hostile", key, key.as_bytes().to_vec()).await;
     }
     let stored: BTreeSet<String> = server.list("hostile", "").await.into_iter().map(|(k, _)| k).collect();
-    for key in hostile {
-        assert!(stored.contains(key), "the server did not keep {key:?}: {stored:?}");
+    for key in &hostile {
+        assert!(stored.contains(*key), "the server did not keep {key:?}: {stored:?}");
     }
 
     let parent = tempfile::tempdir().unwrap();
@@ -1227,7 +1255,8 @@ async fn versions_switch_whole_share_unchanged_files_and_a_change_back_copies_no
     assert_eq!(std::fs::read_dir(dst.path()).unwrap().count(), 0);
 }
 
-/// Runs each listed test against every backend, as `minio::NAME` and `gcs::NAME`.
+/// Runs each listed test against every backend, as `minio::NAME`,
+/// `gcs::NAME` and `azurite::NAME`.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod minio {
@@ -1243,6 +1272,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $test() {
                     super::$test(ferry_testkit::Backend::FakeGcs).await;
+                }
+            )*
+        }
+        mod azurite {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    super::$test(ferry_testkit::Backend::Azurite).await;
                 }
             )*
         }

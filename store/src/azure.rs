@@ -13,14 +13,20 @@
 //! * a whole-object write is Put Blob; a multipart upload is Put Block per
 //!   part and one Put Block List that commits them at once, so nothing is
 //!   visible before. Azure has no upload ids: the id is made here and is
-//!   the prefix of every block id of the upload (`ID-NNNNNN`, base64, all
-//!   of one length as the service requires), so an interrupted upload's
-//!   blocks are found again in the blob's uncommitted block list. There is
+//!   the prefix of every block id of the upload (`ID-NNNNNN-CRC32C`,
+//!   base64, all of one length as the service requires), so an interrupted
+//!   upload's blocks are found again in the blob's uncommitted block list,
+//!   each with the CRC32C of what it holds (a block list reports no
+//!   checksum, and a resumed push keeps only parts whose CRC32C matches the
+//!   local file's; the service checked the block's CRC64 on upload). There is
 //!   nothing to abort: uncommitted blocks expire (after a week on the
 //!   service), and a commit keeps only the blocks it names;
 //! * every write carries the body's CRC-64/NVME in `x-ms-content-crc64`,
-//!   Azure's own CRC64, which the service checks; reads verify against the
-//!   blob's `Content-MD5` where it has one (Put Blob always sets it).
+//!   Azure's own CRC64, which the service checks, and a blob Ferry writes
+//!   keeps the whole content's CRC32C as metadata (`x-ms-meta-crc32c`);
+//!   reads verify against that CRC32C (combinable across ranges, so no
+//!   read-back) or else the blob's `Content-MD5`, which Put Blob always
+//!   sets and a block-list commit never does.
 //!
 //! Credentials, first found: a SAS token (`AZURE_STORAGE_SAS_TOKEN`),
 //! Shared Key (`AZURE_STORAGE_ACCOUNT` and `AZURE_STORAGE_KEY`), else
@@ -35,6 +41,11 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
+
+use ferry_contract::options::{
+    AZURE_STORAGE_ACCOUNT_ENV as ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV as KEY_ENV,
+    AZURE_STORAGE_SAS_TOKEN_ENV as SAS_TOKEN_ENV,
+};
 
 use crate::http::{
     Failed, HttpClient, body_stream, content_length, encode_uri, exchange, header_text, header_value, pooled_client,
@@ -117,22 +128,39 @@ impl AzureCredentials {
     /// A key that is not base64, or a key without an account.
     pub fn from_env() -> Result<Self, StoreError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let account = var("AZURE_STORAGE_ACCOUNT");
-        if let Some(token) = var("AZURE_STORAGE_SAS_TOKEN") {
-            return Ok(AzureCredentials::Sas { account, token: token.trim_start_matches('?').to_owned() });
+        Self::from_values(var(ACCOUNT_ENV), var(KEY_ENV), var(SAS_TOKEN_ENV))
+    }
+
+    /// The credentials an account, a key and a SAS token name: the token
+    /// first, then the key (with the account), else none.
+    ///
+    /// # Errors
+    /// A key that is not base64, or a key without an account.
+    pub fn from_values(
+        account: Option<String>,
+        key: Option<String>,
+        sas_token: Option<String>,
+    ) -> Result<Self, StoreError> {
+        if let Some(token) = sas_token {
+            return Ok(AzureCredentials::Sas { account, token: token.trim().trim_start_matches('?').to_owned() });
         }
-        match (var("AZURE_STORAGE_KEY"), account) {
+        match (key, account) {
             (Some(key), Some(account)) => {
                 let key = BASE64.decode(key.trim()).map_err(|_| {
-                    StoreError::NoCredentials("AZURE_STORAGE_KEY is not base64 (copy the account key whole)".into())
+                    StoreError::NoCredentials(format!("{KEY_ENV} is not base64 (copy the account key whole)"))
                 })?;
                 Ok(AzureCredentials::SharedKey { account, key })
             }
-            (Some(_), None) => Err(StoreError::NoCredentials(
-                "AZURE_STORAGE_KEY is set without AZURE_STORAGE_ACCOUNT, the account it belongs to".into(),
-            )),
+            (Some(_), None) => Err(StoreError::NoCredentials(format!(
+                "{KEY_ENV} is set without {ACCOUNT_ENV}, the account it belongs to"
+            ))),
             (None, account) => Ok(AzureCredentials::Anonymous { account }),
         }
+    }
+
+    /// The same account without credentials (a public container).
+    pub fn anonymous(self) -> Self {
+        AzureCredentials::Anonymous { account: self.account().map(str::to_owned) }
     }
 
     fn account(&self) -> Option<&str> {
@@ -316,7 +344,7 @@ impl ObjectStore for AzureStore {
             etag: header_text(headers, "etag").map(strip_quotes),
             last_modified: header_text(headers, "last-modified").and_then(parse_http_date),
         };
-        Ok((meta, content_md5(headers, "content-md5")))
+        Ok((meta, integrity(headers)))
     }
 
     async fn get(
@@ -352,15 +380,18 @@ impl ObjectStore for AzureStore {
                 ));
             }
         }
-        let checksum = if range.is_some() { None } else { content_md5(response_headers, "content-md5") };
+        let checksum = if range.is_some() { None } else { integrity(response_headers) };
         let etag = header_text(response_headers, "etag").map(strip_quotes);
         let content_length = content_length(response_headers);
         Ok(GetResponse { content_length, etag, checksum, body: body_stream(response) })
     }
 
     async fn put(&self, key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {
-        let _ = crc32c;
-        let headers = vec![("x-ms-blob-type", "BlockBlob".to_owned()), ("x-ms-content-crc64", content_crc64(&body))];
+        let headers = vec![
+            ("x-ms-blob-type", "BlockBlob".to_owned()),
+            ("x-ms-content-crc64", content_crc64(&body)),
+            (CRC32C_METADATA, crc32c_text(crc32c)),
+        ];
         let response = self.send(Method::PUT, Some(key), &[], headers, body).await?;
         Ok(header_text(response.headers(), "etag").map(strip_quotes))
     }
@@ -379,7 +410,7 @@ impl ObjectStore for AzureStore {
         body: Bytes,
         crc32c: u32,
     ) -> Result<UploadedPart, StoreError> {
-        let block_id = block_id(upload_id, number);
+        let block_id = block_id(upload_id, number, crc32c);
         let query = [("comp", "block"), ("blockid", block_id.as_str())];
         let headers = vec![("x-ms-content-crc64", content_crc64(&body))];
         self.send(Method::PUT, Some(key), &query, headers, body).await?;
@@ -393,14 +424,14 @@ impl ObjectStore for AzureStore {
         parts: Vec<UploadedPart>,
         crc32c: u32,
     ) -> Result<Option<String>, StoreError> {
-        let _ = (upload_id, crc32c);
+        let _ = upload_id;
         let mut list = String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList>");
         for part in &parts {
             list.push_str(&format!("<Latest>{}</Latest>", escape(&part.etag)));
         }
         list.push_str("</BlockList>");
         let body = Bytes::from(list);
-        let headers = vec![("x-ms-content-crc64", content_crc64(&body))];
+        let headers = vec![("x-ms-content-crc64", content_crc64(&body)), (CRC32C_METADATA, crc32c_text(crc32c))];
         let response = self.send(Method::PUT, Some(key), &[("comp", "blocklist")], headers, body).await?;
         Ok(header_text(response.headers(), "etag").map(strip_quotes))
     }
@@ -418,8 +449,8 @@ impl ObjectStore for AzureStore {
             .await?
             .into_iter()
             .filter_map(|(id, size)| {
-                let number = part_number(&id, upload_id)?;
-                Some(ListedPart { number, size, etag: id, crc32c: None })
+                let (number, crc32c) = part_of(&id, upload_id)?;
+                Some(ListedPart { number, size, etag: id, crc32c: Some(crc32c) })
             })
             .collect();
         if parts.is_empty() {
@@ -458,23 +489,42 @@ impl ObjectStore for AzureStore {
     }
 }
 
-/// The block id of part `number` of upload `upload_id`: base64 of
-/// `ID-NNNNNN`, the same length for every part of an upload.
-fn block_id(upload_id: &str, number: u32) -> String {
-    BASE64.encode(format!("{upload_id}-{number:06}"))
+/// The metadata header that keeps a blob's CRC32C, as Ferry wrote it.
+const CRC32C_METADATA: &str = "x-ms-meta-crc32c";
+
+/// A CRC32C as the metadata and block ids spell it: 8 hex digits.
+fn crc32c_text(crc32c: u32) -> String {
+    format!("{crc32c:08x}")
 }
 
-/// The part number a block id of upload `upload_id` stands for.
-fn part_number(block_id: &str, upload_id: &str) -> Option<u32> {
+/// The block id of part `number` of upload `upload_id`, whose bytes have
+/// `crc32c`: base64 of `ID-NNNNNN-CCCCCCCC`, the same length for every
+/// part of an upload.
+fn block_id(upload_id: &str, number: u32, crc32c: u32) -> String {
+    BASE64.encode(format!("{upload_id}-{number:06}-{}", crc32c_text(crc32c)))
+}
+
+/// A block id of Ferry's, decoded: the upload, the part number and the
+/// part's CRC32C; `None` for other writers' ids.
+fn decode_block_id(block_id: &str) -> Option<(String, u32, u32)> {
     let decoded = String::from_utf8(BASE64.decode(block_id).ok()?).ok()?;
-    decoded.strip_prefix(upload_id)?.strip_prefix('-')?.parse().ok()
+    let mut fields = decoded.split('-');
+    let (upload, number, crc32c) = (fields.next()?, fields.next()?, fields.next()?);
+    let hex = |text: &str, len: usize| text.len() == len && text.bytes().all(|b| b.is_ascii_hexdigit());
+    if fields.next().is_some() || !hex(upload, 16) || number.len() != 6 || !hex(crc32c, 8) {
+        return None;
+    }
+    Some((upload.to_owned(), number.parse().ok()?, u32::from_str_radix(crc32c, 16).ok()?))
+}
+
+/// The part number and CRC32C a block id of upload `upload_id` stands for.
+fn part_of(block_id: &str, upload_id: &str) -> Option<(u32, u32)> {
+    decode_block_id(block_id).filter(|(upload, ..)| upload == upload_id).map(|(_, number, crc32c)| (number, crc32c))
 }
 
 /// The upload a block id of Ferry's belongs to; `None` for other writers'.
 fn upload_of(block_id: &str) -> Option<String> {
-    let decoded = String::from_utf8(BASE64.decode(block_id).ok()?).ok()?;
-    let (upload, number) = decoded.rsplit_once('-')?;
-    (upload.len() == 16 && number.len() == 6 && number.bytes().all(|b| b.is_ascii_digit())).then(|| upload.to_owned())
+    decode_block_id(block_id).map(|(upload, ..)| upload)
 }
 
 /// `x-ms-content-crc64`: the body's CRC-64/NVME (Azure's CRC64), its 8
@@ -485,9 +535,15 @@ fn content_crc64(body: &[u8]) -> String {
     BASE64.encode(digest.finalize().to_le_bytes())
 }
 
-/// A whole blob's MD5 from a header that carries one in base64.
-fn content_md5(headers: &http::HeaderMap, name: &str) -> Option<Integrity> {
-    let bytes = BASE64.decode(header_text(headers, name)?).ok()?;
+/// What a whole blob is verified against: the CRC32C Ferry kept in its
+/// metadata, else its Content-MD5.
+fn integrity(headers: &http::HeaderMap) -> Option<Integrity> {
+    let crc32c =
+        header_text(headers, CRC32C_METADATA).filter(|t| t.len() == 8).and_then(|t| u32::from_str_radix(t, 16).ok());
+    if let Some(crc32c) = crc32c {
+        return Some(Integrity::Whole(StoredChecksum::Crc32c(crc32c)));
+    }
+    let bytes = BASE64.decode(header_text(headers, "content-md5")?).ok()?;
     Some(Integrity::Whole(StoredChecksum::Md5(bytes.try_into().ok()?)))
 }
 
@@ -587,13 +643,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_ids_name_their_upload_and_part_and_are_one_length() {
-        let id = block_id("00112233aabbccdd", 7);
-        assert_eq!(part_number(&id, "00112233aabbccdd"), Some(7));
-        assert_eq!(part_number(&id, "ffff"), None);
+    fn credentials_prefer_a_sas_token_then_a_key_and_say_what_is_wrong() {
+        let some = |v: &str| Some(v.to_owned());
+        let sas = AzureCredentials::from_values(some("acct"), some("a2V5"), some("?sv=1&sig=x")).unwrap();
+        assert!(matches!(&sas, AzureCredentials::Sas { token, .. } if token == "sv=1&sig=x"), "{sas:?}");
+        let key = AzureCredentials::from_values(some("acct"), some("a2V5"), None).unwrap();
+        assert!(matches!(&key, AzureCredentials::SharedKey { key, .. } if key == b"key"), "{key:?}");
+        assert!(matches!(key.anonymous(), AzureCredentials::Anonymous { account: Some(a) } if a == "acct"));
+        let none = AzureCredentials::from_values(None, None, None).unwrap();
+        assert!(matches!(none, AzureCredentials::Anonymous { account: None }));
+        let error = |r: Result<AzureCredentials, StoreError>| r.unwrap_err().to_string();
+        assert!(error(AzureCredentials::from_values(some("acct"), some("not base64!"), None)).contains("not base64"));
+        assert!(
+            error(AzureCredentials::from_values(None, some("a2V5"), None)).contains("without AZURE_STORAGE_ACCOUNT")
+        );
+        // Neither the key nor the token is ever printed.
+        assert_eq!(
+            format!("{sas:?} {:?}", AzureCredentials::from_values(some("acct"), some("a2V5"), None).unwrap()),
+            "Sas(Some(\"acct\")) SharedKey(acct)"
+        );
+    }
+
+    #[test]
+    fn block_ids_name_their_upload_part_and_checksum_and_are_one_length() {
+        let id = block_id("00112233aabbccdd", 7, 0xE306_9283);
+        assert_eq!(part_of(&id, "00112233aabbccdd"), Some((7, 0xE306_9283)));
+        assert_eq!(part_of(&id, "ffffffffffffffff"), None);
         assert_eq!(upload_of(&id).as_deref(), Some("00112233aabbccdd"));
-        assert_eq!(block_id("00112233aabbccdd", 1).len(), block_id("00112233aabbccdd", 10_000).len());
-        assert_eq!(upload_of(&BASE64.encode("someone-else's")), None);
+        assert_eq!(block_id("00112233aabbccdd", 1, 0).len(), block_id("00112233aabbccdd", 10_000, u32::MAX).len());
+        assert!(block_id("00112233aabbccdd", 99_999, u32::MAX).len() <= 64, "Azure's limit for a block id");
+        for foreign in ["someone-else's", "00112233aabbccdd-000001", "00112233aabbccdd-000001-xyz00000"] {
+            assert_eq!(upload_of(&BASE64.encode(foreign)), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn a_blob_is_verified_against_ferrys_crc32c_else_its_md5() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(integrity(&headers), None);
+        headers.insert("content-md5", BASE64.encode([7u8; 16]).parse().unwrap());
+        assert_eq!(integrity(&headers), Some(Integrity::Whole(StoredChecksum::Md5([7; 16]))));
+        headers.insert(CRC32C_METADATA, crc32c_text(0xE306_9283).parse().unwrap());
+        assert_eq!(integrity(&headers), Some(Integrity::Whole(StoredChecksum::Crc32c(0xE306_9283))));
+        headers.insert(CRC32C_METADATA, "not-hex!".parse().unwrap());
+        assert_eq!(
+            integrity(&headers),
+            Some(Integrity::Whole(StoredChecksum::Md5([7; 16]))),
+            "bad metadata is ignored"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Re
     match location.scheme {
         Scheme::S3 => s3(options, location).await,
         Scheme::Gcs => gcs(options, location).await,
+        Scheme::Azure => azure(options, location).await,
     }
 }
 
@@ -52,6 +53,25 @@ async fn gcs(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc
     Ok(Arc::new(GcsStore::connect(&location.bucket, &gcs).await))
 }
 
+#[cfg(feature = "azure")]
+async fn azure(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use crate::azure::{AzureCredentials, AzureOptions, AzureStore};
+    let credentials = AzureCredentials::from_env()?;
+    let credentials = if options.anonymous { credentials.anonymous() } else { credentials };
+    let azure = AzureOptions {
+        endpoint_url: options.endpoint_url.clone(),
+        credentials,
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+    };
+    Ok(Arc::new(AzureStore::connect(&location.bucket, &azure)?))
+}
+
+#[cfg(not(feature = "azure"))]
+async fn azure(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(not_compiled(location, "azure"))
+}
+
 #[cfg(not(feature = "s3"))]
 async fn s3(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
     Err(not_compiled(location, "s3"))
@@ -63,7 +83,7 @@ async fn gcs(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn O
 }
 
 /// A build without the backend a location needs.
-#[cfg(not(all(feature = "s3", feature = "gcs")))]
+#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure")))]
 fn not_compiled(location: &ObjectLocation, feature: &str) -> StoreError {
     StoreError::Rejected {
         code: "UnsupportedScheme".into(),

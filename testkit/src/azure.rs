@@ -111,7 +111,7 @@ impl AzuriteServer {
 
     /// Writes one blob in one request.
     pub async fn put(&self, container: &str, key: &str, body: Vec<u8>) {
-        let path = format!("/{container}/{}", key.split('/').map(crate::gcs::encode).collect::<Vec<_>>().join("/"));
+        let path = blob_path(container, key);
         let response = self
             .request(reqwest::Method::PUT, &path, &[], &[("x-ms-blob-type", "BlockBlob".to_owned())], body)
             .send()
@@ -122,10 +122,71 @@ impl AzuriteServer {
 
     /// Reads one blob.
     pub async fn get(&self, container: &str, key: &str) -> Vec<u8> {
-        let path = format!("/{container}/{}", key.split('/').map(crate::gcs::encode).collect::<Vec<_>>().join("/"));
+        let path = blob_path(container, key);
         let response = self.request(reqwest::Method::GET, &path, &[], &[], Vec::new()).send().await.expect("get blob");
         assert!(response.status().is_success(), "get {key}: {}", response.status());
         response.bytes().await.expect("read body").to_vec()
+    }
+
+    /// Deletes one blob.
+    pub async fn delete(&self, container: &str, key: &str) {
+        let path = blob_path(container, key);
+        let response = self.request(reqwest::Method::DELETE, &path, &[], &[], Vec::new()).send().await.expect("delete");
+        assert!(response.status().is_success(), "delete {key}: {}", response.status());
+    }
+
+    /// Every committed blob's name and size under `prefix`.
+    pub async fn list(&self, container: &str, prefix: &str) -> Vec<(String, u64)> {
+        self.list_blobs(container, prefix, &[]).await.into_iter().map(|blob| (blob.name, blob.size)).collect()
+    }
+
+    /// The blobs under `prefix` with blocks uploaded but not committed:
+    /// uploads in flight or left by a killed writer.
+    pub async fn pending_uploads(&self, container: &str, prefix: &str) -> Vec<String> {
+        let mut pending = Vec::new();
+        for blob in self.list_blobs(container, prefix, &[("include", "uncommittedblobs")]).await {
+            let query = [("comp", "blocklist"), ("blocklisttype", "uncommitted")];
+            let response = self
+                .request(reqwest::Method::GET, &blob_path(container, &blob.name), &query, &[], Vec::new())
+                .send()
+                .await
+                .expect("get block list");
+            assert!(response.status().is_success(), "block list of {}: {}", blob.name, response.status());
+            let text = response.text().await.expect("block list");
+            if text.contains("<Block>") {
+                pending.push(blob.name);
+            }
+        }
+        pending
+    }
+
+    /// List Blobs, every page, with extra query parameters.
+    async fn list_blobs(&self, container: &str, prefix: &str, extra: &[(&str, &str)]) -> Vec<Blob> {
+        let mut blobs = Vec::new();
+        let mut marker = String::new();
+        loop {
+            let mut query = vec![("restype", "container"), ("comp", "list"), ("prefix", prefix)];
+            query.extend_from_slice(extra);
+            if !marker.is_empty() {
+                query.push(("marker", &marker));
+            }
+            let response = self
+                .request(reqwest::Method::GET, &format!("/{container}"), &query, &[], Vec::new())
+                .send()
+                .await
+                .expect("list blobs");
+            assert!(response.status().is_success(), "list {container}: {}", response.status());
+            let text = response.text().await.expect("listing");
+            for blob in text.split("<Blob>").skip(1) {
+                let name = unescape(between(blob, "<Name>", "</Name>").unwrap_or_default());
+                let size = between(blob, "<Content-Length>", "</Content-Length>").and_then(|s| s.parse().ok());
+                blobs.push(Blob { name, size: size.unwrap_or(0) });
+            }
+            match between(&text, "<NextMarker>", "</NextMarker>").filter(|m| !m.is_empty()) {
+                Some(next) => marker = next.to_owned(),
+                None => return blobs,
+            }
+        }
     }
 
     /// Environment for a stager that should talk to this server.
@@ -136,6 +197,38 @@ impl AzuriteServer {
             ("AZURE_STORAGE_KEY", AZURITE_KEY.to_owned()),
         ]
     }
+}
+
+/// A listed blob.
+struct Blob {
+    name: String,
+    size: u64,
+}
+
+/// `/CONTAINER/KEY`, each segment of the key percent-encoded, dots too, so
+/// that `..` and `.` reach the server as names instead of being resolved by
+/// the URL parser.
+fn blob_path(container: &str, key: &str) -> String {
+    let segments: Vec<String> = key
+        .split('/')
+        .map(|segment| match segment {
+            "." => "%2E".to_owned(),
+            ".." => "%2E%2E".to_owned(),
+            other => crate::gcs::encode(other),
+        })
+        .collect();
+    format!("/{container}/{}", segments.join("/"))
+}
+
+/// The text between the first `start` and the `end` after it.
+fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = text.find(start)? + start.len();
+    text[from..].find(end).map(|to| &text[from..from + to])
+}
+
+/// XML's five predefined entities, decoded.
+fn unescape(text: &str) -> String {
+    text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
 }
 
 impl Drop for AzuriteServer {

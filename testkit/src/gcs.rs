@@ -5,7 +5,7 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::{S3Server, START_DEADLINE, free_port, http_get_status, tool_path};
+use crate::{AzuriteServer, S3Server, START_DEADLINE, free_port, http_get_status, tool_path};
 
 /// A running fake-gcs-server (in-memory backend), stopped on drop.
 #[derive(Debug)]
@@ -154,6 +154,8 @@ pub enum Backend {
     Minio,
     /// fake-gcs-server through `gs://`.
     FakeGcs,
+    /// Azurite through `az://`.
+    Azurite,
 }
 
 /// A running store of either backend, with the same test-side operations.
@@ -163,6 +165,8 @@ pub enum Store {
     S3(S3Server),
     /// A GCS emulator.
     Gcs(GcsServer),
+    /// An Azure Blob emulator.
+    Azure(AzuriteServer),
 }
 
 impl Store {
@@ -171,15 +175,18 @@ impl Store {
         match backend {
             Backend::Minio => Store::S3(S3Server::minio()),
             Backend::FakeGcs => Store::Gcs(GcsServer::start()),
+            Backend::Azurite => Store::Azure(AzuriteServer::start()),
         }
     }
 
-    /// `s3://PATH` or `gs://PATH`.
+    /// `s3://PATH`, `gs://PATH` or `az://PATH`.
     pub fn uri(&self, path: &str) -> String {
-        match self {
-            Store::S3(_) => format!("s3://{path}"),
-            Store::Gcs(_) => format!("gs://{path}"),
-        }
+        let scheme = match self {
+            Store::S3(_) => ferry_contract::Scheme::S3,
+            Store::Gcs(_) => ferry_contract::Scheme::Gcs,
+            Store::Azure(_) => ferry_contract::Scheme::Azure,
+        };
+        format!("{scheme}://{path}")
     }
 
     /// Creates a bucket.
@@ -187,6 +194,7 @@ impl Store {
         match self {
             Store::S3(s) => s.create_bucket(name).await,
             Store::Gcs(g) => g.create_bucket(name).await,
+            Store::Azure(a) => a.create_container(name).await,
         }
     }
 
@@ -195,6 +203,7 @@ impl Store {
         match self {
             Store::S3(s) => s.put(bucket, key, body).await,
             Store::Gcs(g) => g.put(bucket, key, body).await,
+            Store::Azure(a) => a.put(bucket, key, body).await,
         }
     }
 
@@ -203,6 +212,7 @@ impl Store {
         match self {
             Store::S3(s) => s.get(bucket, key).await,
             Store::Gcs(g) => g.get(bucket, key).await,
+            Store::Azure(a) => a.get(bucket, key).await,
         }
     }
 
@@ -211,6 +221,7 @@ impl Store {
         match self {
             Store::S3(s) => s.list(bucket, prefix).await,
             Store::Gcs(g) => g.list(bucket, prefix).await,
+            Store::Azure(a) => a.list(bucket, prefix).await,
         }
     }
 
@@ -219,6 +230,7 @@ impl Store {
         match self {
             Store::S3(s) => s.env(),
             Store::Gcs(g) => g.env(),
+            Store::Azure(a) => a.env(),
         }
     }
 }

@@ -31,15 +31,20 @@ struct Counters {
 }
 
 impl CorruptingProxy {
-    /// Proxies to `upstream` (`http://host:port`), corrupting `marker`.
+    /// Proxies to `upstream` (`http://host:port`, with a path where the
+    /// endpoint has one, as an Azure account's does), corrupting `marker`.
     ///
     /// # Panics
-    /// If the upstream is not `http://host:port` or no port can be bound.
+    /// If the upstream is not `http://host:port[/path]` or no port can be bound.
     pub fn start(upstream: &str, marker: &[u8]) -> Self {
         assert!(marker.len() >= 2, "a marker needs at least two bytes");
-        let upstream = upstream.strip_prefix("http://").expect("an http:// upstream").trim_end_matches('/').to_owned();
+        let upstream = upstream.strip_prefix("http://").expect("an http:// upstream").trim_end_matches('/');
+        let (upstream, path) =
+            upstream.split_once('/').map_or((upstream, String::new()), |(a, p)| (a, format!("/{p}")));
+        let upstream = upstream.to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        let endpoint = format!("http://{}", listener.local_addr().expect("proxy address"));
+        // The same path on the proxy's address: requests pass unchanged.
+        let endpoint = format!("http://{}{path}", listener.local_addr().expect("proxy address"));
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let marker: Arc<[u8]> = Arc::from(marker);

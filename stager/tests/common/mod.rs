@@ -137,6 +137,7 @@ pub async fn delete(server: &Store, bucket: &str, key: &str) {
                 reqwest::Client::new().delete(url).send().await.unwrap_or_else(|e| panic!("delete {key}: {e}"));
             assert!(response.status().is_success(), "delete {key}: {}", response.status());
         }
+        Store::Azure(azure) => azure.delete(bucket, key).await,
     }
 }
 

@@ -74,7 +74,13 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
 
     let mut spec = pull_spec();
     spec["source"]["uri"] = json!("https://datasets/imagenet");
-    assert_refused(&raw, "scheme", spec, "uri must look like s3://bucket/prefix or gs://bucket/prefix").await;
+    assert_refused(
+        &raw,
+        "scheme",
+        spec,
+        "uri must look like s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+    )
+    .await;
 
     let mut spec = pull_spec();
     spec["transfer"] = json!({"concurrency": 0, "partSize": "lots"});

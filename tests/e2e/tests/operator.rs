@@ -421,6 +421,41 @@ async fn a_gcs_source_is_staged_onto_every_node() {
     setup.cluster.stop().await;
 }
 
+/// Azurite checks every request's Shared Key signature, so the account key
+/// from the Secret is what lets the workers in.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_azure_source_is_staged_onto_every_node_with_the_key_from_its_secret() {
+    use ferry_contract::options::{AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV};
+    let setup = setup("azure").await;
+    let azure = ferry_testkit::AzuriteServer::start();
+    azure.create_container("models").await;
+    for (key, data) in &setup.files {
+        azure.put("models", &format!("demo/{key}"), data.clone()).await;
+    }
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "azure"},
+        "stringData": {AZURE_STORAGE_ACCOUNT_ENV: ferry_testkit::AZURITE_ACCOUNT, AZURE_STORAGE_KEY_ENV: ferry_testkit::AZURITE_KEY}});
+    setup.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    setup
+        .apply_spec(
+            "from-azure",
+            json!({
+                "source": {"uri": "az://models/demo", "endpoint": azure.endpoint, "credentials": {"name": "azure"}},
+                "destination": {"volume": {"hostPath": "/mnt/ferry/from-azure"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+            }),
+        )
+        .await;
+    let status = setup.wait_status("from-azure", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(status.nodes.as_deref(), Some("2/2"));
+    let bytes: usize = setup.files.values().map(Vec::len).sum();
+    assert_eq!(status.totals.unwrap().bytes_done as usize, 2 * bytes, "each node copied the dataset once");
+    if let (Some(a), Some(b)) = (setup.cluster.node_dir("node-a"), setup.cluster.node_dir("node-b")) {
+        assert_eq!(read_tree(&a.join("mnt/ferry/from-azure")), setup.files, "node-a's copy is byte-identical");
+        assert_eq!(read_tree(&b.join("mnt/ferry/from-azure")), setup.files, "node-b's copy is byte-identical");
+    }
+    setup.cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_secret_is_a_condition_that_recovers_once_the_secret_exists() {
     let setup = setup("secret").await;
