@@ -12,16 +12,19 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shared by two checkouts can hand one of them the other's stale artifacts.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
-# Pinned servers: MinIO, fake-gcs-server, moto and Azurite for the stores, etcd and
+# Pinned servers: MinIO, fake-gcs-server, moto, Azurite and the OCI registry
+# (with oras, the client tests push artifacts with) for the stores, etcd and
 # Kubernetes for e2e, helm and Prometheus for the chart's e2e tests, the
 # kubelet, containerd, runc and CNI plugins for the e2e tests' real nodes.
-hack/tools.sh install minio fake-gcs-server moto azurite-blob etcd kube-apiserver helm prometheus python-test \
+hack/tools.sh install minio fake-gcs-server moto azurite-blob registry oras etcd kube-apiserver helm prometheus python-test \
   kubelet containerd ctr runc cni-plugins busybox
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
 FERRY_FAKE_GCS_SERVER_BIN="$(hack/tools.sh path fake-gcs-server)"
 FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
 FERRY_AZURITE_BLOB_BIN="$(hack/tools.sh path azurite-blob)"
-export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN FERRY_AZURITE_BLOB_BIN
+FERRY_REGISTRY_BIN="$(hack/tools.sh path registry)"
+FERRY_ORAS_BIN="$(hack/tools.sh path oras)"
+export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN FERRY_AZURITE_BLOB_BIN FERRY_REGISTRY_BIN FERRY_ORAS_BIN
 
 cargo fmt --all --check
 # cargo test must not rebuild what cargo build built (see the script).

@@ -51,7 +51,8 @@ pub enum ProgressMode {
 /// The stager's subcommands.
 #[derive(Clone, Debug, PartialEq, Subcommand)]
 pub enum StagerCommand {
-    /// Copy every object under s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX into DIR (keys become relative paths).
+    /// Copy every object under s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or the files of
+    /// oci://REGISTRY/REPOSITORY:TAG into DIR (keys become relative paths).
     Pull {
         /// Source, e.g. s3://datasets/imagenet/train
         source: ObjectLocation,
@@ -308,7 +309,10 @@ mod tests {
             "[a-z0-9][a-z0-9.-]{1,10}[a-z0-9]",
             "([a-z0-9_]{1,8}/){0,3}",
         )
-            .prop_map(|(scheme, bucket, prefix)| format!("{scheme}://{bucket}/{prefix}").parse().unwrap())
+            .prop_map(|(scheme, bucket, prefix)| match scheme {
+                crate::Scheme::Oci => format!("oci://{bucket}:5000/{prefix}model:v1").parse().unwrap(),
+                _ => format!("{scheme}://{bucket}/{prefix}").parse().unwrap(),
+            })
     }
 
     fn options() -> impl Strategy<Value = TransferOptions> {

@@ -1,5 +1,7 @@
 //! Object storage locations as users write them: `s3://bucket/prefix`,
-//! `gs://bucket/prefix` or `az://container/prefix`. The scheme is a [`Scheme`], decided here once, so
+//! `gs://bucket/prefix`, `az://container/prefix`, or an OCI artifact,
+//! `oci://registry/repository:tag` (whose "bucket" is the whole reference:
+//! an artifact has no prefixes). The scheme is a [`Scheme`], decided here once, so
 //! that the operator, the engine and the budgets match on a type instead of
 //! comparing strings.
 
@@ -16,11 +18,13 @@ pub enum Scheme {
     /// `az://`: Azure Blob Storage (the container is the bucket; the
     /// account is the endpoint's).
     Azure,
+    /// `oci://`: an artifact in an OCI registry, read only.
+    Oci,
 }
 
 impl Scheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [Scheme; 3] = [Scheme::S3, Scheme::Gcs, Scheme::Azure];
+    pub const ALL: [Scheme; 4] = [Scheme::S3, Scheme::Gcs, Scheme::Azure, Scheme::Oci];
 
     /// How URIs spell it, before `://`.
     pub fn as_str(self) -> &'static str {
@@ -28,7 +32,13 @@ impl Scheme {
             Scheme::S3 => "s3",
             Scheme::Gcs => "gs",
             Scheme::Azure => "az",
+            Scheme::Oci => "oci",
         }
+    }
+
+    /// Whether a push may write to it (OCI artifacts are pulled only).
+    pub fn writable(self) -> bool {
+        self != Scheme::Oci
     }
 }
 
@@ -40,7 +50,7 @@ impl fmt::Display for Scheme {
 
 /// A scheme no store of Ferry's speaks.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown scheme '{0}': expected one of s3, gs, az")]
+#[error("unknown scheme '{0}': expected one of s3, gs, az, oci")]
 pub struct UnknownScheme(String);
 
 impl FromStr for Scheme {
@@ -78,8 +88,15 @@ impl FromStr for ObjectLocation {
         let err = |reason| LocationError { uri: uri.to_owned(), reason };
         let (scheme, rest) = uri
             .split_once("://")
-            .ok_or_else(|| err("expected s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or az://CONTAINER[/PREFIX]"))?;
-        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3://, gs:// and az:// are supported"))?;
+            .ok_or_else(|| err("expected s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], az://CONTAINER[/PREFIX] or oci://REGISTRY/REPOSITORY[:TAG]"))?;
+        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3://, gs://, az:// and oci:// are supported"))?;
+        if scheme == Scheme::Oci {
+            let reference = rest.trim_end_matches('/');
+            if reference.split('/').filter(|part| !part.is_empty()).count() < 2 {
+                return Err(err("expected oci://REGISTRY/REPOSITORY[:TAG|@sha256:DIGEST]"));
+            }
+            return Ok(Self { scheme, bucket: reference.to_owned(), prefix: String::new() });
+        }
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(err("the bucket name is empty"));
@@ -94,7 +111,10 @@ impl FromStr for ObjectLocation {
 
 impl fmt::Display for ObjectLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}/{}", self.scheme, self.bucket, self.prefix)
+        match self.scheme {
+            Scheme::Oci => write!(f, "oci://{}", self.bucket),
+            _ => write!(f, "{}://{}/{}", self.scheme, self.bucket, self.prefix),
+        }
     }
 }
 
@@ -112,8 +132,13 @@ mod tests {
         assert_eq!("gs://b/p".parse::<ObjectLocation>().unwrap().scheme, Scheme::Gcs);
         for scheme in Scheme::ALL {
             assert_eq!(scheme.as_str().parse::<Scheme>(), Ok(scheme));
-            assert_eq!(format!("{scheme}://b/").parse::<ObjectLocation>().unwrap().scheme, scheme);
+            assert_eq!(format!("{scheme}://b/r/").parse::<ObjectLocation>().unwrap().scheme, scheme);
         }
+        let artifact: ObjectLocation = "oci://127.0.0.1:5000/models/llama:v1".parse().unwrap();
+        assert_eq!((artifact.bucket.as_str(), artifact.prefix.as_str()), ("127.0.0.1:5000/models/llama:v1", ""));
+        assert_eq!(artifact.to_string(), "oci://127.0.0.1:5000/models/llama:v1");
+        assert!("oci://registry.example".parse::<ObjectLocation>().is_err(), "a registry is no artifact");
+        assert!(!Scheme::Oci.writable() && Scheme::Azure.writable());
         assert!("ftp://b/p".parse::<ObjectLocation>().is_err());
         assert!("s3:///p".parse::<ObjectLocation>().is_err());
         assert!("/local/path".parse::<ObjectLocation>().is_err());

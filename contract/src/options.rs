@@ -247,6 +247,10 @@ pub const AZURE_STORAGE_KEY_ENV: &str = "AZURE_STORAGE_KEY";
 /// A shared access signature, used instead of a key when set.
 pub const AZURE_STORAGE_SAS_TOKEN_ENV: &str = "AZURE_STORAGE_SAS_TOKEN";
 
+/// The directory of the Docker `config.json` whose `auths` an `oci://`
+/// pull authenticates with (Docker's and ORAS's own variable).
+pub const DOCKER_CONFIG_ENV: &str = "DOCKER_CONFIG";
+
 /// Credentials for an S3 store from a web identity: an OpenID token (a
 /// projected Kubernetes service-account token) that the stager exchanges at
 /// the store's STS (`AssumeRoleWithWebIdentity`) for temporary credentials,

@@ -51,6 +51,7 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("has(self.source.uri) || has(self.destination.uri)").message("one of spec.source and spec.destination must be object storage (set its uri)"))]
 #[x_kube(validation = Rule::new("!(has(self.source.uri) && has(self.destination.uri))").message("one of spec.source and spec.destination must be a volume: Ferry stages between object storage and volumes, not bucket to bucket"))]
 #[x_kube(validation = Rule::new("!has(self.reclaimPolicy) || self.reclaimPolicy == 'Retain' || has(self.source.uri)").message("reclaimPolicy Delete removes what a pull staged; a push's source volume is never deleted: use Retain"))]
+#[x_kube(validation = Rule::new("!has(self.destination.uri) || !self.destination.uri.startsWith('oci://')").message("oci:// is a source only: Ferry pulls OCI artifacts and does not push them; push to s3://, gs:// or az://"))]
 #[x_kube(validation = Rule::new("!has(self.schedule) || has(self.source.uri)").message("spec.schedule re-syncs a pull; a push runs once: remove schedule, or create a new DataStage per upload"))]
 #[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
@@ -215,17 +216,22 @@ pub enum UpdateStrategy {
 pub struct Location {
     /// Object storage location: `s3://bucket/prefix`, `gs://bucket/prefix`
     /// or `az://container/prefix` (Azure Blob; the account is the
-    /// credentials Secret's `AZURE_STORAGE_ACCOUNT`, or the endpoint's).
+    /// credentials Secret's `AZURE_STORAGE_ACCOUNT`, or the endpoint's);
+    /// for a pull, also `oci://registry/repository:tag` (or `@sha256:…`):
+    /// each layer of the artifact named by its title annotation is a file.
     /// The prefix names a directory: `s3://b/data` means keys under `data/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs|az)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$')").message("uri must look like s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"))]
+    // Bounded, so that the API server's estimate of the rule's cost fits.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs|az)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$') || self.matches('^oci://[a-z0-9.-]+(:[0-9]+)?/[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})?$')").message("uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or oci://registry/repository:tag"))]
     pub uri: Option<String>,
 
     /// Endpoint URL: an S3-compatible server (MinIO, a private endpoint),
     /// e.g. `http://minio.storage:9000`, or for `gs://` a GCS endpoint (an
     /// emulator, Private Service Connect), or for `az://` the account's
-    /// blob endpoint (`http://azurite:10000/devstoreaccount1`). Default: the
-    /// provider's public endpoint.
+    /// blob endpoint (`http://azurite:10000/devstoreaccount1`), or for
+    /// `oci://` the registry's URL (`http://registry:5000` for one without
+    /// TLS). Default: the provider's public endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("endpoint must be an http:// or https:// URL"))]
     pub endpoint: Option<String>,
@@ -242,8 +248,8 @@ pub struct Location {
     #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
     pub credentials: Option<StoreCredentials>,
 
-    /// `gs://` and `az://` only: send no credentials at all (public buckets
-    /// and containers, emulators).
+    /// `gs://`, `az://` and `oci://` only: send no credentials at all
+    /// (public buckets, containers and repositories, emulators).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous: Option<bool>,
 
@@ -267,7 +273,9 @@ pub struct StoreCredentials {
     /// `s3://`, `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (optionally
     /// `AWS_SESSION_TOKEN`); for `gs://`, `key.json` holding a
     /// service-account key; for `az://`, `AZURE_STORAGE_ACCOUNT` with
-    /// `AZURE_STORAGE_KEY` (the account key) or `AZURE_STORAGE_SAS_TOKEN`.
+    /// `AZURE_STORAGE_KEY` (the account key) or `AZURE_STORAGE_SAS_TOKEN`;
+    /// for `oci://`, a `kubernetes.io/dockerconfigjson` Secret (`kubectl
+    /// create secret docker-registry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub name: Option<String>,
@@ -917,22 +925,27 @@ mod tests {
 
     #[test]
     fn the_admission_rules_accept_exactly_the_schemes_the_stores_speak() {
-        // Every URI rule spells its schemes as `^(s3|gs|…)://`; a scheme
-        // added to the contract but not to a rule would be refused at
-        // admission, one in a rule but not the contract by the stager.
-        let expected: Vec<&str> = ferry_contract::Scheme::ALL.iter().map(|s| s.as_str()).collect();
-        for (relative, yaml) in committed_crds() {
-            let spelled: Vec<Vec<&str>> = yaml
-                .split("self.matches('^(")
+        // URI rules spell schemes as `^(s3|gs|…)://` or `^oci://`. The
+        // DataStage's must name every scheme of the contract (one missing
+        // would be refused at admission though the stager speaks it), and
+        // no rule may name one the contract lacks.
+        fn schemes(yaml: &str) -> std::collections::BTreeSet<&str> {
+            yaml.split("self.matches('^")
                 .skip(1)
-                .filter_map(|rest| rest.split_once('\'').map(|(pattern, _)| pattern))
-                .filter_map(|pattern| pattern.split_once(")://").map(|(schemes, _)| schemes.split('|').collect()))
-                .collect();
-            for schemes in spelled {
-                assert_eq!(schemes, expected, "{relative}");
-            }
+                .filter_map(|rest| rest.split_once("://").map(|(schemes, _)| schemes))
+                .filter(|schemes| !schemes.contains('\''))
+                .flat_map(|schemes| schemes.trim_start_matches('(').trim_end_matches(')').split('|'))
+                // Not a URI rule (`^https?://` for endpoints).
+                .filter(|scheme| scheme.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
+                .collect()
         }
+        let contract: std::collections::BTreeSet<&str> =
+            ferry_contract::Scheme::ALL.iter().map(|s| s.as_str()).collect();
         let datastage = crd_yaml();
+        assert_eq!(schemes(&datastage), contract);
+        for (relative, yaml) in committed_crds() {
+            assert!(schemes(&yaml).is_subset(&contract), "{relative}: {:?}", schemes(&yaml));
+        }
         for scheme in ferry_contract::Scheme::ALL {
             assert!(datastage.contains(&format!("{scheme}://")), "the uri message names {scheme}://");
         }

@@ -55,6 +55,20 @@ pub fn check_push(options: &TransferOptions) -> Result<(), TransferError> {
     Ok(())
 }
 
+/// Whether a push may write to `destination`: an OCI artifact is read only.
+///
+/// # Errors
+/// A destination of a store Ferry does not write, as a usage error.
+pub fn check_push_destination(destination: &ferry_contract::ObjectLocation) -> Result<(), TransferError> {
+    if destination.scheme.writable() {
+        return Ok(());
+    }
+    Err(TransferError::Config(format!(
+        "{destination} cannot be pushed to: Ferry reads {}:// stores and does not write them",
+        destination.scheme
+    )))
+}
+
 impl TransferConfig {
     /// The engine's configuration for these options.
     ///

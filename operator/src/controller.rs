@@ -181,7 +181,7 @@ pub fn validate(ds: &DataStage, plan: &Plan<'_>, config: &OperatorConfig) -> Res
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
             message:
-                "anonymous applies to gs:// and az:// only; for s3:// give credentials or rely on the pod's identity"
+                "anonymous applies to gs://, az:// and oci:// only; for s3:// give credentials or rely on the pod's identity"
                     .into(),
         });
     }
@@ -317,6 +317,7 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
         Scheme::Gcs => "key key.json (a service-account key)",
         Scheme::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
         Scheme::Azure => "keys AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY (or AZURE_STORAGE_SAS_TOKEN)",
+        Scheme::Oci => "type kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)",
     };
     Ok(Some(Blocked {
         phase: Phase::Pending,

@@ -17,7 +17,9 @@ use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
     WebIdentityOptions,
 };
-use ferry_contract::options::{AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV, AZURE_STORAGE_SAS_TOKEN_ENV};
+use ferry_contract::options::{
+    AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV, AZURE_STORAGE_SAS_TOKEN_ENV, DOCKER_CONFIG_ENV,
+};
 use ferry_contract::{ByteSize, ExitStatus, Scheme};
 use ferry_crds::plan::{Direction, Plan, Volume as PlanVolume};
 use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
@@ -52,6 +54,9 @@ pub const SHARED_MOUNT: &str = "/ferry/node";
 pub const SHARED_OBJECTS_DIR: &str = ".ferry-shared";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
+/// Where an `oci://` credentials Secret (`.dockerconfigjson`) is mounted in
+/// worker pods, as the `config.json` of a Docker config directory.
+pub const REGISTRY_CONFIG_MOUNT: &str = "/var/run/secrets/ferry/registry";
 /// Where a web identity's projected service-account token is mounted in
 /// worker pods, as the file [`WEB_IDENTITY_TOKEN_FILE`].
 pub const WEB_IDENTITY_MOUNT: &str = "/var/run/secrets/ferry/web-identity";
@@ -427,6 +432,30 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
         Scheme::S3 => {
             let keys = [("AWS_ACCESS_KEY_ID", false), ("AWS_SECRET_ACCESS_KEY", false), ("AWS_SESSION_TOKEN", true)];
             (secret_env(secret, &keys), None)
+        }
+        // A Docker config: the stager reads DOCKER_CONFIG/config.json, the
+        // key `kubectl create secret docker-registry` writes.
+        Scheme::Oci => {
+            let env = EnvVar {
+                name: DOCKER_CONFIG_ENV.into(),
+                value: Some(REGISTRY_CONFIG_MOUNT.into()),
+                ..EnvVar::default()
+            };
+            let volume = Volume {
+                name: "registry-config".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: ".dockerconfigjson".into(),
+                        path: "config.json".into(),
+                        mode: None,
+                    }]),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            };
+            let mount = read_only_mount(&volume, REGISTRY_CONFIG_MOUNT);
+            (vec![env], Some((volume, mount)))
         }
         // The account is required (it names the default endpoint); a key or
         // a SAS token, whichever the Secret holds, authorises.
@@ -1441,6 +1470,26 @@ mod tests {
         let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(source.scheme, Scheme::Azure);
         assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite:10000/devstoreaccount1"));
+    }
+
+    #[test]
+    fn an_oci_source_mounts_its_docker_config_secret() {
+        let ds = datastage(json!({
+            "source": {"uri": "oci://registry.example/models/llama:v1", "credentials": {"name": "pull-secret"}},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/llama"}},
+        }));
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let env = pod.containers[0].env.clone().unwrap();
+        let config = env.iter().find(|e| e.name == DOCKER_CONFIG_ENV).unwrap();
+        assert_eq!(config.value.as_deref(), Some(REGISTRY_CONFIG_MOUNT));
+        let volume = pod.volumes.clone().unwrap().into_iter().find(|v| v.name == "registry-config").unwrap();
+        let secret = volume.secret.unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("pull-secret"));
+        let item = &secret.items.unwrap()[0];
+        assert_eq!((item.key.as_str(), item.path.as_str()), (".dockerconfigjson", "config.json"));
+        let StagerCommand::Pull { source, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(source.to_string(), "oci://registry.example/models/llama:v1");
     }
 
     #[test]

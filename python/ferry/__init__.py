@@ -1,5 +1,5 @@
 """Ferry's copy engine, in-process: parallel, verified transfers between
-object storage (``s3://``, ``gs://``, ``az://``) and memory or local directories.
+object storage (``s3://``, ``gs://``, ``az://``; pulls from ``oci://``) and memory or local directories.
 
 The work happens in Rust with the GIL released, so Python threads calling
 in parallel run in parallel; calls with the same options share one engine

@@ -201,6 +201,7 @@ async fn run_transfer(
 ) -> Result<String, Failure> {
     if operation == Operation::Push {
         ferry_engine::options::check_push(&options).map_err(Failure::Run)?;
+        ferry_engine::options::check_push_destination(&location).map_err(Failure::Run)?;
     }
     let engine = new_engine(&options, &location).await?;
     let reporter = progress.map(|callback| {

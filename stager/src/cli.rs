@@ -174,6 +174,9 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
 }
 
 async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Result<Summary, TransferError> {
+    if let Transfer::Push { destination, .. } = job {
+        options::check_push_destination(destination)?;
+    }
     let mut config = TransferConfig::from_options(options)?;
     // A versioned pull builds beside the current version, linking what the
     // versions already hold (their own objects, or the node's shared ones).

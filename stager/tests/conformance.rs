@@ -1,6 +1,7 @@
 //! The conformance suite: the stager against every backend it supports, a
-//! real MinIO through `s3://`, fake-gcs-server through `gs://` and Azurite
-//! through `az://`. Each test is written once, takes the backend, starts its
+//! real MinIO through `s3://`, fake-gcs-server through `gs://`, Azurite
+//! through `az://` and the distribution registry through `oci://` (the
+//! pull tests that fit an artifact). Each test is written once, takes the backend, starts its
 //! own server and uses its own bucket; `conformance!` runs it against each
 //! backend. The few backend-specific tests say so in their names.
 
@@ -195,12 +196,14 @@ async fn multipart_upload(
 /// keeps; returns them and the verification kinds a pull should count.
 async fn foreign_objects(server: &Store, bucket: &str) -> (BTreeMap<String, Vec<u8>>, Vec<(&'static str, u64)>) {
     let mut files = BTreeMap::new();
-    if let Store::Azure(_) = server {
-        // Put Blob keeps the content's MD5 (Content-MD5) of every blob.
+    if let Store::Azure(_) | Store::Registry(_) = server {
+        // Put Blob keeps the content's MD5 (Content-MD5) of every blob; a
+        // layer's digest is its SHA-256.
         files.insert("small.bin".to_owned(), marked(20, 300 << 10, 1000));
         files.insert("ranged.bin".to_owned(), marked(21, 12 * MIB + 5, 9 * MIB));
         put_tree(server, bucket, "", &files).await;
-        return (files, vec![("md5", 2)]);
+        let kind = if matches!(server, Store::Azure(_)) { "md5" } else { "sha" };
+        return (files, vec![(kind, 2)]);
     }
     let Store::S3(s3) = server else {
         // GCS keeps a CRC32C of every object, composed ones included.
@@ -687,6 +690,7 @@ async fn pending_uploads(server: &Store, bucket: &str, prefix: &str) -> Vec<Stri
         }
         Store::Gcs(_) => server.list(bucket, ".ferry-uploads/").await.into_iter().map(|(key, _)| key).collect(),
         Store::Azure(azure) => azure.pending_uploads(bucket, prefix).await,
+        Store::Registry(_) => Vec::new(),
     }
 }
 
@@ -1255,34 +1259,27 @@ async fn versions_switch_whole_share_unchanged_files_and_a_change_back_copies_no
     assert_eq!(std::fs::read_dir(dst.path()).unwrap().count(), 0);
 }
 
-/// Runs each listed test against every backend, as `minio::NAME`,
+/// Runs each listed test against one backend, as `MODULE::NAME`.
+macro_rules! conformance_on {
+    ($module:ident, $backend:ident, $($test:ident),* $(,)?) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    super::$test(ferry_testkit::Backend::$backend).await;
+                }
+            )*
+        }
+    };
+}
+
+/// Runs each listed test against every writable backend, as `minio::NAME`,
 /// `gcs::NAME` and `azurite::NAME`.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        mod minio {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $test() {
-                    super::$test(ferry_testkit::Backend::Minio).await;
-                }
-            )*
-        }
-        mod gcs {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $test() {
-                    super::$test(ferry_testkit::Backend::FakeGcs).await;
-                }
-            )*
-        }
-        mod azurite {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $test() {
-                    super::$test(ferry_testkit::Backend::Azurite).await;
-                }
-            )*
-        }
+        conformance_on!(minio, Minio, $($test),*);
+        conformance_on!(gcs, FakeGcs, $($test),*);
+        conformance_on!(azurite, Azurite, $($test),*);
     };
 }
 
@@ -1306,3 +1303,60 @@ conformance!(
     a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
     versions_switch_whole_share_unchanged_files_and_a_change_back_copies_nothing,
 );
+
+// The registry is read only and an artifact has no prefixes: the pull
+// tests on a whole bucket run against it (the others need a push, or keys
+// under a prefix of one bucket). A missing repository, a push refused and
+// a tag that moves are in store/tests/oci.rs and the tests below.
+conformance_on!(
+    registry,
+    Registry,
+    objects_uploaded_by_other_clients_are_verified_against_the_stores_checksum,
+    every_kind_of_checksum_is_verified_and_a_corrupted_byte_in_each_is_caught,
+    three_shards_partition_the_dataset_exactly,
+    a_second_pull_transfers_nothing_and_a_third_only_what_changed,
+    keys_that_would_escape_the_destination_are_refused,
+    an_unreachable_endpoint_ends_quickly_with_a_clear_message,
+    a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
+);
+
+/// Registry only: a push to a registry is refused before anything is read,
+/// and a missing artifact, a wrong password or none end a pull at once
+/// with their reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_only_a_push_is_refused_and_a_missing_artifact_or_bad_credentials_end_with_their_reason() {
+    let server = Store::start(Backend::Registry);
+    let Store::Registry(registry) = &server else { unreachable!("a registry") };
+    server.put("models", "a.bin", b"a".to_vec()).await;
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f.bin"), b"x").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let dst = dst.path().to_str().unwrap();
+
+    let push = stager(&server, &["push", src.path().to_str().unwrap(), server.uri("models").as_str()]);
+    assert_eq!((push.code(), push.summary["reason"].as_str()), (4, Some("InvalidConfiguration")), "{}", push.stderr);
+    assert!(push.stderr.contains("cannot be pushed to"), "{}", push.stderr);
+    assert_eq!(registry.list("models", "latest").await, [("a.bin".to_owned(), 1)], "the artifact is as it was");
+
+    let missing = stager(&server, &["pull", server.uri("nothing").as_str(), dst]);
+    assert_eq!((missing.code(), missing.summary["reason"].as_str()), (4, Some("BucketNotFound")), "{}", missing.stderr);
+
+    let config = tempfile::tempdir().unwrap();
+    let wrong = serde_json::json!({"auths": {registry.host.clone(): {"username": "ferry", "password": "wrong"}}});
+    std::fs::write(config.path().join("config.json"), wrong.to_string()).unwrap();
+    let mut cmd = command(&server, &["pull", server.uri("models").as_str(), dst]);
+    cmd.env("DOCKER_CONFIG", config.path());
+    let refused = common::run(cmd);
+    assert_eq!((refused.code(), refused.summary["reason"].as_str()), (4, Some("AccessDenied")), "{}", refused.stderr);
+    let mut cmd = command(&server, &["pull", server.uri("models").as_str(), dst, "--anonymous"]);
+    cmd.env("DOCKER_CONFIG", config.path());
+    let anonymous = common::run(cmd);
+    assert_eq!(
+        (anonymous.code(), anonymous.summary["reason"].as_str()),
+        (4, Some("NoCredentials")),
+        "{}",
+        anonymous.stderr
+    );
+    assert!(anonymous.stderr.contains(&registry.host), "says which registry: {}", anonymous.stderr);
+    assert!(read_tree(Path::new(dst)).is_empty(), "nothing was written");
+}

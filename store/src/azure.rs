@@ -48,8 +48,8 @@ use ferry_contract::options::{
 };
 
 use crate::http::{
-    Failed, HttpClient, body_stream, content_length, encode_uri, exchange, header_text, header_value, pooled_client,
-    range_header, strip_quotes,
+    Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
+    header_value, range_header, strip_quotes,
 };
 use crate::xml::{element, elements, error_document, escape, unescape};
 use crate::{
@@ -210,9 +210,8 @@ impl AzureStore {
                 ));
             }
         };
-        let invalid = |message: String| StoreError::Rejected { code: "InvalidEndpoint".into(), message };
-        let uri: http::Uri = endpoint.parse().map_err(|_| invalid(format!("'{endpoint}' is not a URL")))?;
-        let client = pooled_client(options.connect_timeout, uri.scheme_str() == Some("http")).map_err(invalid)?;
+        let client = client_for(&endpoint, options.connect_timeout)?;
+        let uri: http::Uri = endpoint.parse().expect("client_for parsed it");
         let container_path = format!("{}/{container}", uri.path().trim_end_matches('/'));
         Ok(Self {
             client,
@@ -361,25 +360,10 @@ impl ObjectStore for AzureStore {
             headers.push(("if-match", format!("\"{etag}\"")));
         }
         let response = self.send(Method::GET, Some(key), &[], headers, Bytes::new()).await?;
-        let response_headers = response.headers();
         if let Some(range) = &range {
-            // A range the server did not take comes back whole (200): never
-            // hand that to the engine as the range.
-            let start = header_text(response_headers, "content-range")
-                .and_then(|r| r.strip_prefix("bytes "))
-                .and_then(|r| r.split('-').next())
-                .and_then(|s| s.parse::<u64>().ok());
-            if response.status().as_u16() != 206 || start != Some(range.start) {
-                return Err(StoreError::transient(
-                    RetryReason::ServerError,
-                    format!(
-                        "asked for {} of '{key}', got HTTP {} without that range",
-                        range_header(range),
-                        response.status()
-                    ),
-                ));
-            }
+            check_range(&response, range, key)?;
         }
+        let response_headers = response.headers();
         let checksum = if range.is_some() { None } else { integrity(response_headers) };
         let etag = header_text(response_headers, "etag").map(strip_quotes);
         let content_length = content_length(response_headers);

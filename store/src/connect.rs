@@ -18,6 +18,7 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Re
         Scheme::S3 => s3(options, location).await,
         Scheme::Gcs => gcs(options, location).await,
         Scheme::Azure => azure(options, location).await,
+        Scheme::Oci => oci(options, location).await,
     }
 }
 
@@ -67,6 +68,29 @@ async fn azure(options: &TransferOptions, location: &ObjectLocation) -> Result<A
     Ok(Arc::new(AzureStore::connect(&location.bucket, &azure)?))
 }
 
+#[cfg(feature = "oci")]
+async fn oci(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use crate::oci::{OciOptions, OciStore, Reference, RegistryCredentials};
+    // An oci:// location's bucket is the whole reference.
+    let reference: Reference = location.bucket.parse().map_err(|error: crate::oci::InvalidReference| {
+        StoreError::Rejected { code: "InvalidReference".into(), message: error.to_string() }
+    })?;
+    let credentials =
+        if options.anonymous { None } else { RegistryCredentials::from_docker_config(&reference.registry)? };
+    let oci = OciOptions {
+        endpoint_url: options.endpoint_url.clone(),
+        credentials,
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+    };
+    Ok(Arc::new(OciStore::connect(reference, &oci)?))
+}
+
+#[cfg(not(feature = "oci"))]
+async fn oci(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(not_compiled(location, "oci"))
+}
+
 #[cfg(not(feature = "azure"))]
 async fn azure(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
     Err(not_compiled(location, "azure"))
@@ -83,7 +107,7 @@ async fn gcs(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn O
 }
 
 /// A build without the backend a location needs.
-#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure")))]
+#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure", feature = "oci")))]
 fn not_compiled(location: &ObjectLocation, feature: &str) -> StoreError {
     StoreError::Rejected {
         code: "UnsupportedScheme".into(),

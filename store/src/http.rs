@@ -59,6 +59,32 @@ pub(crate) fn pooled_client(connect_timeout: Duration, plain_http: bool) -> Resu
         .build(connector))
 }
 
+/// A pooled client for `endpoint`, or why there is none: an endpoint that
+/// is no URL, or over https no TLS roots (`InvalidEndpoint`).
+pub(crate) fn client_for(endpoint: &str, connect_timeout: Duration) -> Result<HttpClient, StoreError> {
+    let invalid = |message: String| StoreError::Rejected { code: "InvalidEndpoint".into(), message };
+    let uri: http::Uri = endpoint.parse().map_err(|_| invalid(format!("'{endpoint}' is not a URL")))?;
+    pooled_client(connect_timeout, uri.scheme_str() == Some("http")).map_err(invalid)
+}
+
+/// That a ranged read got the range it asked for: a 206 whose
+/// `Content-Range` starts where asked. A server that does not take a range
+/// answers with the whole object (200), which must never reach the engine
+/// as the range.
+pub(crate) fn check_range(response: &Response<Incoming>, range: &Range<u64>, key: &str) -> Result<(), StoreError> {
+    let start = header_text(response.headers(), "content-range")
+        .and_then(|r| r.strip_prefix("bytes "))
+        .and_then(|r| r.split('-').next())
+        .and_then(|s| s.parse::<u64>().ok());
+    if response.status().as_u16() == 206 && start == Some(range.start) {
+        return Ok(());
+    }
+    Err(StoreError::transient(
+        RetryReason::ServerError,
+        format!("asked for {} of '{key}', got HTTP {} without that range", range_header(range), response.status()),
+    ))
+}
+
 /// A response that is not a success: its status, headers and (the start
 /// of) its body, for the backend to classify.
 #[derive(Debug)]

@@ -22,9 +22,11 @@ pub mod azure;
 mod connect;
 #[cfg(feature = "gcs")]
 pub mod gcs;
-#[cfg(any(feature = "s3", feature = "azure"))]
+#[cfg(any(feature = "s3", feature = "azure", feature = "oci"))]
 mod http;
 pub mod integrity;
+#[cfg(feature = "oci")]
+pub mod oci;
 #[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(any(feature = "s3", feature = "azure"))]

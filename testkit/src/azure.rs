@@ -4,12 +4,11 @@
 //! which Azurite checks.
 
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
-use crate::{START_DEADLINE, free_port, http_get_status, tool_path};
+use crate::{free_port, log_tail, tool_path, wait_until_ready};
 
 /// Azurite's development account (public, the same in every Azurite).
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
@@ -49,23 +48,16 @@ impl AzuriteServer {
             .expect("start azurite-blob");
         let endpoint = format!("http://127.0.0.1:{port}/{AZURITE_ACCOUNT}");
         let mut server = Self { child, endpoint, dir, http: reqwest::Client::new() };
-        let deadline = Instant::now() + START_DEADLINE;
+        let log = server.dir.path().join("server.log");
         // Any answer (an unauthenticated request is refused) means it listens.
-        while http_get_status(port, &format!("/{AZURITE_ACCOUNT}?comp=list")).is_none() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("azurite-blob exited with {status} during start-up:\n{}", server.log_tail());
-            }
-            assert!(Instant::now() < deadline, "azurite-blob not up within {START_DEADLINE:?}:\n{}", server.log_tail());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let path = format!("/{AZURITE_ACCOUNT}?comp=list");
+        wait_until_ready(&mut server.child, "azurite-blob", port, &path, |s| s.is_some(), || log_tail(&log));
         server
     }
 
     /// The last lines of the server's log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        log_tail(&self.dir.path().join("server.log"))
     }
 
     /// A signed request to `path` under the account (`/CONTAINER[/KEY]`,

@@ -3,9 +3,8 @@
 //! and run against each (the conformance suite).
 
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
 
-use crate::{AzuriteServer, S3Server, START_DEADLINE, free_port, http_get_status, tool_path};
+use crate::{AzuriteServer, RegistryServer, S3Server, free_port, log_tail, tool_path, wait_until_ready};
 
 /// A running fake-gcs-server (in-memory backend), stopped on drop.
 #[derive(Debug)]
@@ -35,26 +34,15 @@ impl GcsServer {
             .spawn()
             .expect("start fake-gcs-server");
         let mut server = Self { child, endpoint, dir, http: reqwest::Client::new() };
-        let deadline = Instant::now() + START_DEADLINE;
-        while http_get_status(port, "/storage/v1/b") != Some(200) {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("fake-gcs-server exited with {status} during start-up:\n{}", server.log_tail());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fake-gcs-server not up within {START_DEADLINE:?}:\n{}",
-                server.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let log = server.dir.path().join("server.log");
+        let ready = |status| status == Some(200);
+        wait_until_ready(&mut server.child, "fake-gcs-server", port, "/storage/v1/b", ready, || log_tail(&log));
         server
     }
 
     /// The last lines of the server's log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        log_tail(&self.dir.path().join("server.log"))
     }
 
     /// Creates a bucket.
@@ -156,6 +144,11 @@ pub enum Backend {
     FakeGcs,
     /// Azurite through `az://`.
     Azurite,
+    /// The distribution registry through `oci://`: read only, and an
+    /// artifact has no prefixes, so only pull tests on a whole bucket run
+    /// against it (a bucket is a repository, its objects the layers of the
+    /// tag `latest`).
+    Registry,
 }
 
 /// A running store of either backend, with the same test-side operations.
@@ -167,7 +160,12 @@ pub enum Store {
     Gcs(GcsServer),
     /// An Azure Blob emulator.
     Azure(AzuriteServer),
+    /// An OCI registry.
+    Registry(RegistryServer),
 }
+
+/// The tag a [`Store::Registry`] bucket's objects are layers of.
+const TAG: &str = "latest";
 
 impl Store {
     /// Starts a fresh server of `backend`.
@@ -176,15 +174,21 @@ impl Store {
             Backend::Minio => Store::S3(S3Server::minio()),
             Backend::FakeGcs => Store::Gcs(GcsServer::start()),
             Backend::Azurite => Store::Azure(AzuriteServer::start()),
+            Backend::Registry => Store::Registry(RegistryServer::start()),
         }
     }
 
-    /// `s3://PATH`, `gs://PATH` or `az://PATH`.
+    /// `s3://PATH`, `gs://PATH` or `az://PATH`; for a registry, the
+    /// artifact `oci://HOST/PATH:latest` (a path with a prefix names
+    /// another repository, not a part of one).
     pub fn uri(&self, path: &str) -> String {
         let scheme = match self {
             Store::S3(_) => ferry_contract::Scheme::S3,
             Store::Gcs(_) => ferry_contract::Scheme::Gcs,
             Store::Azure(_) => ferry_contract::Scheme::Azure,
+            Store::Registry(r) => {
+                return format!("{}://{}/{}:{TAG}", ferry_contract::Scheme::Oci, r.host, path.trim_end_matches('/'));
+            }
         };
         format!("{scheme}://{path}")
     }
@@ -195,6 +199,8 @@ impl Store {
             Store::S3(s) => s.create_bucket(name).await,
             Store::Gcs(g) => g.create_bucket(name).await,
             Store::Azure(a) => a.create_container(name).await,
+            // A repository comes into being with its first artifact.
+            Store::Registry(_) => {}
         }
     }
 
@@ -204,6 +210,7 @@ impl Store {
             Store::S3(s) => s.put(bucket, key, body).await,
             Store::Gcs(g) => g.put(bucket, key, body).await,
             Store::Azure(a) => a.put(bucket, key, body).await,
+            Store::Registry(r) => drop(r.put(bucket, TAG, key, body).await),
         }
     }
 
@@ -213,6 +220,7 @@ impl Store {
             Store::S3(s) => s.get(bucket, key).await,
             Store::Gcs(g) => g.get(bucket, key).await,
             Store::Azure(a) => a.get(bucket, key).await,
+            Store::Registry(r) => r.get(bucket, TAG, key).await,
         }
     }
 
@@ -222,6 +230,9 @@ impl Store {
             Store::S3(s) => s.list(bucket, prefix).await,
             Store::Gcs(g) => g.list(bucket, prefix).await,
             Store::Azure(a) => a.list(bucket, prefix).await,
+            Store::Registry(r) => {
+                r.list(bucket, TAG).await.into_iter().filter(|(key, _)| key.starts_with(prefix)).collect()
+            }
         }
     }
 
@@ -231,6 +242,7 @@ impl Store {
             Store::S3(s) => s.env(),
             Store::Gcs(g) => g.env(),
             Store::Azure(a) => a.env(),
+            Store::Registry(r) => r.env(),
         }
     }
 }

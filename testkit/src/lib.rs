@@ -8,8 +8,9 @@
 //! refuses (`..` segments), for the path-traversal tests.
 //!
 //! [`GcsServer`] does the same with fake-gcs-server, [`AzuriteServer`] with
-//! Azurite's blob service, and [`Store`] puts MinIO or fake-gcs-server
-//! behind one interface for tests that run against every backend.
+//! Azurite's blob service, [`RegistryServer`] with the distribution
+//! project's OCI registry, and [`Store`] puts MinIO, fake-gcs-server or
+//! Azurite behind one interface for tests that run against every backend.
 //!
 //! Binaries are found through `FERRY_MINIO_BIN` / `FERRY_MOTO_BIN`, else by
 //! asking `hack/tools.sh path`, which installs them on first use.
@@ -17,10 +18,12 @@
 mod azure;
 mod gcs;
 mod proxy;
+mod registry;
 
 pub use azure::{AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer};
 pub use gcs::{Backend, GcsServer, Store};
 pub use proxy::CorruptingProxy;
+pub use registry::{REGISTRY_PASSWORD, REGISTRY_USER, RegistryServer};
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
@@ -34,6 +37,27 @@ use aws_smithy_http_client::tls;
 
 /// How long a server may take to become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits until a server just spawned as `child` answers GET `path` on
+/// `port` as `ready` wants; panics with its log if it exits first or is
+/// not ready within [`START_DEADLINE`].
+fn wait_until_ready(
+    child: &mut Child,
+    name: &str,
+    port: u16,
+    path: &str,
+    ready: impl Fn(Option<u16>) -> bool,
+    log_tail: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + START_DEADLINE;
+    while !ready(http_get_status(port, path)) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name} exited with {status} during start-up:\n{}", log_tail());
+        }
+        assert!(Instant::now() < deadline, "{name} not up within {START_DEADLINE:?}:\n{}", log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// The longest one request of a test client may take: a server that
 /// accepts a connection and never answers fails the test with a timeout
@@ -473,6 +497,13 @@ fn write_test_certificates(certs: &Path, addresses: &[std::net::IpAddr]) -> Path
 }
 
 /// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.
+/// The last 40 lines of a server's log file, for failure messages.
+fn log_tail(log: &Path) -> String {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
 fn http_get_status(port: u16, path: &str) -> Option<u16> {
     http_get(port, path).map(|(status, _)| status)
 }

@@ -78,9 +78,16 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         &raw,
         "scheme",
         spec,
-        "uri must look like s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+        "uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or oci://registry/repository:tag",
     )
     .await;
+
+    let spec = json!({"source": {"volume": {"hostPath": "/mnt/ckpt"}}, "destination": {"uri": "oci://registry.example/ckpt:v1"}});
+    assert_refused(&raw, "oci-push", spec, "oci:// is a source only").await;
+
+    let mut spec = pull_spec();
+    spec["source"]["uri"] = json!("oci://registry.example/Models:v1");
+    assert_refused(&raw, "oci-name", spec, "oci://registry/repository:tag").await;
 
     let mut spec = pull_spec();
     spec["transfer"] = json!({"concurrency": 0, "partSize": "lots"});

@@ -456,6 +456,70 @@ async fn an_azure_source_is_staged_onto_every_node_with_the_key_from_its_secret(
     setup.cluster.stop().await;
 }
 
+/// An OCI artifact (each file a layer named by its title) with registry
+/// credentials from a `kubernetes.io/dockerconfigjson` Secret; the tag then
+/// moves to a manifest with one layer changed, and the next sync copies
+/// that layer only, on both nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oci_artifact_is_staged_onto_every_node_and_a_moved_tag_resyncs_only_the_changed_layer() {
+    let setup = setup("oci").await;
+    let registry = ferry_testkit::RegistryServer::start();
+    for (key, data) in &setup.files {
+        registry.put("models/demo", "v1", key, data.clone()).await;
+    }
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "registry"}, "stringData": {".dockerconfigjson": registry.docker_config_json()}});
+    setup.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    let uri = format!("oci://{}/models/demo:v1", registry.host);
+    setup
+        .apply_spec(
+            "from-oci",
+            json!({
+                "source": {"uri": uri, "endpoint": registry.endpoint, "credentials": {"name": "registry"}},
+                "destination": {"volume": {"hostPath": "/mnt/ferry/from-oci"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+                "schedule": "*/3 * * * * *",
+                // Suspended while the tag moves (see the scheduled test).
+                "suspend": true,
+            }),
+        )
+        .await;
+    let first = setup.wait_status("from-oci", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(first.nodes.as_deref(), Some("2/2"));
+    // Summed over the two workers.
+    assert_eq!(first.last_sync.clone().unwrap().added.objects as usize, 2 * setup.files.len());
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node) {
+            assert_eq!(read_tree(&dir.join("mnt/ferry/from-oci")), setup.files, "{node}'s copy is byte-identical");
+        }
+    }
+
+    // The tag moves: one layer rewritten, the others the same blobs.
+    let changed = pattern(97, 4321);
+    registry.put("models/demo", "v1", "train/003.bin", changed.clone()).await;
+    let resume = json!({"spec": {"suspend": false}});
+    setup.datastages.patch("from-oci", &PatchParams::default(), &Patch::Merge(&resume)).await.unwrap();
+    let synced = setup
+        .wait_status("from-oci", "a sync of the moved tag", |s| {
+            s.phase == Some(Phase::Succeeded) && s.run.is_some_and(|run| run > first.run.unwrap())
+        })
+        .await;
+    let changes = synced.last_sync.unwrap();
+    assert_eq!(
+        (changes.added.objects, changes.updated.objects, changes.removed.objects, changes.updated.bytes),
+        (0, 2, 0, 2 * 4321),
+        "only the changed layer moved, on each node: {changes:?}"
+    );
+    let mut expected = setup.files.clone();
+    expected.insert("train/003.bin".into(), changed);
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = setup.cluster.node_dir(node) {
+            assert_eq!(read_tree(&dir.join("mnt/ferry/from-oci")), expected, "{node} holds the new manifest's files");
+        }
+    }
+    setup.cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_secret_is_a_condition_that_recovers_once_the_secret_exists() {
     let setup = setup("secret").await;

@@ -317,8 +317,22 @@ impl PodRunner {
                 .flatten()
                 .ok_or_else(|| PodError::NotReady(format!("secret '{name}' not found")))?;
             let dir = make(own)?;
-            for (key, value) in found.data.unwrap_or_default() {
-                write_file(&dir.join(key), &value.0)?;
+            let data = found.data.unwrap_or_default();
+            match &secret.items {
+                // As the kubelet does: only the listed keys, each at its path.
+                Some(items) => {
+                    for item in items {
+                        let value = data
+                            .get(&item.key)
+                            .ok_or_else(|| PodError::NotReady(format!("secret '{name}' has no key '{}'", item.key)))?;
+                        write_file(&dir.join(&item.path), &value.0)?;
+                    }
+                }
+                None => {
+                    for (key, value) in data {
+                        write_file(&dir.join(key), &value.0)?;
+                    }
+                }
             }
             return Ok(dir);
         }
