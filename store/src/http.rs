@@ -85,6 +85,25 @@ pub(crate) fn check_range(response: &Response<Incoming>, range: &Range<u64>, key
     ))
 }
 
+/// A whole response body within `timeout`, at most `limit` bytes; `what`
+/// names it in errors (`a listing`).
+pub(crate) async fn read_body(
+    response: Response<Incoming>,
+    timeout: Duration,
+    limit: usize,
+    what: &str,
+) -> Result<Bytes, StoreError> {
+    let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), limit).collect())
+        .await
+        .map_err(|_| StoreError::transient(RetryReason::Timeout, format!("{what} stalled past {timeout:?}")))?
+        .map_err(|error| match error.downcast::<hyper::Error>() {
+            Ok(error) => body_error(*error),
+            // Longer than the limit.
+            Err(error) => StoreError::transient(RetryReason::TruncatedBody, format!("{what}: {error}")),
+        })?;
+    Ok(collected.to_bytes())
+}
+
 /// A response that is not a success: its status, headers and (the start
 /// of) its body, for the backend to classify.
 #[derive(Debug)]

@@ -35,13 +35,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
 use crate::http::{
     Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
-    header_value, range_header,
+    header_value, range_header, read_body,
 };
 use crate::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
@@ -291,6 +291,14 @@ impl std::fmt::Debug for OciStore {
     }
 }
 
+/// What a 404 means for a request: its manifest (the repository or the
+/// tag) or a blob is missing.
+#[derive(Clone, Copy, Debug)]
+enum Missing {
+    Artifact,
+    Blob,
+}
+
 /// A registry's `WWW-Authenticate` challenge.
 #[derive(Debug, PartialEq, Eq)]
 enum Challenge {
@@ -360,7 +368,7 @@ impl OciStore {
         &self,
         path: &str,
         headers: &[(&str, String)],
-        not_found: fn(&Self, &str) -> StoreError,
+        missing: Missing,
     ) -> Result<http::Response<hyper::body::Incoming>, StoreError> {
         let url = format!("{}{path}", self.base);
         for attempt in 0..2 {
@@ -372,7 +380,7 @@ impl OciStore {
             match failed.status {
                 401 if attempt == 0 => {
                     let challenge = header_text(&failed.headers, "www-authenticate").and_then(Challenge::parse);
-                    let Some(challenge) = challenge else { return Err(self.classify(&failed, not_found)) };
+                    let Some(challenge) = challenge else { return Err(self.classify(&failed, missing)) };
                     let value = self.authorize(&challenge).await?;
                     *self.authorization.write().await = Some(value);
                 }
@@ -390,10 +398,10 @@ impl OciStore {
                     // The registry's storage (a presigned URL): never the registry's credentials.
                     return match self.send(&target, headers, None).await? {
                         Ok(response) => Ok(response),
-                        Err(failed) => Err(self.classify(&failed, not_found)),
+                        Err(failed) => Err(self.classify(&failed, missing)),
                     };
                 }
-                _ => return Err(self.classify(&failed, not_found)),
+                _ => return Err(self.classify(&failed, missing)),
             }
         }
         Err(StoreError::AccessDenied {
@@ -480,14 +488,14 @@ impl OciStore {
                             ),
                         });
                     }
-                    Err(failed) => return Err(self.classify(&failed, OciStore::repository_missing)),
+                    Err(failed) => return Err(self.classify(&failed, Missing::Artifact)),
                 };
                 #[derive(Deserialize)]
                 struct TokenAnswer {
                     token: Option<String>,
                     access_token: Option<String>,
                 }
-                let body = read_limited(response, self.request_timeout, 64 << 10).await?;
+                let body = read_body(response, self.request_timeout, 64 << 10, "a token answer").await?;
                 let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|e| StoreError::Rejected {
                     code: "InvalidTokenResponse".into(),
                     message: format!("the token service of {registry} answered no token: {e}"),
@@ -510,8 +518,8 @@ impl OciStore {
         let path =
             format!("/v2/{}/manifests/{}", self.reference.repository, encode_uri(&self.reference.reference, false));
         let headers = [("accept", MANIFEST_ACCEPT.to_owned())];
-        let response = self.get_path(&path, &headers, OciStore::repository_missing).await?;
-        let body = read_limited(response, self.request_timeout, MANIFEST_LIMIT).await?;
+        let response = self.get_path(&path, &headers, Missing::Artifact).await?;
+        let body = read_body(response, self.request_timeout, MANIFEST_LIMIT, "a manifest").await?;
         let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
         if self.reference.is_digest() && digest != self.reference.reference {
             return Err(StoreError::transient(
@@ -570,22 +578,16 @@ impl OciStore {
         self.artifact().await?.layers.get(key).cloned().ok_or(StoreError::NotFound)
     }
 
-    /// A missing repository or manifest.
-    fn repository_missing(&self, _code: &str) -> StoreError {
-        StoreError::NoSuchBucket { bucket: self.reference.to_string() }
-    }
-
-    /// A missing blob.
-    fn blob_missing(&self, _code: &str) -> StoreError {
-        StoreError::NotFound
-    }
-
-    /// Maps an error response to the engine's categories.
-    fn classify(&self, failed: &Failed, not_found: fn(&Self, &str) -> StoreError) -> StoreError {
+    /// Maps an error response to the engine's categories; a 404 means what
+    /// was `missing`.
+    fn classify(&self, failed: &Failed, missing: Missing) -> StoreError {
         let (code, message) = registry_error(&failed.body);
         let message = if message.is_empty() { format!("HTTP {}", failed.status) } else { message };
         match failed.status {
-            404 => not_found(self, &code),
+            404 => match missing {
+                Missing::Artifact => StoreError::NoSuchBucket { bucket: self.reference.to_string() },
+                Missing::Blob => StoreError::NotFound,
+            },
             401 | 403 => StoreError::AccessDenied { code, message },
             429 => StoreError::transient(RetryReason::Throttled, message),
             500..=599 => StoreError::transient(RetryReason::ServerError, format!("{code}: {message}")),
@@ -623,19 +625,6 @@ fn registry_error(body: &str) -> (String, String) {
         .and_then(|e| e.errors.into_iter().next())
         .map(|e| (e.code, e.message))
         .unwrap_or_default()
-}
-
-/// A whole body, at most `limit` bytes.
-async fn read_limited(
-    response: http::Response<hyper::body::Incoming>,
-    timeout: Duration,
-    limit: usize,
-) -> Result<Bytes, StoreError> {
-    let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), limit).collect())
-        .await
-        .map_err(|_| StoreError::transient(RetryReason::Timeout, format!("a manifest stalled past {timeout:?}")))?
-        .map_err(|e| StoreError::transient(RetryReason::TruncatedBody, e.to_string()))?;
-    Ok(collected.to_bytes())
 }
 
 /// What a layer is verified against: its digest, when it is a SHA-256.
@@ -690,7 +679,7 @@ impl ObjectStore for OciStore {
             headers.push(("range", range_header(range)));
         }
         let path = format!("/v2/{}/blobs/{}", self.reference.repository, layer.digest);
-        let response = self.get_path(&path, &headers, OciStore::blob_missing).await?;
+        let response = self.get_path(&path, &headers, Missing::Blob).await?;
         if let Some(range) = &range {
             check_range(&response, range, key)?;
         }

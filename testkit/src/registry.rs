@@ -63,6 +63,11 @@ impl RegistryServer {
             .spawn()
             .expect("start registry");
         let mut server = Self { child, endpoint: format!("http://{host}"), host, dir, http: reqwest::Client::new() };
+        let docker = server.docker_config();
+        std::fs::create_dir_all(&docker).expect("docker config dir");
+        let auth = BASE64.encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
+        let config = serde_json::json!({"auths": {server.host.clone(): {"auth": auth}}});
+        std::fs::write(docker.join("config.json"), config.to_string()).expect("docker config");
         let log = server.dir.path().join("server.log");
         // 401: it listens, and asks for credentials.
         wait_until_ready(&mut server.child, "registry", port, "/v2/", |s| s.is_some(), || log_tail(&log));
@@ -228,14 +233,9 @@ impl RegistryServer {
     }
 
     /// A Docker config directory holding this registry's credentials, as
-    /// `DOCKER_CONFIG` names it.
+    /// `DOCKER_CONFIG` names it (written at start).
     pub fn docker_config(&self) -> PathBuf {
-        let dir = self.dir.path().join("docker");
-        std::fs::create_dir_all(&dir).expect("docker config dir");
-        let auth = BASE64.encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
-        let config = serde_json::json!({"auths": {self.host.clone(): {"auth": auth}}});
-        std::fs::write(dir.join("config.json"), config.to_string()).expect("docker config");
-        dir
+        self.dir.path().join("docker")
     }
 
     /// `.dockerconfigjson` of a `kubernetes.io/dockerconfigjson` Secret for
