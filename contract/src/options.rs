@@ -55,10 +55,12 @@ pub enum VerifyMode {
 pub struct TransferOptions {
     /// S3-compatible endpoint, e.g. http://minio:9000 (enables path-style addressing);
     /// for gs://, a GCS endpoint such as an emulator's; for az://, the account's blob endpoint
-    /// (default https://ACCOUNT.blob.core.windows.net).
+    /// (default https://ACCOUNT.blob.core.windows.net); for oci://, the registry's URL, e.g.
+    /// http://HOST:PORT for one without TLS.
     #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ENDPOINT_URL"))]
     pub endpoint_url: Option<String>,
-    /// gs:// and az:// only: send no credentials (public buckets, emulators). Implied by
+    /// gs://, az:// and oci:// only: send no credentials (public buckets, containers and
+    /// repositories, emulators). Implied by
     /// STORAGE_EMULATOR_HOST, which also sets the endpoint.
     #[cfg_attr(feature = "cli", arg(long, env = "FERRY_ANONYMOUS"))]
     pub anonymous: bool,
@@ -246,6 +248,21 @@ pub const AZURE_STORAGE_ACCOUNT_ENV: &str = "AZURE_STORAGE_ACCOUNT";
 pub const AZURE_STORAGE_KEY_ENV: &str = "AZURE_STORAGE_KEY";
 /// A shared access signature, used instead of a key when set.
 pub const AZURE_STORAGE_SAS_TOKEN_ENV: &str = "AZURE_STORAGE_SAS_TOKEN";
+
+/// The Microsoft Entra ID tenant of a service principal or a workload
+/// identity: `az://` requests then carry an Entra token instead of a key.
+/// These are the names the Azure SDKs read and that Azure Workload
+/// Identity's webhook injects into a pod.
+pub const AZURE_TENANT_ID_ENV: &str = "AZURE_TENANT_ID";
+/// The application (client) id of the service principal or managed identity.
+pub const AZURE_CLIENT_ID_ENV: &str = "AZURE_CLIENT_ID";
+/// A service principal's client secret.
+pub const AZURE_CLIENT_SECRET_ENV: &str = "AZURE_CLIENT_SECRET";
+/// A file holding a federated token (Workload Identity's projected
+/// service-account token), read anew for every exchange.
+pub const AZURE_FEDERATED_TOKEN_FILE_ENV: &str = "AZURE_FEDERATED_TOKEN_FILE";
+/// The Entra ID authority; default `https://login.microsoftonline.com/`.
+pub const AZURE_AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
 
 /// The directory of the Docker `config.json` whose `auths` an `oci://`
 /// pull authenticates with (Docker's and ORAS's own variable).

@@ -243,7 +243,10 @@ pub struct Location {
     /// How workers authenticate to the store: a Secret of keys (`name`) or
     /// a web identity (`webIdentity`). Without it, workers use whatever
     /// identity their service account carries (EKS's IRSA webhook, GKE
-    /// Workload Identity through `serviceAccountName`).
+    /// Workload Identity through `serviceAccountName`; for `az://` the
+    /// worker pods are labelled `azure.workload.identity/use: "true"` so
+    /// that Azure Workload Identity's webhook injects the service account's
+    /// federated token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
     pub credentials: Option<StoreCredentials>,
@@ -273,8 +276,9 @@ pub struct StoreCredentials {
     /// `s3://`, `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (optionally
     /// `AWS_SESSION_TOKEN`); for `gs://`, `key.json` holding a
     /// service-account key; for `az://`, `AZURE_STORAGE_ACCOUNT` with
-    /// `AZURE_STORAGE_KEY` (the account key) or `AZURE_STORAGE_SAS_TOKEN`;
-    /// for `oci://`, a `kubernetes.io/dockerconfigjson` Secret (`kubectl
+    /// `AZURE_STORAGE_KEY` (the account key), `AZURE_STORAGE_SAS_TOKEN`, or
+    /// a service principal's `AZURE_TENANT_ID`, `AZURE_CLIENT_ID` and
+    /// `AZURE_CLIENT_SECRET`; for `oci://`, a `kubernetes.io/dockerconfigjson` Secret (`kubectl
     /// create secret docker-registry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]

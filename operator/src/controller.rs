@@ -316,7 +316,10 @@ async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Resul
     let keys = match plan.location.scheme {
         Scheme::Gcs => "key key.json (a service-account key)",
         Scheme::S3 => "keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-        Scheme::Azure => "keys AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY (or AZURE_STORAGE_SAS_TOKEN)",
+        Scheme::Azure => {
+            "keys AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY (or AZURE_STORAGE_SAS_TOKEN, or AZURE_TENANT_ID, \
+             AZURE_CLIENT_ID and AZURE_CLIENT_SECRET)"
+        }
         Scheme::Oci => "type kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)",
     };
     Ok(Some(Blocked {

@@ -18,7 +18,8 @@ use ferry_contract::cli::{
     WebIdentityOptions,
 };
 use ferry_contract::options::{
-    AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV, AZURE_STORAGE_SAS_TOKEN_ENV, DOCKER_CONFIG_ENV,
+    AZURE_CLIENT_ID_ENV, AZURE_CLIENT_SECRET_ENV, AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV,
+    AZURE_STORAGE_SAS_TOKEN_ENV, AZURE_TENANT_ID_ENV, DOCKER_CONFIG_ENV,
 };
 use ferry_contract::{ByteSize, ExitStatus, Scheme};
 use ferry_crds::plan::{Direction, Plan, Volume as PlanVolume};
@@ -375,6 +376,19 @@ fn data_volume(plan: &Plan<'_>, layout: &DataLayout) -> (Volume, VolumeMount) {
     (volume, mount)
 }
 
+/// The label that asks Azure Workload Identity's webhook to give a pod its
+/// service account's identity: a projected token and the `AZURE_*`
+/// variables the stager reads (see `ferry_store::entra`).
+pub const AZURE_WORKLOAD_IDENTITY_LABEL: &str = "azure.workload.identity/use";
+
+/// Whether the workers' own identity is the credential for an `az://`
+/// store: no Secret and not anonymous. Their pods then carry
+/// [`AZURE_WORKLOAD_IDENTITY_LABEL`]; on a cluster without the webhook the
+/// label does nothing.
+fn azure_pod_identity(plan: &Plan<'_>) -> bool {
+    plan.location.scheme == Scheme::Azure && plan.store.credentials.is_none() && plan.store.anonymous != Some(true)
+}
+
 /// The store's credentials: environment variables (`s3://`, `az://`), and for `gs://` a key
 /// file volume. Without a Secret the pod's own identity (IRSA, GKE
 /// Workload Identity, instance role) is the credential.
@@ -457,13 +471,17 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             let mount = read_only_mount(&volume, REGISTRY_CONFIG_MOUNT);
             (vec![env], Some((volume, mount)))
         }
-        // The account is required (it names the default endpoint); a key or
-        // a SAS token, whichever the Secret holds, authorises.
+        // The account is required (it names the default endpoint); a key,
+        // a SAS token or a service principal (tenant, client id and secret),
+        // whichever the Secret holds, authorises.
         Scheme::Azure => {
             let keys = [
                 (AZURE_STORAGE_ACCOUNT_ENV, false),
                 (AZURE_STORAGE_KEY_ENV, true),
                 (AZURE_STORAGE_SAS_TOKEN_ENV, true),
+                (AZURE_TENANT_ID_ENV, true),
+                (AZURE_CLIENT_ID_ENV, true),
+                (AZURE_CLIENT_SECRET_ENV, true),
             ];
             (secret_env(secret, &keys), None)
         }
@@ -701,6 +719,10 @@ pub fn build_job(
     }
     pod.containers[0].ports = Some(ports).filter(|p| !p.is_empty());
     let labels = labels(ds, (WORKER_LABEL, &worker.name), Some(run));
+    let mut pod_labels = labels.clone();
+    if azure_pod_identity(plan) {
+        pod_labels.insert(AZURE_WORKLOAD_IDENTITY_LABEL.to_owned(), "true".to_owned());
+    }
     let pods = i32::try_from(plan.pods_per_worker).unwrap_or(1);
     Job {
         metadata: ObjectMeta {
@@ -721,7 +743,7 @@ pub fn build_job(
             ttl_seconds_after_finished: spec.ttl_seconds_after_finished,
             pod_failure_policy: Some(failure_policy(&pod)),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..ObjectMeta::default() }),
                 spec: Some(pod),
             },
             ..JobSpec::default()
@@ -1462,14 +1484,41 @@ mod tests {
                 Some((e.name, format!("{}/{}", selector.name, selector.key), selector.optional))
             })
             .collect();
-        let expected =
-            [(AZURE_STORAGE_ACCOUNT_ENV, false), (AZURE_STORAGE_KEY_ENV, true), (AZURE_STORAGE_SAS_TOKEN_ENV, true)]
-                .map(|(key, optional)| (key.to_owned(), format!("azure/{key}"), Some(optional)));
+        let expected = [
+            (AZURE_STORAGE_ACCOUNT_ENV, false),
+            (AZURE_STORAGE_KEY_ENV, true),
+            (AZURE_STORAGE_SAS_TOKEN_ENV, true),
+            (AZURE_TENANT_ID_ENV, true),
+            (AZURE_CLIENT_ID_ENV, true),
+            (AZURE_CLIENT_SECRET_ENV, true),
+        ]
+        .map(|(key, optional)| (key.to_owned(), format!("azure/{key}"), Some(optional)));
         assert_eq!(from_secret, expected);
         assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "no key file: only the data volume");
         let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(source.scheme, Scheme::Azure);
         assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite:10000/devstoreaccount1"));
+    }
+
+    #[test]
+    fn an_azure_source_without_a_secret_asks_for_the_pods_workload_identity() {
+        let job_for = |source: serde_json::Value| {
+            let ds = datastage(json!({"source": source, "destination": {"volume": {"hostPath": "/mnt/ferry/x"}}}));
+            build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1"))
+        };
+        let label = |job: &Job| {
+            let template = job.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+            template.labels.as_ref().unwrap().get(AZURE_WORKLOAD_IDENTITY_LABEL).cloned()
+        };
+        let keyless = job_for(json!({"uri": "az://models/llama"}));
+        assert_eq!(label(&keyless).as_deref(), Some("true"), "the webhook acts on pods with the label");
+        assert!(
+            !keyless.metadata.labels.as_ref().unwrap().contains_key(AZURE_WORKLOAD_IDENTITY_LABEL),
+            "only the pod template carries it"
+        );
+        assert_eq!(label(&job_for(json!({"uri": "az://models/llama", "credentials": {"name": "azure"}}))), None);
+        assert_eq!(label(&job_for(json!({"uri": "az://models/llama", "anonymous": true}))), None);
+        assert_eq!(label(&job_for(json!({"uri": "s3://models/llama"}))), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   ways byte for byte with verification on, and without that CA refuses
 //!   the server's certificate: the run fails, says why, and leaves no file.
 //! * Temporary credentials with a session token (assumed roles, IRSA).
+//! * Azure without a key: an Entra ID token for a service principal or a
+//!   workload identity, which Azure takes over HTTPS only.
 
 mod common;
 
@@ -15,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{Run, command, run, write_tree};
-use ferry_testkit::{REQUEST_DEADLINE, S3Server, Store, pattern, read_tree};
+use ferry_testkit::{AzuriteServer, EntraServer, REQUEST_DEADLINE, S3Server, Store, pattern, read_tree};
 use tempfile::TempDir;
 
 /// A stager command with `env` added.
@@ -134,4 +136,82 @@ async fn assume_role(server: &S3Server) -> (String, String, String) {
         credentials.secret_access_key().to_owned(),
         credentials.session_token().to_owned(),
     )
+}
+
+/// Keyless Azure: with a service principal's secret, and then with a
+/// workload identity's federated token, the stager gets an Entra ID token
+/// for Azure Storage (one exchange per run, however many requests) and
+/// moves a tree both ways over HTTPS; Azurite checks each bearer's
+/// audience, issuer and lifetime. A wrong secret ends the run with Entra's
+/// reason and no file.
+#[test]
+fn an_azure_service_principal_or_workload_identity_gets_a_token_the_store_accepts() {
+    let azurite = AzuriteServer::start_entra();
+    let ca_file = azurite.ca_file.clone().expect("an HTTPS Azurite has a CA");
+    let entra = EntraServer::start();
+    let server = Store::Azure(azurite);
+    tokio::runtime::Runtime::new().unwrap().block_on(server.create_bucket("keyless"));
+    let files: BTreeMap<String, Vec<u8>> = [
+        ("weights/shard-0.safetensors".to_owned(), pattern(21, (9 << 20) + 3)),
+        ("config.json".to_owned(), b"{}".to_vec()),
+    ]
+    .into();
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &files);
+    let uri = server.uri("keyless/model");
+
+    let service_principal = |args: &[&str]| {
+        keyless(&server, &entra, &ca_file, ("AZURE_CLIENT_SECRET", OsStr::new(&entra.client_secret)), args)
+    };
+    service_principal(&["push", src.path().to_str().unwrap(), &uri, "--part-size", "5MiB"]).assert_ok();
+    assert_eq!(entra.issued(), 1, "a run exchanges once and keeps the token for every request");
+    let dst = tempfile::tempdir().unwrap();
+    let pull = service_principal(&["pull", &uri, dst.path().to_str().unwrap()]);
+    pull.assert_ok();
+    assert_eq!(pull.summary["verified"]["checksum"].as_u64(), Some(2), "{:#}", pull.summary);
+    assert!(read_tree(dst.path()) == files, "the tree differs after a round trip with a service principal");
+
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, &entra.federated_token).unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let proof = ("AZURE_FEDERATED_TOKEN_FILE", token_file.as_os_str());
+    keyless(&server, &entra, &ca_file, proof, &["pull", &uri, dst.path().to_str().unwrap()]).assert_ok();
+    assert!(read_tree(dst.path()) == files, "the tree differs after a pull with a workload identity");
+    assert_eq!(entra.issued(), 3);
+
+    // Entra refuses a wrong secret; the run says so and writes nothing.
+    let refused_dst = tempfile::tempdir().unwrap();
+    let wrong = ("AZURE_CLIENT_SECRET", OsStr::new("not-the-secret"));
+    let refused = keyless(&server, &entra, &ca_file, wrong, &["pull", &uri, refused_dst.path().to_str().unwrap()]);
+    assert_ne!(refused.code(), 0, "a wrong client secret was accepted");
+    assert!(refused.stderr.contains("AADSTS7000215"), "refused for another reason:\n{}", refused.stderr);
+    assert!(read_tree(refused_dst.path()).is_empty(), "a refused run left files behind");
+
+    // Without the identity the container is not readable: the token was
+    // what let the runs in.
+    let anonymous_dst = tempfile::tempdir().unwrap();
+    let mut anonymous = with_env(&server, &[("SSL_CERT_FILE", ca_file.as_os_str())], &["pull", &uri]);
+    anonymous.arg(anonymous_dst.path()).env_remove("AZURE_STORAGE_KEY");
+    let anonymous = run(anonymous);
+    assert_ne!(anonymous.code(), 0, "the container was readable without credentials:\n{}", anonymous.stderr);
+}
+
+/// A stager run against an HTTPS Azurite with an Entra identity: the
+/// account name stays (it names the endpoint's account), the key goes, so
+/// the identity's token is the only credential.
+fn keyless(server: &Store, entra: &EntraServer, ca_file: &Path, proof: (&str, &OsStr), args: &[&str]) -> Run {
+    let mut command = with_env(
+        server,
+        &[
+            ("SSL_CERT_FILE", ca_file.as_os_str()),
+            ("AZURE_TENANT_ID", OsStr::new(&entra.tenant)),
+            ("AZURE_CLIENT_ID", OsStr::new(&entra.client_id)),
+            ("AZURE_AUTHORITY_HOST", OsStr::new(&entra.authority_host)),
+            proof,
+        ],
+        args,
+    );
+    command.env_remove("AZURE_STORAGE_KEY");
+    run(command)
 }

@@ -29,8 +29,11 @@
 //!   sets and a block-list commit never does.
 //!
 //! Credentials, first found: a SAS token (`AZURE_STORAGE_SAS_TOKEN`),
-//! Shared Key (`AZURE_STORAGE_ACCOUNT` and `AZURE_STORAGE_KEY`), else
-//! anonymous (public containers).
+//! Shared Key (`AZURE_STORAGE_ACCOUNT` and `AZURE_STORAGE_KEY`), an Entra
+//! ID token for a service principal or a workload identity (`AZURE_TENANT_ID`,
+//! `AZURE_CLIENT_ID` and `AZURE_CLIENT_SECRET` or
+//! `AZURE_FEDERATED_TOKEN_FILE`, see [`crate::entra`]), else anonymous
+//! (public containers).
 
 use std::ops::Range;
 use std::time::{Duration, SystemTime};
@@ -47,9 +50,10 @@ use ferry_contract::options::{
     AZURE_STORAGE_SAS_TOKEN_ENV as SAS_TOKEN_ENV,
 };
 
+use crate::entra::{EntraIdentity, EntraTokens};
 use crate::http::{
     Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
-    header_value, range_header, strip_quotes,
+    header_value, range_header, read_body, strip_quotes,
 };
 use crate::xml::{element, elements, error_document, escape, unescape};
 use crate::{
@@ -102,6 +106,13 @@ pub enum AzureCredentials {
         /// The token, without a leading `?`.
         token: String,
     },
+    /// An Entra ID identity: every request carries a bearer token for it.
+    Entra {
+        /// The account, when known (for the default endpoint).
+        account: Option<String>,
+        /// The identity and how it proves itself.
+        identity: EntraIdentity,
+    },
     /// No credentials (a public container).
     Anonymous {
         /// The account, when known (for the default endpoint).
@@ -115,6 +126,7 @@ impl std::fmt::Debug for AzureCredentials {
         match self {
             AzureCredentials::SharedKey { account, .. } => write!(f, "SharedKey({account})"),
             AzureCredentials::Sas { account, .. } => write!(f, "Sas({account:?})"),
+            AzureCredentials::Entra { account, identity } => write!(f, "{identity:?}({account:?})"),
             AzureCredentials::Anonymous { account } => write!(f, "Anonymous({account:?})"),
         }
     }
@@ -122,17 +134,20 @@ impl std::fmt::Debug for AzureCredentials {
 
 impl AzureCredentials {
     /// The credentials the environment names: `AZURE_STORAGE_SAS_TOKEN`,
-    /// else `AZURE_STORAGE_KEY` (with `AZURE_STORAGE_ACCOUNT`), else none.
+    /// else `AZURE_STORAGE_KEY` (with `AZURE_STORAGE_ACCOUNT`), else an
+    /// Entra ID identity ([`EntraIdentity::from_env`]), else none.
     ///
     /// # Errors
-    /// A key that is not base64, or a key without an account.
+    /// A key that is not base64, a key without an account, or an Entra
+    /// secret without its tenant and client.
     pub fn from_env() -> Result<Self, StoreError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        Self::from_values(var(ACCOUNT_ENV), var(KEY_ENV), var(SAS_TOKEN_ENV))
+        Self::from_values(var(ACCOUNT_ENV), var(KEY_ENV), var(SAS_TOKEN_ENV), EntraIdentity::from_env()?)
     }
 
-    /// The credentials an account, a key and a SAS token name: the token
-    /// first, then the key (with the account), else none.
+    /// The credentials an account, a key, a SAS token and an Entra identity
+    /// name: the token first, then the key (with the account), then the
+    /// identity, else none.
     ///
     /// # Errors
     /// A key that is not base64, or a key without an account.
@@ -140,6 +155,7 @@ impl AzureCredentials {
         account: Option<String>,
         key: Option<String>,
         sas_token: Option<String>,
+        entra: Option<EntraIdentity>,
     ) -> Result<Self, StoreError> {
         if let Some(token) = sas_token {
             return Ok(AzureCredentials::Sas { account, token: token.trim().trim_start_matches('?').to_owned() });
@@ -154,7 +170,10 @@ impl AzureCredentials {
             (Some(_), None) => Err(StoreError::NoCredentials(format!(
                 "{KEY_ENV} is set without {ACCOUNT_ENV}, the account it belongs to"
             ))),
-            (None, account) => Ok(AzureCredentials::Anonymous { account }),
+            (None, account) => Ok(match entra {
+                Some(identity) => AzureCredentials::Entra { account, identity },
+                None => AzureCredentials::Anonymous { account },
+            }),
         }
     }
 
@@ -166,7 +185,9 @@ impl AzureCredentials {
     fn account(&self) -> Option<&str> {
         match self {
             AzureCredentials::SharedKey { account, .. } => Some(account),
-            AzureCredentials::Sas { account, .. } | AzureCredentials::Anonymous { account } => account.as_deref(),
+            AzureCredentials::Sas { account, .. }
+            | AzureCredentials::Entra { account, .. }
+            | AzureCredentials::Anonymous { account } => account.as_deref(),
         }
     }
 }
@@ -181,6 +202,8 @@ pub struct AzureStore {
     container_path: String,
     container: String,
     credentials: AzureCredentials,
+    /// Bearer tokens, for [`AzureCredentials::Entra`].
+    tokens: Option<EntraTokens>,
     request_timeout: Duration,
 }
 
@@ -211,6 +234,12 @@ impl AzureStore {
             }
         };
         let client = client_for(&endpoint, options.connect_timeout)?;
+        let tokens = match &options.credentials {
+            AzureCredentials::Entra { identity, .. } => {
+                Some(EntraTokens::new(identity.clone(), options.connect_timeout, options.request_timeout)?)
+            }
+            _ => None,
+        };
         let uri: http::Uri = endpoint.parse().expect("client_for parsed it");
         let container_path = format!("{}/{container}", uri.path().trim_end_matches('/'));
         Ok(Self {
@@ -219,6 +248,7 @@ impl AzureStore {
             container_path,
             container: container.to_owned(),
             credentials: options.credentials.clone(),
+            tokens,
             request_timeout: options.request_timeout,
         })
     }
@@ -258,6 +288,9 @@ impl AzureStore {
         }
         if let AzureCredentials::SharedKey { account, key } = &self.credentials {
             all.push(("authorization", shared_key_authorization(key, method.as_str(), account, &path, query, &all)));
+        }
+        if let Some(tokens) = &self.tokens {
+            all.push(("authorization", tokens.authorization().await?));
         }
         for (name, value) in &all {
             request = request.header(*name, header_value(value)?);
@@ -540,12 +573,8 @@ fn parse_http_date(text: &str) -> Option<SystemTime> {
 
 /// A response body as text (listings and block lists).
 async fn read_text(response: http::Response<hyper::body::Incoming>, timeout: Duration) -> Result<String, StoreError> {
-    use http_body_util::BodyExt as _;
-    let collected = tokio::time::timeout(timeout, response.into_body().collect())
-        .await
-        .map_err(|_| StoreError::transient(RetryReason::Timeout, format!("a listing stalled past {timeout:?}")))?
-        .map_err(crate::http::body_error)?;
-    Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned())
+    let body = read_body(response, timeout, usize::MAX, "a listing").await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// The `Authorization` header of a request under Shared Key: `SharedKey
@@ -627,24 +656,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn credentials_prefer_a_sas_token_then_a_key_and_say_what_is_wrong() {
+    fn credentials_prefer_a_sas_token_then_a_key_then_an_entra_identity_and_say_what_is_wrong() {
         let some = |v: &str| Some(v.to_owned());
-        let sas = AzureCredentials::from_values(some("acct"), some("a2V5"), some("?sv=1&sig=x")).unwrap();
+        let entra = || EntraIdentity::from_values(some("t"), some("c"), some("s"), None, None).unwrap();
+        let sas = AzureCredentials::from_values(some("acct"), some("a2V5"), some("?sv=1&sig=x"), entra()).unwrap();
         assert!(matches!(&sas, AzureCredentials::Sas { token, .. } if token == "sv=1&sig=x"), "{sas:?}");
-        let key = AzureCredentials::from_values(some("acct"), some("a2V5"), None).unwrap();
+        let key = AzureCredentials::from_values(some("acct"), some("a2V5"), None, entra()).unwrap();
         assert!(matches!(&key, AzureCredentials::SharedKey { key, .. } if key == b"key"), "{key:?}");
-        assert!(matches!(key.anonymous(), AzureCredentials::Anonymous { account: Some(a) } if a == "acct"));
-        let none = AzureCredentials::from_values(None, None, None).unwrap();
+        assert!(matches!(key.clone().anonymous(), AzureCredentials::Anonymous { account: Some(a) } if a == "acct"));
+        let identity = AzureCredentials::from_values(some("acct"), None, None, entra()).unwrap();
+        assert!(matches!(&identity, AzureCredentials::Entra { account: Some(a), .. } if a == "acct"), "{identity:?}");
+        assert!(matches!(identity.clone().anonymous(), AzureCredentials::Anonymous { account: Some(_) }));
+        let none = AzureCredentials::from_values(None, None, None, None).unwrap();
         assert!(matches!(none, AzureCredentials::Anonymous { account: None }));
         let error = |r: Result<AzureCredentials, StoreError>| r.unwrap_err().to_string();
-        assert!(error(AzureCredentials::from_values(some("acct"), some("not base64!"), None)).contains("not base64"));
         assert!(
-            error(AzureCredentials::from_values(None, some("a2V5"), None)).contains("without AZURE_STORAGE_ACCOUNT")
+            error(AzureCredentials::from_values(some("acct"), some("not base64!"), None, None)).contains("not base64")
         );
-        // Neither the key nor the token is ever printed.
+        assert!(
+            error(AzureCredentials::from_values(None, some("a2V5"), None, None))
+                .contains("without AZURE_STORAGE_ACCOUNT")
+        );
+        // Neither a key, a token nor a client secret is ever printed.
         assert_eq!(
-            format!("{sas:?} {:?}", AzureCredentials::from_values(some("acct"), some("a2V5"), None).unwrap()),
-            "Sas(Some(\"acct\")) SharedKey(acct)"
+            format!("{sas:?} {key:?} {identity:?}"),
+            "Sas(Some(\"acct\")) SharedKey(acct) Entra(tenant t, client c, client secret)(Some(\"acct\"))"
         );
     }
 

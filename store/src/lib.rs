@@ -20,6 +20,8 @@
 #[cfg(feature = "azure")]
 pub mod azure;
 mod connect;
+#[cfg(feature = "azure")]
+pub mod entra;
 #[cfg(feature = "gcs")]
 pub mod gcs;
 #[cfg(any(feature = "s3", feature = "azure", feature = "oci"))]

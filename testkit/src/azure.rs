@@ -2,7 +2,12 @@
 //! tests. Test-side requests (create a container, put and read a blob) are
 //! plain HTTP of their own, signed with the store's Shared Key signer,
 //! which Azurite checks.
+//!
+//! [`AzuriteServer::start_entra`] serves HTTPS and checks bearer tokens
+//! (`--oauth basic`: audience, issuer and lifetime; Azurite takes a bearer
+//! over HTTPS only), for Entra ID credentials; [`EntraServer`] issues them.
 
+use std::path::PathBuf;
 use std::process::{Child, Command};
 
 use base64::Engine as _;
@@ -20,8 +25,11 @@ pub const AZURITE_KEY: &str =
 #[derive(Debug)]
 pub struct AzuriteServer {
     child: Child,
-    /// `http://127.0.0.1:PORT/devstoreaccount1`: the account's endpoint.
+    /// `http://127.0.0.1:PORT/devstoreaccount1`: the account's endpoint
+    /// (`https://` from [`AzuriteServer::start_entra`]).
     pub endpoint: String,
+    /// The CA that signed the server's certificate, when it serves HTTPS.
+    pub ca_file: Option<PathBuf>,
     dir: tempfile::TempDir,
     http: reqwest::Client,
 }
@@ -30,28 +38,58 @@ impl AzuriteServer {
     /// Starts the pinned Azurite on a free loopback port, storing in a
     /// temporary directory.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// Starts Azurite over HTTPS (a certificate for 127.0.0.1 from a test
+    /// CA, [`AzuriteServer::ca_file`]) that also takes Entra ID bearer
+    /// tokens, checking their audience, issuer and lifetime (not their
+    /// signature: it has no tenant's keys).
+    pub fn start_entra() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(entra: bool) -> Self {
         let binary = tool_path("azurite-blob");
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let data = dir.path().join("data");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
             .arg("--location")
             .arg(&data)
             // Telemetry would reach for Azure Monitor, and keeps the
             // process alive past its first SIGTERM.
-            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry", "--silent"])
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log)
-            .spawn()
-            .expect("start azurite-blob");
-        let endpoint = format!("http://127.0.0.1:{port}/{AZURITE_ACCOUNT}");
-        let mut server = Self { child, endpoint, dir, http: reqwest::Client::new() };
+            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry", "--silent"]);
+        let ca_file = entra.then(|| {
+            let certs = dir.path().join("certs");
+            std::fs::create_dir(&certs).expect("certs dir");
+            let ca_file = crate::write_test_certificates(&certs, &[]);
+            command.arg("--cert").arg(certs.join("public.crt")).arg("--key").arg(certs.join("private.key"));
+            command.args(["--oauth", "basic"]);
+            ca_file
+        });
+        let child = command.stdout(log.try_clone().expect("dup log")).stderr(log).spawn().expect("start azurite-blob");
+        let scheme = if entra { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{port}/{AZURITE_ACCOUNT}");
+        let mut http = reqwest::Client::builder();
+        if let Some(ca_file) = &ca_file {
+            let pem = std::fs::read(ca_file).expect("read the test CA");
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("the test CA is PEM"));
+        }
+        let http = http.build().expect("an HTTP client");
+        let mut server = Self { child, endpoint, ca_file, dir, http };
         let log = server.dir.path().join("server.log");
-        // Any answer (an unauthenticated request is refused) means it listens.
-        let path = format!("/{AZURITE_ACCOUNT}?comp=list");
-        wait_until_ready(&mut server.child, "azurite-blob", port, &path, |s| s.is_some(), || log_tail(&log));
+        if entra {
+            // Plain HTTP gets no answer from a TLS port: listening is enough.
+            crate::wait_until_listening(&mut server.child, "azurite-blob", port, || log_tail(&log));
+        } else {
+            // Any answer (an unauthenticated request is refused) means it listens.
+            let path = format!("/{AZURITE_ACCOUNT}?comp=list");
+            wait_until_ready(&mut server.child, "azurite-blob", port, &path, |s| s.is_some(), || log_tail(&log));
+        }
         server
     }
 

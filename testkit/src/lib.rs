@@ -16,11 +16,13 @@
 //! asking `hack/tools.sh path`, which installs them on first use.
 
 mod azure;
+mod entra;
 mod gcs;
 mod proxy;
 mod registry;
 
 pub use azure::{AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer};
+pub use entra::EntraServer;
 pub use gcs::{Backend, GcsServer, Store};
 pub use proxy::CorruptingProxy;
 pub use registry::{REGISTRY_PASSWORD, REGISTRY_USER, RegistryServer};
@@ -51,6 +53,19 @@ fn wait_until_ready(
 ) {
     let deadline = Instant::now() + START_DEADLINE;
     while !ready(http_get_status(port, path)) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name} exited with {status} during start-up:\n{}", log_tail());
+        }
+        assert!(Instant::now() < deadline, "{name} not up within {START_DEADLINE:?}:\n{}", log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `child` accepts connections on 127.0.0.1:port (a TLS
+/// server, which answers no plain request).
+fn wait_until_listening(child: &mut Child, name: &str, port: u16, log_tail: impl Fn() -> String) {
+    let deadline = Instant::now() + START_DEADLINE;
+    while TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_err() {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{name} exited with {status} during start-up:\n{}", log_tail());
         }
@@ -496,7 +511,6 @@ fn write_test_certificates(certs: &Path, addresses: &[std::net::IpAddr]) -> Path
     ca_file
 }
 
-/// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.
 /// The last 40 lines of a server's log file, for failure messages.
 fn log_tail(log: &Path) -> String {
     let log = std::fs::read_to_string(log).unwrap_or_default();
@@ -504,6 +518,7 @@ fn log_tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// Status code of `GET path` on 127.0.0.1:port, or `None` when nothing answers.
 fn http_get_status(port: u16, path: &str) -> Option<u16> {
     http_get(port, path).map(|(status, _)| status)
 }
