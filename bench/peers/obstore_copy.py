@@ -1,18 +1,28 @@
 """obstore (Rust object_store underneath), driven with asyncio: list, then
-at most C concurrent whole-object transfers streamed to and from files."""
+at most C concurrent whole-object transfers streamed to and from files.
+`--backend azure` uses object_store's Azure backend against Azurite
+(AZURITE_BLOB_STORAGE_URL, AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY)."""
 
 import asyncio
 import os
 
 import obstore
 from common import ACCESS_KEY, ENDPOINT, REGION, SECRET_KEY, arguments, local_files, target_path
-from obstore.store import S3Store
+from obstore.store import AzureStore, S3Store
+
+
+def backend(parser):
+    parser.add_argument("--backend", choices=["s3", "azure"], default="s3")
 
 
 async def main():
-    args = arguments()
-    store = S3Store(args.bucket, endpoint=ENDPOINT, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                    region=REGION, virtual_hosted_style_request=False, client_options={"allow_http": True})
+    args = arguments(backend)
+    if args.backend == "azure":
+        store = AzureStore(args.bucket, account_name=os.environ["AZURE_STORAGE_ACCOUNT"],
+                           account_key=os.environ["AZURE_STORAGE_KEY"], use_emulator=True)
+    else:
+        store = S3Store(args.bucket, endpoint=ENDPOINT, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
+                        region=REGION, virtual_hosted_style_request=False, client_options={"allow_http": True})
     gate = asyncio.Semaphore(args.concurrency)
 
     async def download(key):
