@@ -1,8 +1,14 @@
-"""Real servers for the `ferry` package's tests: MinIO for s3:// and
-fake-gcs-server for gs://, the pinned binaries hack/tools.sh installs
-(found through FERRY_MINIO_BIN and FERRY_FAKE_GCS_SERVER_BIN, as the Rust
+"""Real servers for the `ferry` package's tests: MinIO for s3://,
+fake-gcs-server for gs://, Azurite for az:// and distribution's registry
+(artifacts pushed with oras) for oci://, the pinned binaries hack/tools.sh
+installs (found through FERRY_MINIO_BIN, FERRY_FAKE_GCS_SERVER_BIN,
+FERRY_AZURITE_BLOB_BIN, FERRY_REGISTRY_BIN and FERRY_ORAS_BIN, as the Rust
 tests find them). Each server runs once per test session, on loopback."""
 
+import base64
+import email.utils
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -11,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import boto3
@@ -108,6 +115,91 @@ class FakeGcs:
         self.process.wait(10)
 
 
+# Azurite's development account: public, the same in every Azurite.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+class Azurite:
+    def __init__(self, root):
+        os.makedirs(root, exist_ok=True)
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+        log = os.path.join(root, "azurite.log")
+        self.process = subprocess.Popen(
+            [binary("FERRY_AZURITE_BLOB_BIN", "azurite-blob"), "--blobHost", "127.0.0.1", "--blobPort",
+             str(self.port), "--location", os.path.join(root, "data"), "--skipApiVersionCheck", "--loose",
+             "--disableTelemetry", "--silent"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        wait_until(lambda: self.answers(), "Azurite", self.process, log)
+
+    def answers(self):
+        try:
+            urllib.request.urlopen(f"{self.endpoint}?comp=list", timeout=2).close()
+        except urllib.error.HTTPError:
+            return True  # refused without credentials: it listens
+        except OSError:
+            return False
+        return True
+
+    def bucket(self):
+        """A new container, created with a Shared Key request of this file's own."""
+        name = "ferry-" + secrets.token_hex(4)
+        date = email.utils.formatdate(usegmt=True)
+        version = "2021-08-06"
+        # Shared Key: the verb, eleven standard headers (Content-Length
+        # empty when 0; urllib sends a Content-Type with any body), the
+        # x-ms- headers, and the resource with the account twice in a
+        # path-style URL.
+        content_type = "application/octet-stream"
+        standard = ["", "", "", "", content_type] + [""] * 6
+        to_sign = "\n".join(["PUT"] + standard + [f"x-ms-date:{date}", f"x-ms-version:{version}",
+                                                  f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container"])
+        signature = base64.b64encode(
+            hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest()).decode()
+        request = urllib.request.Request(
+            f"{self.endpoint}/{name}?restype=container", data=b"", method="PUT",
+            headers={"x-ms-date": date, "x-ms-version": version, "Content-Type": content_type,
+                     "Authorization": f"SharedKey {AZURITE_ACCOUNT}:{signature}"})
+        urllib.request.urlopen(request, timeout=10).close()
+        return name
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+class Registry:
+    """distribution's registry, without auth; artifacts are pushed with oras."""
+
+    def __init__(self, root):
+        os.makedirs(root, exist_ok=True)
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.endpoint = f"http://{self.host}"
+        config = os.path.join(root, "config.yml")
+        with open(config, "w") as f:
+            f.write(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+                    f"http:\n  addr: {self.host}\n")
+        log = os.path.join(root, "registry.log")
+        self.process = subprocess.Popen(
+            [binary("FERRY_REGISTRY_BIN", "registry"), "serve", config], stdout=open(log, "w"),
+            stderr=subprocess.STDOUT, env=dict(os.environ, OTEL_TRACES_EXPORTER="none"))
+        wait_until(lambda: http_ok(f"{self.endpoint}/v2/"), "registry", self.process, log)
+
+    def push(self, directory, repository, tag, files):
+        """Pushes `files` (paths relative to `directory`) as an artifact, one
+        layer each, titled with its path; returns the reference."""
+        reference = f"{self.host}/{repository}:{tag}"
+        subprocess.run([binary("FERRY_ORAS_BIN", "oras"), "push", "--plain-http", reference] + files,
+                       cwd=directory, check=True, capture_output=True)
+        return reference
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
 @pytest.fixture(scope="session")
 def servers_root():
     root = tempfile.mkdtemp(prefix="ferry-pytest-")
@@ -137,3 +229,20 @@ def gcs(servers_root):
 def s3(minio):
     """A fresh bucket, and the options that reach it."""
     return minio.bucket(), {"endpoint_url": minio.endpoint}
+
+
+@pytest.fixture(scope="session")
+def azurite(servers_root):
+    server = Azurite(os.path.join(servers_root, "azurite"))
+    # The engine takes the account and its key from the environment, as the CLI does.
+    os.environ["AZURE_STORAGE_ACCOUNT"] = AZURITE_ACCOUNT
+    os.environ["AZURE_STORAGE_KEY"] = AZURITE_KEY
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def registry(servers_root):
+    server = Registry(os.path.join(servers_root, "registry"))
+    yield server
+    server.stop()

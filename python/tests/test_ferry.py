@@ -1,5 +1,6 @@
-"""The `ferry` package against real servers (MinIO, fake-gcs-server):
-round trips, verification, errors, threads, asyncio and cancellation."""
+"""The `ferry` package against real servers (MinIO, fake-gcs-server,
+Azurite, distribution's registry): round trips, verification, errors,
+threads, asyncio and cancellation."""
 
 import asyncio
 import hashlib
@@ -148,6 +149,46 @@ def test_gcs_round_trip_through_the_emulator(gcs, tmp_path):
     assert ferry.read(f"gs://{bucket}/a/b.bin", **options) == payload
     pulled = ferry.pull(f"gs://{bucket}/a", tmp_path, **options)
     assert pulled.complete and (tmp_path / "b.bin").read_bytes() == payload
+
+
+def test_azure_round_trip_through_azurite(azurite, tmp_path):
+    container = azurite.bucket()
+    options = {"endpoint_url": azurite.endpoint}
+    payload = data(11 * MiB + 5, seed=8)
+    # 5 MiB parts: a block list of three blocks, committed at once.
+    ferry.write(f"az://{container}/model/weights.bin", payload, part_size="5MiB", **options)
+    assert ferry.read(f"az://{container}/model/weights.bin", **options) == payload
+    assert ferry.read(f"az://{container}/model/weights.bin", range=(MiB, MiB + 7), **options) == payload[MiB:MiB + 7]
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "config.json").write_bytes(b"{}")
+    pushed = ferry.push(tmp_path / "up", f"az://{container}/model", **options)
+    assert pushed.complete
+    pulled = ferry.pull(f"az://{container}/model", tmp_path / "down", **options)
+    assert pulled.complete and pulled["verified"]["checksum"] == 2
+    assert (tmp_path / "down" / "weights.bin").read_bytes() == payload
+    assert (tmp_path / "down" / "config.json").read_bytes() == b"{}"
+    with pytest.raises(ferry.BucketNotFound):
+        ferry.read("az://no-such-container/k", **options)
+    with pytest.raises(ferry.ObjectNotFound):
+        ferry.read(f"az://{container}/nothing-here", **options)
+
+
+def test_an_oci_artifact_is_pulled_layer_by_layer_and_a_push_to_it_is_refused(registry, tmp_path):
+    source = tmp_path / "artifact"
+    (source / "shards").mkdir(parents=True)
+    shard = data(3 * MiB + 1, seed=9)
+    (source / "shards" / "0.safetensors").write_bytes(shard)
+    (source / "config.json").write_bytes(b'{"layers": 1}')
+    reference = registry.push(source, "models/tiny", "v1", ["shards/0.safetensors", "config.json"])
+    options = {"endpoint_url": registry.endpoint, "anonymous": True}
+    pulled = ferry.pull(f"oci://{reference}", tmp_path / "down", **options)
+    # Every layer is verified against its digest (SHA-256).
+    assert pulled.complete and pulled["verified"]["checksum"] == 2
+    assert (tmp_path / "down" / "shards" / "0.safetensors").read_bytes() == shard
+    assert (tmp_path / "down" / "config.json").read_bytes() == b'{"layers": 1}'
+    # Refused before anything is read, like every invalid argument.
+    with pytest.raises(ValueError, match="does not write"):
+        ferry.push(tmp_path / "down", f"oci://{reference}", **options)
 
 
 # --- verification --------------------------------------------------------------
