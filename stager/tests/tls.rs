@@ -188,6 +188,21 @@ fn an_azure_service_principal_or_workload_identity_gets_a_token_the_store_accept
     assert!(refused.stderr.contains("AADSTS7000215"), "refused for another reason:\n{}", refused.stderr);
     assert!(read_tree(refused_dst.path()).is_empty(), "a refused run left files behind");
 
+    // An authority that does not answer is named as what failed, not
+    // mistaken for the store.
+    let unreachable_dst = tempfile::tempdir().unwrap();
+    let proof = ("AZURE_CLIENT_SECRET", OsStr::new(&entra.client_secret));
+    let mut unreachable =
+        keyless_command(&server, &entra, &ca_file, proof, &["pull", &uri, unreachable_dst.path().to_str().unwrap()]);
+    unreachable.env("AZURE_AUTHORITY_HOST", "http://127.0.0.1:9/").args(["--max-attempts", "1"]);
+    let unreachable = run(unreachable);
+    assert_ne!(unreachable.code(), 0, "a pull without a token succeeded");
+    assert!(
+        unreachable.stderr.contains("Entra ID token endpoint http://127.0.0.1:9/"),
+        "the failure does not name the token endpoint:\n{}",
+        unreachable.stderr
+    );
+
     // Without the identity the container is not readable: the token was
     // what let the runs in.
     let anonymous_dst = tempfile::tempdir().unwrap();
@@ -201,6 +216,17 @@ fn an_azure_service_principal_or_workload_identity_gets_a_token_the_store_accept
 /// account name stays (it names the endpoint's account), the key goes, so
 /// the identity's token is the only credential.
 fn keyless(server: &Store, entra: &EntraServer, ca_file: &Path, proof: (&str, &OsStr), args: &[&str]) -> Run {
+    run(keyless_command(server, entra, ca_file, proof, args))
+}
+
+/// The command [`keyless`] runs.
+fn keyless_command(
+    server: &Store,
+    entra: &EntraServer,
+    ca_file: &Path,
+    proof: (&str, &OsStr),
+    args: &[&str],
+) -> Command {
     let mut command = with_env(
         server,
         &[
@@ -213,5 +239,5 @@ fn keyless(server: &Store, entra: &EntraServer, ca_file: &Path, proof: (&str, &O
         args,
     );
     command.env_remove("AZURE_STORAGE_KEY");
-    run(command)
+    command
 }

@@ -242,7 +242,16 @@ impl EntraTokens {
             .body(Full::new(Bytes::from(identity.token_form(federated.as_deref()))))
             .map_err(|e| StoreError::Rejected { code: "InvalidEndpoint".into(), message: e.to_string() })?;
         let received = Instant::now();
-        match exchange(&self.client, request, self.request_timeout, &url).await? {
+        // A transport failure names the token endpoint: the store's own
+        // endpoint may be fine, and the message must say which one is not.
+        let answered =
+            exchange(&self.client, request, self.request_timeout, &url).await.map_err(|error| match error {
+                StoreError::Transient { reason, detail } => {
+                    StoreError::Transient { reason, detail: format!("Entra ID token endpoint {url}: {detail}") }
+                }
+                other => other,
+            })?;
+        match answered {
             Ok(response) => {
                 let body = read_body(response, self.request_timeout, 64 << 10, "a token answer").await?;
                 parse_answer(&body, received)
