@@ -153,11 +153,10 @@ fn answer(request_line: &str, body: &str, expected: &Expected) -> (u16, serde_js
     if tenant != expected.tenant {
         return refuse(400, "invalid_tenant", format!("AADSTS90002: Tenant '{tenant}' not found."));
     }
-    let form: Vec<(String, String)> = body
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(name, value)| (decode(name), decode(value)))
-        .collect();
+    // The form's pairs, percent-decoded as a URL's query would be.
+    let form: Vec<(String, String)> = reqwest::Url::parse(&format!("http://form/?{body}"))
+        .map(|url| url.query_pairs().into_owned().collect())
+        .unwrap_or_default();
     let field = |name: &str| form.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
     if field("grant_type") != Some("client_credentials") {
         return refuse(400, "unsupported_grant_type", "AADSTS70003: only client_credentials here".into());
@@ -210,30 +209,4 @@ fn answer(request_line: &str, body: &str, expected: &Expected) -> (u16, serde_js
         200,
         serde_json::json!({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token}),
     )
-}
-
-/// A form value, percent-decoded (`+` is a space).
-fn decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(byte) => {
-                        out.push(byte);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            byte => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

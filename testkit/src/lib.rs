@@ -51,21 +51,21 @@ fn wait_until_ready(
     ready: impl Fn(Option<u16>) -> bool,
     log_tail: impl Fn() -> String,
 ) {
-    let deadline = Instant::now() + START_DEADLINE;
-    while !ready(http_get_status(port, path)) {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{name} exited with {status} during start-up:\n{}", log_tail());
-        }
-        assert!(Instant::now() < deadline, "{name} not up within {START_DEADLINE:?}:\n{}", log_tail());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(child, name, || ready(http_get_status(port, path)), log_tail);
 }
 
 /// Waits until `child` accepts connections on 127.0.0.1:port (a TLS
 /// server, which answers no plain request).
 fn wait_until_listening(child: &mut Child, name: &str, port: u16, log_tail: impl Fn() -> String) {
+    let listening = || TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_ok();
+    wait_until(child, name, listening, log_tail);
+}
+
+/// Polls `ready` until it holds; panics with the server's log if `child`
+/// exits first or [`START_DEADLINE`] passes.
+fn wait_until(child: &mut Child, name: &str, ready: impl Fn() -> bool, log_tail: impl Fn() -> String) {
     let deadline = Instant::now() + START_DEADLINE;
-    while TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_err() {
+    while !ready() {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{name} exited with {status} during start-up:\n{}", log_tail());
         }
