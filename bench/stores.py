@@ -66,7 +66,20 @@ def wait_for(url, proc, log, what):
     raise SystemExit(f"{what} did not start within 60 s; see {log}")
 
 
-class Azurite:
+class LocalServer:
+    """A server process of this run's own (`proc`, writing to `log`)."""
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Azurite(LocalServer):
     """A throw-away Azurite blob service on loopback."""
 
     def __init__(self, data_dir, log_path):
@@ -96,13 +109,6 @@ class Azurite:
         for name in list(self.listing(prefix)):
             container.delete_blob(name)
 
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def azure_service(endpoint):
@@ -110,7 +116,7 @@ def azure_service(endpoint):
     return BlobServiceClient(account_url=endpoint, credential={"account_name": ACCOUNT, "account_key": ACCOUNT_KEY})
 
 
-class Registry:
+class Registry(LocalServer):
     """A throw-away distribution registry on loopback, without auth."""
 
     def __init__(self, data_dir, scratch, log_path):
@@ -132,13 +138,6 @@ class Registry:
     def env(self):
         return {"DOCKER_CONFIG": str(self.docker_config)}
 
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def azure_command(t, direction, prefix, local, concurrency, azurite):
@@ -252,10 +251,9 @@ def bench_azure(args, chosen, sources, digests, server_root, scratch, base_env, 
             # to 64 MiB in one Put Blob (which records Content-MD5), larger
             # ones as committed block lists (no whole-blob checksum).
             container = azurite.service.get_container_client(CONTAINER)
-            for path in sorted(p for p in source.rglob("*") if p.is_file()):
-                with open(path, "rb") as f:
-                    container.upload_blob(f"{name}/{path.relative_to(source).as_posix()}", f, overwrite=True,
-                                          max_concurrency=4)
+            for rel in sorted(digests[name]):
+                with open(source / rel, "rb") as f:
+                    container.upload_blob(f"{name}/{rel}", f, overwrite=True, max_concurrency=4)
         for rep in range(args.reps):
             for name in chosen:
                 for direction in ("download", "upload"):
@@ -295,7 +293,7 @@ def bench_registry(args, chosen, sources, digests, server_root, scratch, base_en
         references = {}
         for name, source in sources.items():
             reference = f"{registry.host}/{REPOSITORY}/{name}:v1"
-            files = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file())
+            files = sorted(digests[name])
             # Each file one layer, titled with its path, as `oras push` and
             # ModelPack write model artifacts.
             subprocess.run([tool("oras"), "push", "--plain-http", reference] + files, cwd=source, env=env,

@@ -59,7 +59,15 @@ def http_ok(url):
         return False
 
 
-class Minio:
+class Server:
+    """A server process of the session's own (`process`)."""
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+class Minio(Server):
     def __init__(self, root):
         os.makedirs(root, exist_ok=True)
         self.port = free_port()
@@ -84,12 +92,8 @@ class Minio:
         self.client.create_bucket(Bucket=name)
         return name
 
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(10)
 
-
-class FakeGcs:
+class FakeGcs(Server):
     def __init__(self, root):
         os.makedirs(root, exist_ok=True)
         self.port = free_port()
@@ -110,17 +114,13 @@ class FakeGcs:
         urllib.request.urlopen(request, timeout=10).close()
         return name
 
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(10)
-
 
 # Azurite's development account: public, the same in every Azurite.
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-class Azurite:
+class Azurite(Server):
     def __init__(self, root):
         os.makedirs(root, exist_ok=True)
         self.port = free_port()
@@ -164,12 +164,8 @@ class Azurite:
         urllib.request.urlopen(request, timeout=10).close()
         return name
 
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(10)
 
-
-class Registry:
+class Registry(Server):
     """distribution's registry, without auth; artifacts are pushed with oras."""
 
     def __init__(self, root):
@@ -194,10 +190,6 @@ class Registry:
         subprocess.run([binary("FERRY_ORAS_BIN", "oras"), "push", "--plain-http", reference] + files,
                        cwd=directory, check=True, capture_output=True)
         return reference
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(10)
 
 
 @pytest.fixture(scope="session")
