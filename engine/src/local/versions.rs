@@ -26,7 +26,7 @@
 //! one or the new one. A process killed at any step leaves a directory the
 //! next [`VersionedDir::switch`] (or pull) completes. A pod mounts `current`
 //! through the kubelet, which resolves the link when the container starts,
-//! so a running pod keeps its version whole (`tests/e2e/tests/real_nodes.rs`).
+//! so a running pod keeps its version whole (`tests/e2e/tests/e2e/real_nodes.rs`).
 
 use std::io;
 use std::os::unix::fs::MetadataExt as _;

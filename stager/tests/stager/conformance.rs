@@ -5,7 +5,7 @@
 //! own server and uses its own bucket; `conformance!` runs it against each
 //! backend. The few backend-specific tests say so in their names.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -1307,7 +1307,7 @@ conformance!(
 // The registry is read only and an artifact has no prefixes: the pull
 // tests on a whole bucket run against it (the others need a push, or keys
 // under a prefix of one bucket). A missing repository, a push refused and
-// a tag that moves are in store/tests/oci.rs and the tests below.
+// a tag that moves are in store/tests/store/oci.rs and the tests below.
 conformance_on!(
     registry,
     Registry,

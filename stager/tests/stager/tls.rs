@@ -9,7 +9,7 @@
 //! * Azure without a key: an Entra ID token for a service principal or a
 //!   workload identity, which Azure takes over HTTPS only.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
