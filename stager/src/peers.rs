@@ -46,7 +46,9 @@ async fn start_with_token(
     let fleet = Fleet::new(me, peers, token, directory.subscribe(), Arc::clone(metrics))
         .map_err(|e| TransferError::Config(e.to_string()))?;
     let Some(fleet) = fleet else { return Ok(None) };
-    let address = server::serve(Arc::clone(&fleet), listen)
+    // The port stays open until the process exits: peers that finish
+    // later are still served while this worker lingers.
+    let address = server::serve(Arc::clone(&fleet), listen, std::future::pending())
         .await
         .map_err(|e| TransferError::Config(format!("cannot serve peers on {listen}: {e}")))?;
     directory.send_modify(|known| {

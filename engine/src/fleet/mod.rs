@@ -99,11 +99,22 @@ struct PeerHealth {
     /// Bypassed because it did not answer or broke off, at the address it
     /// had then: [`Fleet::linger`] does not wait for it again there.
     unreachable_at: Option<Option<SocketAddr>>,
+    /// Where it last answered a wait request. A peer that answered there
+    /// and whose port is closed now has exited: [`Fleet::linger`] stops
+    /// waiting for it at once instead of after the timeout.
+    answered_at: Option<SocketAddr>,
 }
 
 impl PeerHealth {
     fn new() -> Self {
-        Self { dropped: false, bytes_done: 0, progressed: Instant::now(), exited: false, unreachable_at: None }
+        Self {
+            dropped: false,
+            bytes_done: 0,
+            progressed: Instant::now(),
+            exited: false,
+            unreachable_at: None,
+            answered_at: None,
+        }
     }
 }
 
@@ -293,6 +304,7 @@ impl Fleet {
         };
         // An object settled is progress; otherwise its bytes must grow.
         let progress = if answer.settles_any() { None } else { Some(answer.state.bytes_done) };
+        self.answered_at(peer, addr);
         if !self.heard_from(peer, progress) {
             self.drop_peer(peer, PeerFailure::Stalled, "it made no progress");
             return Asked::Dropped;
@@ -394,6 +406,18 @@ impl Fleet {
             Some(_) => {}
         }
         now.duration_since(entry.progressed) <= self.timeout
+    }
+
+    /// Notes that `peer` answered at `addr`.
+    fn answered_at(&self, peer: &str, addr: SocketAddr) {
+        let mut health = self.health.lock().expect("health lock poisoned");
+        health.entry(peer.to_owned()).or_insert_with(PeerHealth::new).answered_at = Some(addr);
+    }
+
+    /// Whether `peer` answered during the run at `addr`, where it is now.
+    fn answered_there(&self, peer: &str, addr: Option<SocketAddr>) -> bool {
+        let health = self.health.lock().expect("health lock poisoned");
+        addr.is_some() && health.get(peer).is_some_and(|h| h.answered_at == addr)
     }
 
     /// Whether `peer` made progress within the timeout (without counting
@@ -519,7 +543,10 @@ impl Fleet {
                 if self.was_unreachable_at(peer, addr) {
                     settled.insert(peer.clone(), addr);
                 } else {
-                    waiting.insert(peer.clone(), (Instant::now(), false));
+                    // One that answered during the run at this address is
+                    // known to have been there: a closed port now means it
+                    // exited, not that it has yet to start.
+                    waiting.insert(peer.clone(), (Instant::now(), self.answered_there(peer, addr)));
                 }
             }
             waiting.retain(|peer, _| !self.has_exited(peer));

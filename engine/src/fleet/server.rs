@@ -27,11 +27,17 @@ use super::catalog::Holding;
 /// Bytes read from disk per chunk of a response.
 const CHUNK: usize = 256 * 1024;
 
-/// Starts serving on `addr`; returns the address bound (a port of 0 picks one).
+/// Starts serving on `addr` until `shutdown` completes (a worker's process
+/// serves until it exits: `std::future::pending()`); returns the address
+/// bound (a port of 0 picks one).
 ///
 /// # Errors
 /// The address cannot be bound.
-pub async fn serve(fleet: Arc<Fleet>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+pub async fn serve(
+    fleet: Arc<Fleet>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = axum::Router::new()
@@ -41,7 +47,7 @@ pub async fn serve(fleet: Arc<Fleet>, addr: SocketAddr) -> std::io::Result<Socke
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&fleet), authorized))
         .with_state(fleet);
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
+        if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             tracing::warn!(%error, "peer server stopped");
         }
     });

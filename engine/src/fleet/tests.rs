@@ -78,7 +78,7 @@ async fn worker(
     let fleet = Fleet::new(me, &options(group), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
         .unwrap()
         .expect("a group");
-    let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap(), std::future::pending()).await.unwrap();
     directory.send_modify(|peers| {
         peers.insert(me.to_owned(), addr);
     });
@@ -208,6 +208,54 @@ async fn a_peer_that_is_gone_or_never_answers_costs_a_deadline_not_the_run() {
     let lingering = std::time::Instant::now();
     fleet.linger().await;
     assert!(lingering.elapsed() >= Duration::from_secs(9), "waited {:?} for the replaced peer", lingering.elapsed());
+}
+
+/// The model-shape finding (docs/benchmarks.md): of workers that finish
+/// at different times, the first ones exit once the rest are complete; a
+/// worker that then lingers must not wait the peer timeout for one whose
+/// port closed after it answered all run long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_answered_and_then_exited_is_not_waited_for() {
+    let (store, objects) = dataset();
+    let pair = ["node-a", "node-b"];
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
+    let metrics_a = Arc::new(Metrics::new());
+    let fleet_a =
+        Fleet::new("node-a", &options(&pair), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics_a))
+            .unwrap()
+            .expect("a group");
+    let addr_a = server::serve(Arc::clone(&fleet_a), "127.0.0.1:0".parse().unwrap(), async {
+        stopped_a.await.ok();
+    })
+    .await
+    .unwrap();
+    directory.send_modify(|peers| {
+        peers.insert("node-a".into(), addr_a);
+    });
+    let engine_a = Engine::in_fleet(Arc::clone(&store) as _, config(), metrics_a, Arc::clone(&fleet_a)).unwrap();
+    let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.complete && b.complete, "{a:?} {b:?}");
+    assert!(b.peers.objects_from_peers > 0, "node-b was served by node-a: {:?}", b.peers);
+
+    // node-a exits: its port closes at the address it answered from, and
+    // nobody has told node-b (discovery may not have seen it yet).
+    stop_a.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while tokio::net::TcpStream::connect(addr_a).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("node-a's port closes");
+    let lingering = std::time::Instant::now();
+    fleet_b.linger().await;
+    let lingered = lingering.elapsed();
+    assert!(lingered < Duration::from_secs(5), "lingered {lingered:?}, not the 10 s timeout, for a peer that exited");
+    assert_staged(dir_b.path(), &objects);
 }
 
 #[tokio::test]
