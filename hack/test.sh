@@ -12,10 +12,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shared by two checkouts can hand one of them the other's stale artifacts.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
+# Where the time goes, in CI's log too: the suite must stay well inside
+# CI's limit, and a step that grows shows up here first.
+step() { echo "== hack/test.sh: $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
+trap 'step "done, or stopped"' EXIT
+
 # Pinned servers: MinIO, fake-gcs-server, moto, Azurite and the OCI registry
 # (with oras, the client tests push artifacts with) for the stores, etcd and
 # Kubernetes for e2e, helm and Prometheus for the chart's e2e tests, the
 # kubelet, containerd, runc and CNI plugins for the e2e tests' real nodes.
+step "tools"
 hack/tools.sh install minio fake-gcs-server moto azurite-blob registry oras etcd kube-apiserver helm prometheus python-test \
   kubelet containerd ctr runc cni-plugins busybox
 FERRY_MINIO_BIN="$(hack/tools.sh path minio)"
@@ -26,6 +32,7 @@ FERRY_REGISTRY_BIN="$(hack/tools.sh path registry)"
 FERRY_ORAS_BIN="$(hack/tools.sh path oras)"
 export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN FERRY_AZURITE_BLOB_BIN FERRY_REGISTRY_BIN FERRY_ORAS_BIN
 
+step "format and features"
 cargo fmt --all --check
 # cargo test must not rebuild what cargo build built (see the script).
 hack/check-features.sh
@@ -35,9 +42,11 @@ hack/check-features.sh
 # with the workspace's features (hack/python-package.sh repeats it as a
 # no-op); an extension module does not link libpython.
 export PYO3_BUILD_EXTENSION_MODULE=1
+step "build"
 cargo build --release --workspace --locked --bins --lib
-# The images real nodes run (tests/e2e/tests/real_nodes.rs), from the
+# The images real nodes run (tests/e2e/tests/e2e/real_nodes.rs), from the
 # binaries just built, with the e2e harness's pause and shell images.
+step "images"
 hack/images.sh --no-build --test-images
 # Integration tests move hundreds of MiB through checksums: they run against
 # the optimised build, which the demo and benchmarks share.
@@ -49,20 +58,24 @@ cargo fetch --locked
 # The test binaries are compiled first, outside the limit below: how long
 # compiling takes depends on the machine and its caches, and a limit that
 # counts it either stops a slow build or lets a hung test run long.
+step "compile the tests"
 cargo test --release --workspace --locked --offline --no-run "$@"
 # A hung test must fail CI, not stall it: the tests themselves take about
 # twenty minutes on two cores. hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
+step "run the tests"
 hack/netns.sh timeout --kill-after=60 35m cargo test --release --workspace --locked --offline "$@"
 
 # The `ferry` Python package from this checkout, its tests against MinIO
 # and fake-gcs-server (python/tests) in the pinned test environment.
+step "Python package tests"
 python="$(hack/tools.sh path python-test)"
 PYTHONPATH="$(hack/python-package.sh "$python")" "$python" -m pytest -q -p no:cacheprovider python/tests
 
 # The benchmark harness in miniature (seconds of data, every tool once), so
 # neither Ferry's nor any peer's setup can rot unnoticed.
+step "benchmark smoke"
 bench_out="$(mktemp -d)"
 bench/run --smoke --out "$bench_out"
 rm -rf "$bench_out"
