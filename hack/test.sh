@@ -64,8 +64,10 @@ cargo test --release --workspace --locked --offline --no-run "$@"
 # twenty minutes on two cores. hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
+# --no-fail-fast: one failing test binary must not hide the others'
+# results (so it is not an argument to pass to this script).
 step "run the tests"
-hack/netns.sh timeout --kill-after=60 35m cargo test --release --workspace --locked --offline "$@"
+hack/netns.sh timeout --kill-after=60 35m cargo test --release --workspace --locked --offline --no-fail-fast "$@"
 
 # The `ferry` Python package from this checkout, its tests against MinIO
 # and fake-gcs-server (python/tests) in the pinned test environment.
