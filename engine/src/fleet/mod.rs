@@ -523,9 +523,10 @@ impl Fleet {
             return;
         }
         let deadline = Instant::now() + self.linger;
-        // Per peer: when it last answered, and whether it ever did. The
-        // group, and whoever discovery found besides: a node that joined
-        // later is fed too.
+        // Per peer: when it last answered, and whether it ever did (here,
+        // or to a wait request at the address it has now). The group, and
+        // whoever discovery found besides: a node that joined later is fed
+        // too.
         let mut waiting: BTreeMap<String, (Instant, bool)> = BTreeMap::new();
         // Peers no longer waited for, at the address they had then: one
         // that comes back at a new address (a replaced pod) is waited for

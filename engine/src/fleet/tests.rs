@@ -74,11 +74,22 @@ async fn worker(
     group: &[&str],
     directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
 ) -> (Arc<Engine>, Arc<Fleet>) {
+    worker_until(store, me, group, directory, std::future::pending()).await
+}
+
+/// [`worker`] whose port closes when `shutdown` completes, as when its process exits.
+async fn worker_until(
+    store: &Arc<MemoryStore>,
+    me: &str,
+    group: &[&str],
+    directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Arc<Engine>, Arc<Fleet>) {
     let metrics = Arc::new(Metrics::new());
     let fleet = Fleet::new(me, &options(group), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
         .unwrap()
         .expect("a group");
-    let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap(), std::future::pending()).await.unwrap();
+    let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap();
     directory.send_modify(|peers| {
         peers.insert(me.to_owned(), addr);
     });
@@ -220,20 +231,11 @@ async fn a_peer_that_answered_and_then_exited_is_not_waited_for() {
     let pair = ["node-a", "node-b"];
     let directory = watch::Sender::new(BTreeMap::new());
     let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
-    let metrics_a = Arc::new(Metrics::new());
-    let fleet_a =
-        Fleet::new("node-a", &options(&pair), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics_a))
-            .unwrap()
-            .expect("a group");
-    let addr_a = server::serve(Arc::clone(&fleet_a), "127.0.0.1:0".parse().unwrap(), async {
+    let (engine_a, _fleet_a) = worker_until(&store, "node-a", &pair, &directory, async {
         stopped_a.await.ok();
     })
-    .await
-    .unwrap();
-    directory.send_modify(|peers| {
-        peers.insert("node-a".into(), addr_a);
-    });
-    let engine_a = Engine::in_fleet(Arc::clone(&store) as _, config(), metrics_a, Arc::clone(&fleet_a)).unwrap();
+    .await;
+    let addr_a = directory.borrow()["node-a"];
     let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
