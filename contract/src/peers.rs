@@ -143,8 +143,85 @@ impl PeerGroup {
 
 /// The HTTP protocol between two workers of one dataset. Every request
 /// carries `Authorization: Bearer <secret>`; any other is answered 401.
+/// Every request also names its asker in [`SPEAKER_HEADER`] (a
+/// [`Speaker`]), and every answer past the secret check names the server
+/// the same way, so that two workers of different releases find out at
+/// their first exchange, and say so, instead of misreading each other.
 pub mod wire {
+    use std::net::SocketAddr;
+
     use serde::{Deserialize, Serialize};
+
+    /// The version of this protocol. A server answers a request of another
+    /// version (or without a [`SPEAKER_HEADER`]: a release before versions)
+    /// with 400 and its own [`Speaker`]; the asker then bypasses it and
+    /// says which versions met. Version 1 had no speaker header.
+    pub const PROTOCOL: u32 = 2;
+    /// The header that carries a [`Speaker`].
+    pub const SPEAKER_HEADER: &str = "ferry-peer";
+
+    /// Who sent a request or an answer: the protocol version it speaks,
+    /// its worker name, and where it serves its peers. Written
+    /// `v2 node-a@10.0.0.7:9466` (the address is left out while unknown).
+    ///
+    /// A request is evidence that its asker was running and serving where
+    /// it says: a worker that has finished waits for its peers to finish,
+    /// and a peer that asked it something and whose port is closed now has
+    /// exited, rather than not started yet.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Speaker {
+        /// The version of this protocol it speaks ([`PROTOCOL`]).
+        pub protocol: u32,
+        /// Its worker name.
+        pub name: String,
+        /// Its peer port's address, once bound.
+        pub serves_at: Option<SocketAddr>,
+    }
+
+    impl Speaker {
+        /// This release's speaker named `name`, serving at `serves_at`.
+        pub fn new(name: &str, serves_at: Option<SocketAddr>) -> Self {
+            Self { protocol: PROTOCOL, name: name.to_owned(), serves_at }
+        }
+
+        /// Whether it speaks this release's protocol.
+        pub fn compatible(&self) -> bool {
+            self.protocol == PROTOCOL
+        }
+    }
+
+    impl std::fmt::Display for Speaker {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "v{} {}", self.protocol, self.name)?;
+            match self.serves_at {
+                Some(addr) => write!(f, "@{addr}"),
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// A [`SPEAKER_HEADER`] value that does not read as a [`Speaker`].
+    #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v2 node-a@10.0.0.7:9466")]
+    pub struct SpeakerError(pub String);
+
+    impl std::str::FromStr for Speaker {
+        type Err = SpeakerError;
+
+        fn from_str(s: &str) -> Result<Self, Self::Err> {
+            let invalid = || SpeakerError(s.to_owned());
+            let (version, who) = s.strip_prefix('v').and_then(|rest| rest.split_once(' ')).ok_or_else(invalid)?;
+            let protocol = version.parse().map_err(|_| invalid())?;
+            let (name, serves_at) = match who.split_once('@') {
+                Some((name, addr)) => (name, Some(addr.parse().map_err(|_| invalid())?)),
+                None => (who, None),
+            };
+            if name.is_empty() || name.contains(char::is_whitespace) {
+                return Err(invalid());
+            }
+            Ok(Self { protocol, name: name.to_owned(), serves_at })
+        }
+    }
 
     /// `GET`: the serving worker's [`PeerState`] as JSON.
     pub const STATE_PATH: &str = "/v1/state";
@@ -296,7 +373,38 @@ mod tests {
         assert!(!waiting.settles_any());
     }
 
+    #[test]
+    fn speakers_round_trip_and_bad_ones_are_refused() {
+        let speaker = wire::Speaker::new("node-a", Some("10.0.0.7:9466".parse().unwrap()));
+        assert_eq!(speaker.to_string(), format!("v{} node-a@10.0.0.7:9466", wire::PROTOCOL));
+        assert_eq!(speaker.to_string().parse::<wire::Speaker>().unwrap(), speaker);
+        assert!(speaker.compatible());
+        let starting = wire::Speaker::new("node-b", None);
+        assert_eq!(starting.to_string().parse::<wire::Speaker>().unwrap(), starting);
+        let ipv6: wire::Speaker = "v2 n@[fd00::7]:9466".parse().unwrap();
+        assert_eq!(ipv6.serves_at, Some("[fd00::7]:9466".parse().unwrap()));
+        // The next release reads as itself, and as not compatible.
+        let next: wire::Speaker = format!("v{} node-c", wire::PROTOCOL + 1).parse().unwrap();
+        assert!(!next.compatible());
+        for bad in ["", "node-a", "2 node-a", "v2", "vx node-a", "v2 ", "v2 a@host:1", "v2 a b", "v2 @10.0.0.1:1"] {
+            assert!(bad.parse::<wire::Speaker>().is_err(), "{bad:?}");
+        }
+    }
+
     proptest! {
+        /// Any speaker a worker can be reads back as itself.
+        #[test]
+        fn any_speaker_round_trips(
+            protocol in 0u32..1000,
+            name in "[a-z0-9][a-z0-9.-]{0,40}",
+            // An address as a pod has one: no IPv6 flow label or scope.
+            addr in proptest::option::of((any::<std::net::IpAddr>(), any::<u16>())),
+        ) {
+            let serves_at = addr.map(std::net::SocketAddr::from);
+            let speaker = wire::Speaker { protocol, name, serves_at };
+            prop_assert_eq!(speaker.to_string().parse::<wire::Speaker>().unwrap(), speaker);
+        }
+
         /// Every member computes the same owner whatever order it was told
         /// the group in, and the owners split keys between all members.
         #[test]

@@ -52,12 +52,13 @@ mod tests;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ferry_contract::PeerCounts;
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, PeerState, STATE_PATH, WAIT_PATH, WAIT_SECONDS, WaitAnswer, WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, PeerState, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_PATH, WAIT_SECONDS,
+    WaitAnswer, WaitRequest,
 };
 use ferry_contract::peers::{PEER_TOKEN_ENV, PeerGroup, PeerOptions};
 use tokio::sync::watch;
@@ -99,10 +100,12 @@ struct PeerHealth {
     /// Bypassed because it did not answer or broke off, at the address it
     /// had then: [`Fleet::linger`] does not wait for it again there.
     unreachable_at: Option<Option<SocketAddr>>,
-    /// Where it last answered a wait request. A peer that answered there
-    /// and whose port is closed now has exited: [`Fleet::linger`] stops
-    /// waiting for it at once instead of after the timeout.
-    answered_at: Option<SocketAddr>,
+    /// Where it was last seen running: it answered this worker's wait
+    /// requests there, or asked this worker something while serving there.
+    /// A peer seen there whose port is closed now has exited:
+    /// [`Fleet::linger`] stops waiting for it at once instead of after the
+    /// timeout.
+    seen_at: Option<SocketAddr>,
 }
 
 impl PeerHealth {
@@ -113,8 +116,30 @@ impl PeerHealth {
             progressed: Instant::now(),
             exited: false,
             unreachable_at: None,
-            answered_at: None,
+            seen_at: None,
         }
+    }
+}
+
+/// Whether a peer answered with success; if not, how its failure counts and why.
+fn answered_ok(response: &reqwest::Response) -> Result<(), (PeerFailure, String)> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let server = response.headers().get(SPEAKER_HEADER).and_then(|v| v.to_str().ok()?.parse::<Speaker>().ok());
+    match server {
+        Some(server) if !server.compatible() => Err((
+            PeerFailure::Refused,
+            format!(
+                "it speaks peer protocol v{}, this worker v{PROTOCOL}: the workers of one DataStage must run one Ferry release",
+                server.protocol
+            ),
+        )),
+        _ if status == reqwest::StatusCode::UNAUTHORIZED => {
+            Err((PeerFailure::Refused, "it refused this worker's secret (401)".to_owned()))
+        }
+        _ => Err((PeerFailure::Unreachable, format!("it answered {status}"))),
     }
 }
 
@@ -127,6 +152,8 @@ pub struct Fleet {
     me: String,
     group: PeerGroup,
     token: String,
+    /// Where this worker's peer port listens, once [`server::serve`] bound it.
+    serves_at: OnceLock<SocketAddr>,
     timeout: Duration,
     linger: Duration,
     /// What this worker holds and serves.
@@ -180,6 +207,7 @@ impl Fleet {
             me: me.to_owned(),
             group,
             token,
+            serves_at: OnceLock::new(),
             timeout: options.peer_timeout,
             linger: options.peer_linger,
             catalog: Catalog::default(),
@@ -269,9 +297,7 @@ impl Fleet {
         };
         self.metrics.peer_wait_request();
         let asked = self
-            .http
-            .post(format!("http://{addr}{WAIT_PATH}"))
-            .bearer_auth(&self.token)
+            .request(reqwest::Method::POST, addr, WAIT_PATH)
             .json(request)
             .timeout(Duration::from_secs(WAIT_SECONDS) + self.timeout)
             .send()
@@ -287,13 +313,9 @@ impl Fleet {
                 return Asked::Dropped;
             }
         };
-        match response.status().as_u16() {
-            200 => {}
-            status => {
-                let failure = if status == 401 { PeerFailure::Refused } else { PeerFailure::Unreachable };
-                self.drop_peer(peer, failure, &format!("it answered {status}"));
-                return Asked::Dropped;
-            }
+        if let Err((failure, why)) = answered_ok(&response) {
+            self.drop_peer(peer, failure, &why);
+            return Asked::Dropped;
         }
         let answer = match response.json::<WaitAnswer>().await {
             Ok(answer) => answer,
@@ -304,7 +326,7 @@ impl Fleet {
         };
         // An object settled is progress; otherwise its bytes must grow.
         let progress = if answer.settles_any() { None } else { Some(answer.state.bytes_done) };
-        self.answered_at(peer, addr);
+        self.seen(peer, addr);
         if !self.heard_from(peer, progress) {
             self.drop_peer(peer, PeerFailure::Stalled, "it made no progress");
             return Asked::Dropped;
@@ -408,16 +430,39 @@ impl Fleet {
         now.duration_since(entry.progressed) <= self.timeout
     }
 
-    /// Notes that `peer` answered at `addr`.
-    fn answered_at(&self, peer: &str, addr: SocketAddr) {
+    /// Notes that `peer` was running and serving at `addr`: it answered
+    /// this worker there, or asked this worker something from there.
+    fn seen(&self, peer: &str, addr: SocketAddr) {
         let mut health = self.health.lock().expect("health lock poisoned");
-        health.entry(peer.to_owned()).or_insert_with(PeerHealth::new).answered_at = Some(addr);
+        health.entry(peer.to_owned()).or_insert_with(PeerHealth::new).seen_at = Some(addr);
     }
 
-    /// Whether `peer` answered during the run at `addr`, where it is now.
-    fn answered_there(&self, peer: &str, addr: Option<SocketAddr>) -> bool {
+    /// A request from `asker` reached this worker's peer port.
+    fn asked_by(&self, asker: &Speaker) {
+        if let Some(addr) = asker.serves_at
+            && asker.name != self.me
+        {
+            self.seen(&asker.name, addr);
+        }
+    }
+
+    /// Whether `peer` was seen running during the run at `addr`, where it is now.
+    fn seen_there(&self, peer: &str, addr: Option<SocketAddr>) -> bool {
         let health = self.health.lock().expect("health lock poisoned");
-        addr.is_some() && health.get(peer).is_some_and(|h| h.answered_at == addr)
+        addr.is_some() && health.get(peer).is_some_and(|h| h.seen_at == addr)
+    }
+
+    /// How this worker names itself on the wire.
+    fn speaker(&self) -> Speaker {
+        Speaker::new(&self.me, self.serves_at.get().copied())
+    }
+
+    /// A request to the peer at `addr`, with the secret and this worker's name.
+    fn request(&self, method: reqwest::Method, addr: SocketAddr, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("http://{addr}{path}"))
+            .bearer_auth(&self.token)
+            .header(SPEAKER_HEADER, self.speaker().to_string())
     }
 
     /// Whether `peer` made progress within the timeout (without counting
@@ -453,9 +498,7 @@ impl Fleet {
         range: Option<&std::ops::Range<u64>>,
     ) -> Result<reqwest::Response, String> {
         let mut request = self
-            .http
-            .get(format!("http://{addr}{OBJECT_PATH}"))
-            .bearer_auth(&self.token)
+            .request(reqwest::Method::GET, addr, OBJECT_PATH)
             .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() })
             .timeout(self.timeout.max(Duration::from_secs(1)) * 4);
         if let Some(range) = range {
@@ -547,7 +590,7 @@ impl Fleet {
                     // One that answered during the run at this address is
                     // known to have been there: a closed port now means it
                     // exited, not that it has yet to start.
-                    waiting.insert(peer.clone(), (Instant::now(), self.answered_there(peer, addr)));
+                    waiting.insert(peer.clone(), (Instant::now(), self.seen_there(peer, addr)));
                 }
             }
             waiting.retain(|peer, _| !self.has_exited(peer));
@@ -564,10 +607,12 @@ impl Fleet {
                 match heard {
                     Heard::State(state) if state.complete => done.push(peer.clone()),
                     Heard::State(_) => (*last_seen, *answered) = (Instant::now(), true),
-                    // It answered before and its port is closed now: it
-                    // exited (done, or killed and replaced by a new pod with
-                    // a new address); nobody is there to serve.
-                    Heard::Closed if *answered => done.push(peer.clone()),
+                    // It was running there before (it answered, or asked
+                    // this worker something, perhaps since the last poll)
+                    // and its port is closed now: it exited (done, or
+                    // killed and replaced by a new pod with a new address);
+                    // nobody is there to serve.
+                    Heard::Closed if *answered || self.seen_there(peer, addr) => done.push(peer.clone()),
                     Heard::Closed | Heard::Nothing if last_seen.elapsed() > self.timeout => {
                         tracing::info!(%peer, "no longer waiting for a peer that does not answer");
                         done.push(peer.clone());
@@ -590,13 +635,7 @@ impl Fleet {
     }
 
     async fn peer_state(&self, addr: SocketAddr) -> Heard {
-        let sent = self
-            .http
-            .get(format!("http://{addr}{STATE_PATH}"))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
+        let sent = self.request(reqwest::Method::GET, addr, STATE_PATH).timeout(Duration::from_secs(2)).send().await;
         let response = match sent {
             Ok(response) if response.status().is_success() => response,
             Err(error) if error.is_connect() => return Heard::Closed,

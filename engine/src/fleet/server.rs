@@ -16,7 +16,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, STATE_PATH, WAIT_MAX_OBJECTS, WAIT_PATH, WAIT_SECONDS, WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_MAX_OBJECTS, WAIT_PATH, WAIT_SECONDS,
+    WaitRequest,
 };
 use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
@@ -40,6 +41,9 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    // Named on every request this worker sends from now on: a peer that
+    // hears from it knows where it serves.
+    let _ = fleet.serves_at.set(bound);
     let app = axum::Router::new()
         .route(STATE_PATH, axum::routing::get(state))
         .route(WAIT_PATH, axum::routing::post(wait))
@@ -54,7 +58,8 @@ pub async fn serve(
     Ok(bound)
 }
 
-/// Lets through only requests that carry the dataset's secret.
+/// Lets through only requests that carry the dataset's secret and speak
+/// this protocol version, and notes who asked (see [`Speaker`]).
 async fn authorized(
     State(fleet): State<Arc<Fleet>>,
     request: axum::extract::Request,
@@ -65,12 +70,29 @@ async fn authorized(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if presented.is_some_and(|token| same_secret(token.as_bytes(), fleet.token.as_bytes())) {
-        next.run(request).await
-    } else {
+    if !presented.is_some_and(|token| same_secret(token.as_bytes(), fleet.token.as_bytes())) {
         fleet.refused();
-        (StatusCode::UNAUTHORIZED, "this port serves only the workers of one DataStage\n").into_response()
+        return (StatusCode::UNAUTHORIZED, "this port serves only the workers of one DataStage\n").into_response();
     }
+    let asker = request.headers().get(SPEAKER_HEADER).and_then(|v| v.to_str().ok()?.parse::<Speaker>().ok());
+    let mut response = match asker {
+        Some(asker) if asker.compatible() => {
+            fleet.asked_by(&asker);
+            next.run(request).await
+        }
+        other => {
+            let theirs =
+                other.map_or_else(|| "none (a release before versions)".to_owned(), |s| format!("v{}", s.protocol));
+            let why = format!(
+                "this worker speaks peer protocol v{PROTOCOL}, the asker {theirs}: the workers of one DataStage must run one Ferry release\n"
+            );
+            (StatusCode::BAD_REQUEST, why).into_response()
+        }
+    };
+    if let Ok(me) = fleet.speaker().to_string().parse() {
+        response.headers_mut().insert(SPEAKER_HEADER, me);
+    }
+    response
 }
 
 /// Compares secrets in time that does not depend on where they differ.

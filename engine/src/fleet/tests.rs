@@ -260,6 +260,51 @@ async fn a_peer_that_answered_and_then_exited_is_not_waited_for() {
     assert_staged(dir_b.path(), &objects);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_only_asked_and_then_exited_is_not_waited_for() {
+    // Every object is node-a's: node-a never asks node-b anything, and
+    // node-b never answers node-a. Only node-b's requests show node-a that
+    // node-b was running (what most workers of a fleet with a few large
+    // objects are: they own nothing).
+    let pair = ["node-a", "node-b"];
+    let group = ferry_contract::PeerGroup::new(pair);
+    let store = Arc::new(MemoryStore::default());
+    let mut objects = BTreeMap::new();
+    for i in (0..40u32).filter(|i| group.owner(&format!("k{i}")) == Some("node-a")).take(6) {
+        let data = vec![i as u8; 1000 + i as usize];
+        store.insert(&format!("p/k{i}"), data.clone());
+        objects.insert(format!("k{i}"), data);
+    }
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (engine_a, fleet_a) = worker(&store, "node-a", &pair, &directory).await;
+    let (stop_b, stopped_b) = tokio::sync::oneshot::channel::<()>();
+    let (engine_b, _fleet_b) = worker_until(&store, "node-b", &pair, &directory, async {
+        stopped_b.await.ok();
+    })
+    .await;
+    let addr_b = directory.borrow()["node-b"];
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.complete && b.complete, "{a:?} {b:?}");
+    assert_eq!(b.peers.objects_from_peers, objects.len() as u64, "{:?}", b.peers);
+    assert_staged(dir_b.path(), &objects);
+
+    // node-b exits before node-a starts to linger.
+    stop_b.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while tokio::net::TcpStream::connect(addr_b).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("node-b's port closes");
+    let lingering = std::time::Instant::now();
+    fleet_a.linger().await;
+    let lingered = lingering.elapsed();
+    assert!(lingered < Duration::from_secs(5), "lingered {lingered:?}, not the 10 s timeout, for a peer that exited");
+}
+
 #[tokio::test]
 async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
     let (store, objects) = dataset();
@@ -366,7 +411,7 @@ async fn a_worker_whose_catalog_went_to_disk_serves_a_node_that_joins_later() {
 }
 
 #[tokio::test]
-async fn the_peer_port_refuses_requests_without_the_secret() {
+async fn the_peer_port_refuses_requests_without_the_secret_or_in_another_protocol() {
     let (store, _) = dataset();
     let directory = watch::Sender::new(BTreeMap::new());
     let (_engine, fleet) = worker(&store, "node-a", &["node-a"], &directory).await;
@@ -382,12 +427,36 @@ async fn the_peer_port_refuses_requests_without_the_secret() {
         }
         assert_eq!(request.send().await.unwrap().status(), 401, "{token:?}");
     }
-    let response = client.post(&url).json(&asked).bearer_auth(TOKEN).send().await.unwrap();
+    // The secret, but no speaker (a release before versions) or another
+    // version: refused with both versions named, and the server's own.
+    let next = wire::Speaker { protocol: wire::PROTOCOL + 1, name: "node-b".into(), serves_at: None };
+    for (speaker, theirs) in [(None, "none".to_owned()), (Some(next.to_string()), format!("v{}", wire::PROTOCOL + 1))] {
+        let mut request = client.post(&url).json(&asked).bearer_auth(TOKEN);
+        if let Some(speaker) = &speaker {
+            request = request.header(wire::SPEAKER_HEADER, speaker);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 400, "{speaker:?}");
+        let server: wire::Speaker = response.headers()[wire::SPEAKER_HEADER].to_str().unwrap().parse().unwrap();
+        assert_eq!(server, wire::Speaker::new("node-a", Some(addr)));
+        let why = response.text().await.unwrap();
+        assert!(why.contains(&format!("peer protocol v{}, the asker {theirs}", wire::PROTOCOL)), "{why}");
+    }
+    let speaker = wire::Speaker::new("node-b", None).to_string();
+    let response =
+        client.post(&url).json(&asked).bearer_auth(TOKEN).header(wire::SPEAKER_HEADER, &speaker).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.json::<wire::WaitAnswer>().await.unwrap().held, vec![0]);
     // A request over the limit is refused, not served.
     let too_many = wire::WaitRequest { objects: vec![asked.objects[0].clone(); wire::WAIT_MAX_OBJECTS + 1] };
-    let response = client.post(&url).json(&too_many).bearer_auth(TOKEN).send().await.unwrap();
+    let response = client
+        .post(&url)
+        .json(&too_many)
+        .bearer_auth(TOKEN)
+        .header(wire::SPEAKER_HEADER, &speaker)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 413);
 }
 
