@@ -12,6 +12,7 @@ and checks that every node ends byte-identical to the source.
 
     bench/run --fleet [--sizes 1,2,4,8] [--reps 3] [--report docs/benchmarks.md]
     bench/run --fleet --smoke
+    bench/run --fleet --objects 4 --object-size 64 --sizes 1,2,4,8,16 --peers-only   # the model shape
 """
 
 import argparse
@@ -179,6 +180,8 @@ def main():
     parser.add_argument("--store", type=float, default=48,
                         help="the store's total, MiB/s, shared by every node (default 48)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 1 and 2 nodes, a few MiB, once")
+    parser.add_argument("--peers-only", action="store_true",
+                        help="Direct only at the smallest N (the denominator), PeerToPeer at every N")
     parser.add_argument("--out", default="bench/results/fleet")
     parser.add_argument("--report", help="append the Markdown table to this file's Fleet section")
     args = parser.parse_args()
@@ -207,7 +210,8 @@ def main():
         results = {}
         for rep in range(args.reps):
             for n in sizes:
-                for fanout in ["Direct", "PeerToPeer"]:
+                fanouts = ["PeerToPeer"] if args.peers_only and n != sizes[0] else ["Direct", "PeerToPeer"]
+                for fanout in fanouts:
                     wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
@@ -242,10 +246,11 @@ def report(results, sizes, args, dataset_bytes):
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sizes:
-        direct, p2p = results[(n, "Direct")], results[(n, "PeerToPeer")]
+        direct, p2p = results.get((n, "Direct"), []), results[(n, "PeerToPeer")]
         med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+        direct_cells = f"{med(direct, 'egress'):.2f}× | {med(direct, 'wall') / one_node:.2f}×" if direct else "— | —"
         lines.append(
-            f"| {n} | {med(direct, 'egress'):.2f}× | {med(direct, 'wall') / one_node:.2f}× "
+            f"| {n} | {direct_cells} "
             f"| {med(p2p, 'egress'):.2f}× | {med(p2p, 'wall') / one_node:.2f}× | {med(p2p, 'wall'):.1f} "
             f"| {med(p2p, 'cpu'):.1f} "
             f"| {max(r['rss'] for r in direct + p2p) / MIB:.0f} |")

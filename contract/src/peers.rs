@@ -235,7 +235,10 @@ pub mod wire {
     pub const WAIT_PATH: &str = "/v1/wait";
     /// `GET ?key=K&etag=E` with an optional `Range: bytes=A-B`: the bytes
     /// of version `E` of `K` (200 or 206), or 404 when the worker does not
-    /// hold that version.
+    /// hold that version. Of an object it is fetching now
+    /// ([`WaitAnswer::landing`]), the answer comes once the range asked for
+    /// is written, or 404 when it is not within the asker's `--peer-timeout`
+    /// (the worker's own, which the workers of one DataStage share).
     pub const OBJECT_PATH: &str = "/v1/object";
     /// The longest a wait request is held before it is answered with
     /// nothing ready.
@@ -253,7 +256,9 @@ pub mod wire {
         /// Its run ended, complete or not: what it does not hold now it
         /// never will.
         pub finished: bool,
-        /// Bytes it has in place; rises while it makes progress.
+        /// Bytes it has written in this run: objects in place and ranges
+        /// of objects being fetched. Rises while it makes progress; a
+        /// measure of progress, not of what it holds.
         pub bytes_done: u64,
     }
 
@@ -274,6 +279,12 @@ pub mod wire {
         /// from this worker.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub held: Vec<u32>,
+        /// Being fetched now, at the version asked for: read them from this
+        /// worker, range by range as they land (a range not written yet is
+        /// answered when it is). Verified against the store's checksum for
+        /// the whole object by the reader, as every peer's bytes are.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub landing: Vec<u32>,
         /// Never held in this run (it finished without them, or holds
         /// another version): read them from the store.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -285,7 +296,7 @@ pub mod wire {
     impl WaitAnswer {
         /// Whether anything asked about is settled.
         pub fn settles_any(&self) -> bool {
-            !self.held.is_empty() || !self.never.is_empty()
+            !self.held.is_empty() || !self.landing.is_empty() || !self.never.is_empty()
         }
     }
 
@@ -359,11 +370,16 @@ mod tests {
         assert_eq!(serde_json::from_str::<wire::WaitRequest>(&json).unwrap(), request);
 
         let state = wire::PeerState { complete: false, finished: false, bytes_done: 7 };
-        let answer = wire::WaitAnswer { held: vec![1], never: vec![0], state };
+        let answer = wire::WaitAnswer { held: vec![1], landing: vec![2], never: vec![0], state };
         let json = serde_json::to_string(&answer).unwrap();
-        assert_eq!(json, r#"{"held":[1],"never":[0],"state":{"complete":false,"finished":false,"bytesDone":7}}"#);
+        assert_eq!(
+            json,
+            r#"{"held":[1],"landing":[2],"never":[0],"state":{"complete":false,"finished":false,"bytesDone":7}}"#
+        );
         assert_eq!(serde_json::from_str::<wire::WaitAnswer>(&json).unwrap(), answer);
         assert!(answer.settles_any());
+        let only_landing = wire::WaitAnswer { landing: vec![0], state, ..wire::WaitAnswer::default() };
+        assert!(only_landing.settles_any(), "an object landing is read from the peer now");
 
         // Nothing settled: only the state goes over the wire.
         let waiting = wire::WaitAnswer { state, ..wire::WaitAnswer::default() };

@@ -3,8 +3,14 @@
 //!
 //! Only a pull's commit puts an object here (after verification and the
 //! rename into place) or the pull's finding that an earlier run's file is
-//! still the listed version; a partial or unverified file is never served.
-//! Waiters (a peer's long poll) are woken on every change.
+//! still the listed version. Besides, an object fetched in ranges is
+//! *landing* ([`Catalog::landing`]) from its first byte until it is
+//! committed or abandoned: peers read the ranges already written from the
+//! file being written, so a large object flows through the fleet while it
+//! is still arriving. Such bytes are not verified yet, and nor are any
+//! peer's to its reader: every reader checks the whole object against the
+//! store's checksum before its own rename. Waiters (a peer's long poll, a
+//! range not written yet) are woken on every change.
 //!
 //! Memory does not grow with the object count: past [`MEMORY`] bytes of
 //! entries, those with the smallest keys go to disk in key order
@@ -14,11 +20,12 @@
 //! still in memory; a peer that lags behind is answered from disk, one
 //! block read per lookup.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_contract::peers::wire::{ObjectQuery, PeerState, WaitAnswer};
@@ -42,11 +49,75 @@ pub struct Held {
     pub size: u64,
 }
 
+/// An object a worker is fetching in ranges now.
+#[derive(Clone, Debug)]
+pub struct Landing {
+    /// The file being written (a temporary or partial file, renamed into
+    /// place once verified: the handle reads the same bytes either way).
+    pub file: Arc<File>,
+    /// The object's size.
+    pub size: u64,
+    /// Ranges written so far, start → end, merged and not overlapping.
+    written: BTreeMap<u64, u64>,
+}
+
+impl Landing {
+    /// Whether `start..end` is written.
+    pub fn covers(&self, start: u64, end: u64) -> bool {
+        start >= end || self.written.range(..=start).next_back().is_some_and(|(_, written_end)| *written_end >= end)
+    }
+
+    /// Where the written bytes from `offset` on end (`offset` itself when
+    /// the byte there is not written yet).
+    pub fn written_until(&self, offset: u64) -> u64 {
+        match self.written.range(..=offset).next_back() {
+            Some((_, end)) if *end > offset => *end,
+            _ => offset,
+        }
+    }
+
+    /// Adds `start..end` to what is written, merging neighbours.
+    fn add(&mut self, mut start: u64, mut end: u64) {
+        if let Some((&before, &before_end)) = self.written.range(..=start).next_back()
+            && before_end >= start
+        {
+            start = before;
+            end = end.max(before_end);
+        }
+        while let Some((&next, &next_end)) = self.written.range(start..).next()
+            && next <= end
+        {
+            self.written.remove(&next);
+            end = end.max(next_end);
+        }
+        self.written.insert(start, end);
+    }
+}
+
+impl PartialEq for Landing {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.file, &other.file) && self.size == other.size && self.written == other.written
+    }
+}
+
+impl Eq for Landing {}
+
+/// An object landing, by key.
+#[derive(Debug)]
+struct LandingEntry {
+    /// Which landing (an object retried after a mismatch lands anew).
+    id: u64,
+    etag: String,
+    landing: Landing,
+}
+
 /// Whether a worker holds a version of an object, will, or will not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Holding {
     /// In place, verified.
     Held(Held),
+    /// Being fetched in ranges; what is written can be read.
+    Landing(Landing),
     /// Not yet; the run goes on.
     NotYet,
     /// Never in this run: it ended, or it holds another version.
@@ -57,6 +128,9 @@ pub enum Holding {
 #[derive(Debug)]
 pub struct Catalog {
     entries: Mutex<Entries>,
+    /// Objects being fetched in ranges: at most the objects in flight.
+    landing: Mutex<HashMap<String, LandingEntry>>,
+    next_landing: AtomicU64,
     bytes_done: AtomicU64,
     finished: AtomicBool,
     complete: AtomicBool,
@@ -67,6 +141,8 @@ impl Default for Catalog {
     fn default() -> Self {
         Self {
             entries: Mutex::new(Entries::new(MEMORY)),
+            landing: Mutex::default(),
+            next_landing: AtomicU64::new(0),
             bytes_done: AtomicU64::new(0),
             finished: AtomicBool::new(false),
             complete: AtomicBool::new(false),
@@ -117,6 +193,56 @@ impl Catalog {
         self.entries.lock().expect("catalog lock poisoned")
     }
 
+    fn lock_landing(&self) -> std::sync::MutexGuard<'_, HashMap<String, LandingEntry>> {
+        self.landing.lock().expect("landing lock poisoned")
+    }
+
+    /// Records that version `etag` of `key` (`size` bytes) is being written
+    /// to `file`, with the `written` ranges already there (an earlier run's,
+    /// resumed). Returns the landing's id, for [`Catalog::landed`] and
+    /// [`Catalog::unland`].
+    pub fn landing(&self, key: &str, etag: &str, size: u64, file: Arc<File>, written: &[(u64, u64)]) -> u64 {
+        let id = self.next_landing.fetch_add(1, Relaxed);
+        let mut landing = Landing { file, size, written: BTreeMap::new() };
+        for (start, end) in written {
+            landing.add(*start, *end);
+        }
+        self.lock_landing().insert(key.to_owned(), LandingEntry { id, etag: etag.to_owned(), landing });
+        self.changed.send_modify(|n| *n += 1);
+        id
+    }
+
+    /// Bytes `start..end` of landing `id` of `key` are written.
+    pub fn landed(&self, key: &str, id: u64, start: u64, end: u64) {
+        if let Some(entry) = self.lock_landing().get_mut(key).filter(|entry| entry.id == id) {
+            entry.landing.add(start, end);
+        }
+        self.bytes_done.fetch_add(end.saturating_sub(start), Relaxed);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Landing `id` of `key` ended: committed (then [`Catalog::hold`] came
+    /// first) or abandoned.
+    pub fn unland(&self, key: &str, id: u64) {
+        let mut landing = self.lock_landing();
+        if landing.get(key).is_some_and(|entry| entry.id == id) {
+            landing.remove(key);
+        }
+        drop(landing);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Waits for changes: a subscription wakes on every hold, landed range
+    /// and end of a run.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The landing of version `etag` of `key`, if it is landing.
+    fn landing_of(landing: &HashMap<String, LandingEntry>, key: &str, etag: &str) -> Option<Landing> {
+        landing.get(key).filter(|entry| entry.etag == etag).map(|entry| entry.landing.clone())
+    }
+
     /// Records that the run ended: `complete` when every object is in place.
     pub fn finish(&self, complete: bool) {
         self.complete.store(complete, Relaxed);
@@ -138,13 +264,24 @@ impl Catalog {
         // Read before the lookup: a run that had finished then committed
         // everything it ever will, so a miss is final.
         let finished = self.finished.load(Relaxed);
-        Self::judge(key, etag, self.lock().get(key), finished)
+        let found = self.lock().get(key);
+        let landing = Self::landing_of(&self.lock_landing(), key, etag);
+        Self::judge(key, etag, found, landing, finished)
     }
 
     /// What a lookup of `key` says about version `etag`.
-    fn judge(key: &str, etag: &str, found: std::io::Result<Option<Held>>, finished: bool) -> Holding {
+    fn judge(
+        key: &str,
+        etag: &str,
+        found: std::io::Result<Option<Held>>,
+        landing: Option<Landing>,
+        finished: bool,
+    ) -> Holding {
         match found {
             Ok(Some(held)) if held.etag == etag => Holding::Held(held),
+            // Landing anew: the version in place (an earlier run's) is
+            // being replaced by the one asked for.
+            _ if landing.is_some() => Holding::Landing(landing.expect("just checked")),
             // Another version: this worker listed the store at another
             // moment; the asker reads the store.
             Ok(Some(_)) => Holding::Never,
@@ -163,9 +300,12 @@ impl Catalog {
         let finished = self.finished.load(Relaxed);
         let mut answer = WaitAnswer { state: self.state(), ..WaitAnswer::default() };
         let entries = self.lock();
+        let landing = self.lock_landing();
         for (index, object) in (0u32..).zip(objects) {
-            match Self::judge(&object.key, &object.etag, entries.get(&object.key), finished) {
+            let landing = Self::landing_of(&landing, &object.key, &object.etag);
+            match Self::judge(&object.key, &object.etag, entries.get(&object.key), landing, finished) {
                 Holding::Held(_) => answer.held.push(index),
+                Holding::Landing(_) => answer.landing.push(index),
                 Holding::Never => answer.never.push(index),
                 Holding::NotYet => {}
             }

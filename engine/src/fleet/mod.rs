@@ -269,11 +269,14 @@ impl Fleet {
                 Asked::Answer(answer) => {
                     let object = |index: &u32| request.objects.get(*index as usize);
                     // Recorded before any waiter is told, under one lock.
+                    // Objects landing are read from the peer as they land.
+                    let from_peer: Vec<&ObjectQuery> =
+                        answer.held.iter().chain(&answer.landing).filter_map(object).collect();
                     self.ready
                         .lock()
                         .expect("ready lock poisoned")
-                        .extend(answer.held.iter().filter_map(object).map(|held| (held.key.clone(), peer.clone())));
-                    for held in answer.held.iter().filter_map(object) {
+                        .extend(from_peer.iter().map(|held| (held.key.clone(), peer.clone())));
+                    for held in from_peer {
                         self.waits.settle(&peer, &held.key, true);
                     }
                     for never in answer.never.iter().filter_map(object) {
@@ -511,6 +514,22 @@ impl Fleet {
         }
     }
 
+    /// Serves the ranges of version `etag` of `key` (`size` bytes) to peers
+    /// as they are written to `file`, from now until the returned guard is
+    /// dropped (after the object is committed and [`Catalog::hold`] knows
+    /// it, or when it is abandoned). `written`: ranges already there.
+    pub fn landing(
+        self: &Arc<Self>,
+        key: &str,
+        etag: &str,
+        size: u64,
+        file: Arc<std::fs::File>,
+        written: &[(u64, u64)],
+    ) -> LandingGuard {
+        let id = self.catalog.landing(key, etag, size, file, written);
+        LandingGuard { fleet: Arc::clone(self), key: key.to_owned(), id }
+    }
+
     /// Records that this worker's run ended: `complete` when it holds the
     /// whole dataset.
     pub fn finish(&self, complete: bool) {
@@ -642,5 +661,27 @@ impl Fleet {
             _ => return Heard::Nothing,
         };
         response.json().await.map_or(Heard::Nothing, Heard::State)
+    }
+}
+
+/// An object this worker is fetching in ranges, served to peers as it lands
+/// ([`Fleet::landing`]); no longer once dropped.
+#[derive(Debug)]
+pub struct LandingGuard {
+    fleet: Arc<Fleet>,
+    key: String,
+    id: u64,
+}
+
+impl LandingGuard {
+    /// Bytes `start..end` are written.
+    pub fn written(&self, start: u64, end: u64) {
+        self.fleet.catalog.landed(&self.key, self.id, start, end);
+    }
+}
+
+impl Drop for LandingGuard {
+    fn drop(&mut self) {
+        self.fleet.catalog.unland(&self.key, self.id);
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Every request must carry the dataset's shared secret; anything else is
 //! answered 401 before a path is looked at, so a pod outside the dataset
-//! learns nothing, not even which keys exist. Only files the catalog holds
-//! (verified and renamed into place) are served, at the version asked for.
+//! learns nothing, not even which keys exist. Only objects the catalog
+//! holds (verified and renamed into place) or has landing (the ranges
+//! written so far) are served, at the version asked for.
 //! Served bytes are paced by `--peer-serve-bandwidth`.
 
 use std::net::SocketAddr;
@@ -20,7 +21,7 @@ use ferry_contract::peers::wire::{
     WaitRequest,
 };
 use futures::StreamExt as _;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+use std::os::unix::fs::FileExt as _;
 
 use super::Fleet;
 use super::catalog::Holding;
@@ -114,37 +115,34 @@ async fn wait(State(fleet): State<Arc<Fleet>>, axum::Json(request): axum::Json<W
 }
 
 async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery>, headers: HeaderMap) -> Response {
-    let Holding::Held(held) = fleet.catalog.holding(&query.key, &query.etag) else {
-        return StatusCode::NOT_FOUND.into_response();
+    // Of an object landing, what is not written yet is sent as it is: the
+    // body follows the writer (see `Following`).
+    let (file, size, landing) = match fleet.catalog.holding(&query.key, &query.etag) {
+        Holding::Held(held) => match tokio::task::spawn_blocking(move || std::fs::File::open(held.path)).await {
+            Ok(Ok(file)) => (Arc::new(file), held.size, false),
+            // Removed or replaced since: the asker reads the store.
+            _ => return StatusCode::NOT_FOUND.into_response(),
+        },
+        Holding::Landing(landing) => (Arc::clone(&landing.file), landing.size, true),
+        // Asked for only once held or landing: a landing abandoned since
+        // (its bytes did not match), or an earlier run's file replaced.
+        Holding::NotYet | Holding::Never => return StatusCode::NOT_FOUND.into_response(),
     };
-    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(|v| parse_range(v, held.size))) {
+    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(|v| parse_range(v, size))) {
         None => None,
         Some(Some(range)) => Some(range),
         Some(None) => return StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
     };
-    let (start, end) = range.unwrap_or((0, held.size));
-    let mut file = match tokio::fs::File::open(&held.path).await {
-        Ok(file) => file,
-        // Removed or replaced since: the asker reads the store.
-        Err(_) => return StatusCode::NOT_FOUND.into_response(),
-    };
-    if file.seek(std::io::SeekFrom::Start(start)).await.is_err() {
-        return StatusCode::NOT_FOUND.into_response();
-    }
-    let remaining = end - start;
-    let body = futures::stream::unfold((file, remaining, fleet), |(mut file, remaining, fleet)| async move {
-        if remaining == 0 {
-            return None;
-        }
-        let mut chunk = vec![0; CHUNK.min(remaining as usize)];
-        match file.read(&mut chunk).await {
-            Ok(0) => Some((Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)), (file, 0, fleet))),
-            Ok(n) => {
-                chunk.truncate(n);
-                fleet.serving(n as u64).await;
-                Some((Ok(bytes::Bytes::from(chunk)), (file, remaining - n as u64, fleet)))
+    let (start, end) = range.unwrap_or((0, size));
+    let following = Following { fleet, query, file, landing, offset: start, end, changes: None };
+    let body = futures::stream::unfold(following, |mut following| async move {
+        match following.next_chunk().await {
+            Ok(None) => None,
+            Ok(Some(chunk)) => Some((Ok(chunk), following)),
+            Err(error) => {
+                following.offset = following.end;
+                Some((Err(error), following))
             }
-            Err(error) => Some((Err(error), (file, 0, fleet))),
         }
     })
     .boxed();
@@ -152,16 +150,78 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_LENGTH, remaining.into());
-    if let Ok(etag) = format!("\"{}\"", held.etag).parse() {
-        headers.insert(header::ETAG, etag);
-    }
+    headers.insert(header::CONTENT_LENGTH, (end - start).into());
     if range.is_some()
-        && let Ok(value) = format!("bytes {start}-{}/{}", end.saturating_sub(1), held.size).parse()
+        && let Ok(value) = format!("bytes {start}-{}/{size}", end.saturating_sub(1)).parse()
     {
         headers.insert(header::CONTENT_RANGE, value);
     }
     response
+}
+
+/// The body of an object response: `offset..end` of `file`, a chunk at a
+/// time. Of an object landing, each chunk is sent once written: the stream
+/// waits for the writer, up to the peer timeout per chunk, and ends with an
+/// error if the landing is abandoned (the asker then reads the store). Once
+/// the object is committed, the rest is read from the same file, renamed.
+struct Following {
+    fleet: Arc<Fleet>,
+    query: ObjectQuery,
+    file: Arc<std::fs::File>,
+    /// Still landing when last looked at.
+    landing: bool,
+    offset: u64,
+    end: u64,
+    changes: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+impl Following {
+    async fn next_chunk(&mut self) -> std::io::Result<Option<bytes::Bytes>> {
+        if self.offset >= self.end {
+            return Ok(None);
+        }
+        let readable_until = loop {
+            if !self.landing {
+                break self.end;
+            }
+            // Subscribed before looking, so no write is missed.
+            let changes = self.changes.get_or_insert_with(|| self.fleet.catalog.changes());
+            changes.borrow_and_update();
+            match self.fleet.catalog.holding(&self.query.key, &self.query.etag) {
+                Holding::Held(_) => self.landing = false,
+                Holding::Landing(landing) if Arc::ptr_eq(&landing.file, &self.file) => {
+                    let until = landing.written_until(self.offset).min(self.end);
+                    if until > self.offset {
+                        break until;
+                    }
+                    let patience = self.fleet.timeout;
+                    if !matches!(tokio::time::timeout(patience, changes.changed()).await, Ok(Ok(()))) {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the object being fetched made no progress",
+                        ));
+                    }
+                }
+                _ => return Err(std::io::Error::other("the object being fetched was abandoned")),
+            }
+        };
+        let len = CHUNK.min((readable_until - self.offset) as usize);
+        let (file, offset) = (Arc::clone(&self.file), self.offset);
+        let chunk = tokio::task::spawn_blocking(move || {
+            let mut chunk = vec![0; len];
+            let n = file.read_at(&mut chunk, offset)?;
+            chunk.truncate(n);
+            Ok::<_, std::io::Error>(chunk)
+        })
+        .await
+        .unwrap_or_else(|joined| Err(std::io::Error::other(joined)))?;
+        if chunk.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.offset += chunk.len() as u64;
+        self.fleet.serving(chunk.len() as u64).await;
+        Ok(Some(bytes::Bytes::from(chunk)))
+    }
 }
 
 /// `bytes=A-B` (inclusive) as a half-open range within `size`.

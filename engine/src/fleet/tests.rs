@@ -305,6 +305,115 @@ async fn a_peer_that_only_asked_and_then_exited_is_not_waited_for() {
     assert!(lingered < Duration::from_secs(5), "lingered {lingered:?}, not the 10 s timeout, for a peer that exited");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_object_flows_to_peers_range_by_range_while_its_owner_still_fetches_it() {
+    // One object of 24 ranges, node-a's, from a store that takes 150 ms
+    // per request: node-a fetches it in six rounds of four ranges.
+    let pair = ["node-a", "node-b"];
+    let group = ferry_contract::PeerGroup::new(pair);
+    let rel = (0..).map(|i| format!("model-{i}.safetensors")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let key = format!("p/{rel}");
+    let data: Vec<u8> = (0..24u32 << 20).map(|b| (b.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let store = Arc::new(MemoryStore::default());
+    store.insert(&key, data.clone());
+    let etag = crate::store::ObjectStore::head(&*store, &key).await.unwrap().0.etag.unwrap();
+    store.delay_gets(Duration::from_millis(150));
+    let objects = BTreeMap::from([(rel, data.clone())]);
+
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (engine_a, fleet_a) = worker(&store, "node-a", &pair, &directory).await;
+    let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
+    // Whether node-b had bytes of the object from node-a while node-a was
+    // still fetching it, sampled.
+    let overlapped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampling = tokio::spawn({
+        let (fleet_a, fleet_b, overlapped, key) =
+            (Arc::clone(&fleet_a), Arc::clone(&fleet_b), overlapped.clone(), key.clone());
+        async move {
+            loop {
+                let landing = matches!(fleet_a.catalog.holding(&key, &etag), super::catalog::Holding::Landing(_));
+                if landing && fleet_b.counts().bytes_from_peers > 0 {
+                    overlapped.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
+    sampling.abort();
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.complete && b.complete, "{a:?} {b:?}");
+    assert_staged(dir_a.path(), &objects);
+    assert_staged(dir_b.path(), &objects);
+    assert_eq!(b.peers.peer_failures, 0, "{:?}", b.peers);
+    assert_eq!(b.peers.bytes_from_peers, data.len() as u64, "node-b read it all from node-a: {:?}", b.peers);
+    assert_eq!(store.calls().get_bytes, data.len() as u64, "the store sent it once");
+    assert!(
+        overlapped.load(std::sync::atomic::Ordering::Relaxed),
+        "node-b received no range before node-a had the whole object"
+    );
+}
+
+/// Reads `range` of version `e1` of `p/big` from the peer port at `addr`.
+async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::StatusCode, reqwest::Result<bytes::Bytes>) {
+    let query = wire::ObjectQuery { key: "p/big".into(), etag: "e1".into() };
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{addr}{}", wire::OBJECT_PATH))
+        .query(&query)
+        .bearer_auth(TOKEN)
+        .header(wire::SPEAKER_HEADER, wire::Speaker::new("node-b", None).to_string())
+        .header(reqwest::header::RANGE, range)
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.bytes().await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_streams_a_landing_object_as_it_is_written_and_breaks_off_if_it_is_abandoned() {
+    let (store, _) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (_engine, fleet) = worker(&store, "node-a", &["node-a"], &directory).await;
+    let addr = directory.borrow()["node-a"];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("landing");
+    let bytes: Vec<u8> = (0..300u32).map(|b| b as u8).collect();
+    std::fs::write(&path, &bytes[..100]).unwrap();
+    let file = Arc::new(std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
+    let guard = fleet.landing("p/big", "e1", 300, Arc::clone(&file), &[(0, 100)]);
+
+    let (status, body) = read_landing(addr, "bytes=10-99").await;
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[10..100].to_vec().into()));
+    assert_eq!(read_landing(addr, "bytes=300-").await.0, 416);
+
+    // Not all written yet: the rest follows as it is.
+    let later = tokio::spawn(read_landing(addr, "bytes=90-199"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!later.is_finished(), "the body ended before the range was written");
+    std::os::unix::fs::FileExt::write_all_at(&*file, &bytes[100..150], 100).unwrap();
+    guard.written(100, 150);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!later.is_finished(), "the body ended with half the range written");
+    std::os::unix::fs::FileExt::write_all_at(&*file, &bytes[150..200], 150).unwrap();
+    guard.written(150, 200);
+    let (status, body) = later.await.unwrap();
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[90..200].to_vec().into()));
+
+    // Abandoned (its bytes did not match): what was never written is never
+    // sent; the body breaks off, and so does a request after.
+    let waiting = tokio::spawn(read_landing(addr, "bytes=150-299"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(guard);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("not the timeout").unwrap();
+    assert_eq!(status, 206);
+    assert!(body.is_err(), "a body of {:?} bytes", body.map(|b| b.len()));
+    assert_eq!(read_landing(addr, "bytes=0-9").await.0, 404);
+}
+
 #[tokio::test]
 async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
     let (store, objects) = dataset();

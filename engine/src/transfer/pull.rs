@@ -44,6 +44,7 @@ use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
     Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
 };
+use crate::fleet::LandingGuard;
 use crate::local::manifest::{ManifestCursor, ManifestEntry, ManifestWriter, Sought};
 use crate::local::partial::{self, PartialHeader, PartialObject, RangeRecord};
 use crate::local::paths::{KeyPath, RelPath, key_to_path, relative_key};
@@ -697,12 +698,21 @@ async fn download(
     let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
     let file = landing.handle();
     let kept = landing.kept();
+    // In a fleet, peers read the ranges written so far from this file
+    // while the rest arrives, instead of waiting for the whole object.
+    let landed = match (&engine.fleet, &object.etag) {
+        (Some(fleet), Some(etag)) if ranges.len() > 1 => {
+            let written: Vec<(u64, u64)> = kept.iter().map(|piece| (piece.offset, piece.offset + piece.len)).collect();
+            Some(Arc::new(fleet.landing(&object.key, etag, size, Arc::clone(&file), &written)))
+        }
+        _ => None,
+    };
     let mut precomputed = None;
     let resumed: u64 = kept.iter().map(|d| d.len).sum();
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
         [whole] => {
-            let sink = Sink::File(Arc::clone(&file), None);
+            let sink = Sink::File(Arc::clone(&file), None, None);
             let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum.clone();
@@ -711,7 +721,7 @@ async fn download(
         }
         _ => {
             let missing = missing_ranges(ranges, &kept);
-            let sink = Sink::File(Arc::clone(&file), landing.partial());
+            let sink = Sink::File(Arc::clone(&file), landing.partial(), landed.clone());
             let mut hasher = part_hashes.take().map(|(parts, layout)| PartHasher::new(engine, &file, parts, &layout));
             if let Some(hasher) = &mut hasher {
                 kept.iter().for_each(|piece| hasher.written(piece.offset, piece.offset + piece.len));
@@ -1033,8 +1043,9 @@ async fn part_layout(engine: &Engine, object: &ObjectMeta, parts: u32) -> Result
 #[derive(Clone)]
 enum Sink {
     /// Written into this file at the range's offset, a write buffer at a
-    /// time; each write recorded in the partial, if the file is one.
-    File(Arc<File>, Option<Arc<PartialObject>>),
+    /// time; each write recorded in the partial, if the file is one, and
+    /// told to the fleet, if peers read the object as it lands.
+    File(Arc<File>, Option<Arc<PartialObject>>, Option<Arc<LandingGuard>>),
     /// Kept in memory (the range must fit one write buffer), with the memory
     /// budget they take.
     Memory,
@@ -1276,24 +1287,24 @@ async fn fetch_attempt(
             digester.update(&chunk);
             pending_len += chunk.len() as u64;
             pending.push(chunk);
-            if let Sink::File(file, partial) = &sink
+            if let Sink::File(file, partial, landed) = &sink
                 && pending_len >= capacity
             {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
                 let piece =
                     std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
-                record_piece(partial.as_deref(), &piece)?;
+                piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
                 pieces.push(piece);
             }
         }
         match &sink {
-            Sink::File(file, partial) if pending_len > 0 => {
+            Sink::File(file, partial, landed) if pending_len > 0 => {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
                 let piece =
                     std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
-                record_piece(partial.as_deref(), &piece)?;
+                piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
                 pieces.push(piece);
             }
             // Paced here, inside the request, as a flush is: the request
@@ -1352,8 +1363,16 @@ pub(super) fn ended_early(received: u64, len: u64) -> StoreError {
     StoreError::transient(RetryReason::TruncatedBody, format!("body ended after {received} of {len} bytes"))
 }
 
-/// Records a piece written into a partial object.
-fn record_piece(partial: Option<&PartialObject>, piece: &RangeDigest) -> Result<(), ObjectError> {
+/// A piece is written: recorded in the partial object, if the file is one,
+/// and told to peers reading the object as it lands.
+fn piece_written(
+    partial: Option<&PartialObject>,
+    landed: Option<&LandingGuard>,
+    piece: &RangeDigest,
+) -> Result<(), ObjectError> {
+    if let Some(landed) = landed {
+        landed.written(piece.offset, piece.offset + piece.len);
+    }
     let Some(partial) = partial else { return Ok(()) };
     let record = RangeRecord {
         offset: piece.offset,
