@@ -122,7 +122,7 @@ def tree_digest(root):
     return digests
 
 
-def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
+def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None):
     """One pull of the dataset onto n workers; returns wall seconds, store
     bytes sent, the largest peak RSS, CPU seconds of all workers, and each
     worker's summary."""
@@ -142,6 +142,8 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout):
         if fanout == "PeerToPeer" and n > 1:
             cmd += ["--peer-group", ",".join(names), "--peer-listen", f"127.0.0.1:{peer_ports[i]}"]
             cmd += [f"--peer={other}=127.0.0.1:{port}" for other, port in zip(names, peer_ports) if other != name]
+            if peer_link:
+                cmd += ["--peer-serve-bandwidth", f"{peer_link:g}MiB"]
         env = dict(peer_env_for(links, i), FERRY_PEER_TOKEN=token)
         procs.append((subprocess.Popen([tool("measure"), "-t", f"{timeout:.0f}", str(measure)] + cmd,
                                        env=env, stdout=log, stderr=log), measure, summary, dest))
@@ -179,6 +181,8 @@ def main():
     parser.add_argument("--link", type=float, default=48, help="each node's link to the store, MiB/s (default 48)")
     parser.add_argument("--store", type=float, default=48,
                         help="the store's total, MiB/s, shared by every node (default 48)")
+    parser.add_argument("--peer-link", type=float,
+                        help="what each node serves its peers, MiB/s (--peer-serve-bandwidth; unlimited by default)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 1 and 2 nodes, a few MiB, once")
     parser.add_argument("--peers-only", action="store_true",
                         help="Direct only at the smallest N (the denominator), PeerToPeer at every N")
@@ -212,7 +216,8 @@ def main():
             for n in sizes:
                 fanouts = ["PeerToPeer"] if args.peers_only and n != sizes[0] else ["Direct", "PeerToPeer"]
                 for fanout in fanouts:
-                    wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout)
+                    wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout,
+                                                               args.peer_link)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
                         {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "cpu": cpu, "from_peers": from_peers})
@@ -237,7 +242,8 @@ def report(results, sizes, args, dataset_bytes):
     one_node = statistics.median(r["wall"] for r in results[(sizes[0], "Direct")])
     lines = [
         f"{os.cpu_count()} CPUs; {args.objects} objects × {args.object_size} MiB ({dataset_bytes / MIB:.0f} MiB); each node's link to the "
-        f"store {args.link:g} MiB/s, the store's total {args.store:g} MiB/s; peers over loopback; medians of "
+        f"store {args.link:g} MiB/s, the store's total {args.store:g} MiB/s; peers over loopback"
+        + (f", each serving at most {args.peer_link:g} MiB/s" if args.peer_link else "") + "; medians of "
         f"{args.reps} run(s); wall ÷ the {sizes[0]}-node Direct time.",
         "",
         "| nodes | Direct: store sent ÷ dataset | Direct: wall ÷ one node | PeerToPeer: store sent ÷ dataset "

@@ -49,7 +49,7 @@ enum Heard {
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -163,6 +163,9 @@ pub struct Fleet {
     health: Mutex<HashMap<String, PeerHealth>>,
     /// Keys a peer has said it holds, and which peer.
     ready: Mutex<HashMap<String, String>>,
+    /// Objects fetched in ranges: the peers that served ranges of each (in
+    /// flight), to bypass if the whole does not match the store's checksum.
+    served_ranges: Mutex<HashMap<String, BTreeSet<String>>>,
     /// Objects waited for from peers.
     waits: waits::Waits,
     serve_limit: Option<Pacer>,
@@ -215,6 +218,7 @@ impl Fleet {
             http,
             health: Mutex::default(),
             ready: Mutex::default(),
+            served_ranges: Mutex::default(),
             waits: waits::Waits::default(),
             serve_limit: options.peer_serve_bandwidth.as_ref().map(|b| Pacer::new(Some(b.bytes()))),
             metrics,
@@ -229,6 +233,29 @@ impl Fleet {
     /// The peer that reads `relative_key` from the store, when not this worker.
     pub fn owner_elsewhere(&self, relative_key: &str) -> Option<&str> {
         self.group.owner(relative_key).filter(|owner| *owner != self.me)
+    }
+
+    /// The peer that reads block `block` of `key` (an object fetched in
+    /// ranges) from the store, and where it serves, when not this worker
+    /// and not bypassed; waits up to the timeout for its address.
+    pub async fn block_source(&self, key: &str, block: u64) -> Option<(String, SocketAddr)> {
+        let owner = self.group.block_owner(key, block).filter(|owner| *owner != self.me)?;
+        if self.is_dropped(owner) {
+            return None;
+        }
+        let addr = self.address(owner).await?;
+        Some((owner.to_owned(), addr))
+    }
+
+    /// `peer` is serving a range of `key`: remembered until the object is
+    /// staged or abandoned, in case the whole does not match.
+    fn serving_range(&self, key: &str, peer: &str) {
+        self.served_ranges
+            .lock()
+            .expect("served lock poisoned")
+            .entry(key.to_owned())
+            .or_default()
+            .insert(peer.to_owned());
     }
 
     /// What fleet staging did in this run so far.
@@ -349,6 +376,7 @@ impl Fleet {
 
     /// Records that `key` is staged; counts it when a peer's bytes made it.
     pub fn staged(&self, key: &str) {
+        self.served_ranges.lock().expect("served lock poisoned").remove(key);
         let Some(peer) = self.ready.lock().expect("ready lock poisoned").remove(key) else { return };
         if !self.is_dropped(&peer) {
             self.objects_from_peers.fetch_add(1, Relaxed);
@@ -360,13 +388,18 @@ impl Fleet {
     /// many failures does not keep an entry for each.
     pub fn abandoned(&self, key: &str) {
         self.ready.lock().expect("ready lock poisoned").remove(key);
+        self.served_ranges.lock().expect("served lock poisoned").remove(key);
     }
 
     /// The bytes of `key` did not match the store's checksum: drop the
-    /// peer that served them, so the next attempt reads the store.
+    /// peer that served them, so the next attempt reads the store. Of an
+    /// object fetched in ranges from several peers, which range was wrong
+    /// is not known (the store has one checksum for the whole): every peer
+    /// that served a range of it is bypassed.
     pub fn distrust(&self, key: &str) {
-        let peer = self.ready.lock().expect("ready lock poisoned").get(key).cloned();
-        if let Some(peer) = peer {
+        let mut peers = self.served_ranges.lock().expect("served lock poisoned").remove(key).unwrap_or_default();
+        peers.extend(self.ready.lock().expect("ready lock poisoned").get(key).cloned());
+        for peer in peers {
             self.drop_peer(
                 &peer,
                 PeerFailure::Mismatch,
@@ -492,9 +525,10 @@ impl Fleet {
         }
     }
 
-    /// Asks `addr` for the bytes of version `etag` of `key` (a `range` of it).
+    /// Asks `peer` at `addr` for the bytes of version `etag` of `key` (a `range` of it).
     async fn fetch(
         &self,
+        peer: &str,
         addr: SocketAddr,
         key: &str,
         etag: &str,
@@ -502,12 +536,28 @@ impl Fleet {
     ) -> Result<reqwest::Response, String> {
         let mut request = self
             .request(reqwest::Method::GET, addr, OBJECT_PATH)
-            .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() })
-            .timeout(self.timeout.max(Duration::from_secs(1)) * 4);
+            .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() });
         if let Some(range) = range {
             request = request.header(reqwest::header::RANGE, format!("bytes={}-{}", range.start, range.end - 1));
         }
-        let response = request.send().await.map_err(|e| e.to_string())?;
+        // A block is asked for as soon as this worker starts the object,
+        // perhaps before its owner's port is up: ask again until the owner
+        // has been silent for the timeout, as a wait request does.
+        // The answer starts once the object is there or landing, which the
+        // peer waits for up to the timeout; the body is watched for stalls
+        // chunk by chunk ([`PeerStore`]).
+        let patience = self.timeout + Duration::from_secs(WAIT_SECONDS);
+        let response = loop {
+            let sent = request.try_clone().expect("a body-less request clones").send();
+            match tokio::time::timeout(patience, sent).await {
+                Ok(Ok(response)) => break response,
+                Ok(Err(error)) if error.is_connect() && self.still_patient(peer) => {
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
+                Ok(Err(error)) => return Err(error.to_string()),
+                Err(_) => return Err(format!("it did not answer within {patience:?}")),
+            }
+        };
         match response.status().as_u16() {
             200 | 206 => Ok(response),
             status => Err(format!("it answered {status} for {key}")),

@@ -1,6 +1,8 @@
 //! The object store a worker in a fleet sees: reads of keys a peer said it
-//! holds go to that peer, everything else (listings, HEADs, part sizes,
-//! writes, and any read a peer fails) to the real store.
+//! holds go to that peer, ranged reads of a large object to the peer that
+//! owns the block ([`ferry_contract::PeerGroup::block_owner`]), everything
+//! else (listings, HEADs, part sizes, writes, blocks this worker owns, and
+//! any read a peer fails) to the real store.
 //!
 //! A peer's response never supplies what it is verified against: a
 //! whole-object read carries the checksum the store lists (an MD5 ETag) or
@@ -25,12 +27,16 @@ use crate::store::{
 pub struct PeerStore {
     inner: Arc<dyn ObjectStore>,
     fleet: Arc<Fleet>,
+    /// The size of the blocks peers own of a large object: the pull's
+    /// range size, the same on every worker of a DataStage.
+    block: u64,
 }
 
 impl PeerStore {
-    /// `inner` with reads routed to `fleet`'s peers.
-    pub fn new(inner: Arc<dyn ObjectStore>, fleet: Arc<Fleet>) -> Self {
-        Self { inner, fleet }
+    /// `inner` with reads routed to `fleet`'s peers; large objects are
+    /// fetched in ranges of `block` bytes.
+    pub fn new(inner: Arc<dyn ObjectStore>, fleet: Arc<Fleet>, block: u64) -> Self {
+        Self { inner, fleet, block: block.max(1) }
     }
 
     /// The response of `peer` for `key`, with its body counted and watched
@@ -43,7 +49,7 @@ impl PeerStore {
         etag: &str,
         range: Option<&Range<u64>>,
     ) -> Result<GetResponse, StoreError> {
-        let response = match self.fleet.fetch(addr, key, etag, range).await {
+        let response = match self.fleet.fetch(peer, addr, key, etag, range).await {
             Ok(response) => response,
             Err(why) => {
                 self.fleet.drop_peer(peer, PeerFailure::Unreachable, &why);
@@ -120,7 +126,20 @@ impl ObjectStore for PeerStore {
         range: Option<Range<u64>>,
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
-        if let (Some(etag), Some((peer, addr))) = (if_match, self.fleet.source_for(key)) {
+        let Some(etag) = if_match else { return self.inner.get(key, range, if_match).await };
+        // A whole object a peer holds, or the block of a large one a peer owns.
+        let source = match (self.fleet.source_for(key), &range) {
+            (Some(source), _) => Some(source),
+            (None, Some(range)) => {
+                let source = self.fleet.block_source(key, range.start / self.block).await;
+                if let Some((peer, _)) = &source {
+                    self.fleet.serving_range(key, peer);
+                }
+                source
+            }
+            (None, None) => None,
+        };
+        if let Some((peer, addr)) = source {
             match self.read_from_peer(&peer, addr, key, etag, range.as_ref()).await {
                 Ok(response) => return Ok(response),
                 // The peer is dropped; this read goes to the store.

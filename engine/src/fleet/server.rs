@@ -117,15 +117,29 @@ async fn wait(State(fleet): State<Arc<Fleet>>, axum::Json(request): axum::Json<W
 async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery>, headers: HeaderMap) -> Response {
     // Of an object landing, what is not written yet is sent as it is: the
     // body follows the writer (see `Following`).
-    let (file, size, landing) = match fleet.catalog.holding(&query.key, &query.etag) {
+    // A block of a large object is asked for as soon as the asker starts
+    // it, perhaps before this worker has: wait for it to start, as long as
+    // a peer may make no progress.
+    let deadline = tokio::time::Instant::now() + fleet.timeout;
+    let mut changes = fleet.catalog.changes();
+    let holding = loop {
+        match fleet.catalog.holding(&query.key, &query.etag) {
+            Holding::NotYet => {
+                if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
+                    return StatusCode::NOT_FOUND.into_response();
+                }
+            }
+            holding => break holding,
+        }
+    };
+    let (file, size, landing) = match holding {
         Holding::Held(held) => match tokio::task::spawn_blocking(move || std::fs::File::open(held.path)).await {
             Ok(Ok(file)) => (Arc::new(file), held.size, false),
             // Removed or replaced since: the asker reads the store.
             _ => return StatusCode::NOT_FOUND.into_response(),
         },
         Holding::Landing(landing) => (Arc::clone(&landing.file), landing.size, true),
-        // Asked for only once held or landing: a landing abandoned since
-        // (its bytes did not match), or an earlier run's file replaced.
+        // It ended without it, or holds another version.
         Holding::NotYet | Holding::Never => return StatusCode::NOT_FOUND.into_response(),
     };
     let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(|v| parse_range(v, size))) {
@@ -202,6 +216,14 @@ impl Following {
                         ));
                     }
                 }
+                // Committed, and not yet recorded as held: a moment.
+                Holding::NotYet => {
+                    let patience = self.fleet.timeout;
+                    if !matches!(tokio::time::timeout(patience, changes.changed()).await, Ok(Ok(()))) {
+                        return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the object was never held"));
+                    }
+                }
+                // Landing anew (its bytes did not match) or never to be.
                 _ => return Err(std::io::Error::other("the object being fetched was abandoned")),
             }
         };

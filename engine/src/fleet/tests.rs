@@ -41,10 +41,26 @@ fn total(objects: &BTreeMap<String, Vec<u8>>) -> u64 {
     objects.values().map(|d| d.len() as u64).sum()
 }
 
-/// The bytes of the objects `member` of the group of `members` owns.
+/// The bytes `member` of the group of `members` reads from the store: the
+/// objects of one range it owns, and its blocks of larger ones (of the
+/// [`config`]'s part size; objects are under `p/`).
 fn share(objects: &BTreeMap<String, Vec<u8>>, members: &[&str], member: &str) -> u64 {
     let group = ferry_contract::PeerGroup::new(members.iter().copied());
-    objects.iter().filter(|(key, _)| group.owner(key) == Some(member)).map(|(_, b)| b.len() as u64).sum()
+    let block = config().part_size;
+    let mut bytes = 0;
+    for (rel, data) in objects {
+        let size = data.len() as u64;
+        if size <= block {
+            bytes += if group.owner(rel) == Some(member) { size } else { 0 };
+            continue;
+        }
+        for (index, start) in (0..).zip((0..size).step_by(block as usize)) {
+            if group.block_owner(&format!("p/{rel}"), index) == Some(member) {
+                bytes += block.min(size - start);
+            }
+        }
+    }
+    bytes
 }
 
 fn config() -> TransferConfig {
@@ -307,8 +323,9 @@ async fn a_peer_that_only_asked_and_then_exited_is_not_waited_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_large_object_flows_to_peers_range_by_range_while_its_owner_still_fetches_it() {
-    // One object of 24 ranges, node-a's, from a store that takes 150 ms
-    // per request: node-a fetches it in six rounds of four ranges.
+    // One object of 24 ranges, from a store that takes 150 ms per request:
+    // each worker reads the blocks it owns (every other one) from the
+    // store, four at a time, and the rest from the other as they land.
     let pair = ["node-a", "node-b"];
     let group = ferry_contract::PeerGroup::new(pair);
     let rel = (0..).map(|i| format!("model-{i}.safetensors")).find(|k| group.owner(k) == Some("node-a")).unwrap();
@@ -346,8 +363,12 @@ async fn a_large_object_flows_to_peers_range_by_range_while_its_owner_still_fetc
     assert!(a.complete && b.complete, "{a:?} {b:?}");
     assert_staged(dir_a.path(), &objects);
     assert_staged(dir_b.path(), &objects);
-    assert_eq!(b.peers.peer_failures, 0, "{:?}", b.peers);
-    assert_eq!(b.peers.bytes_from_peers, data.len() as u64, "node-b read it all from node-a: {:?}", b.peers);
+    assert_eq!(a.peers.peer_failures + b.peers.peer_failures, 0, "{:?} {:?}", a.peers, b.peers);
+    // Each read its own blocks from the store and the other's from the other.
+    let (of_a, of_b) = (share(&objects, &pair, "node-a"), share(&objects, &pair, "node-b"));
+    assert_eq!(of_a + of_b, data.len() as u64);
+    assert!(of_a > 0 && of_b > 0, "both own blocks: {of_a} {of_b}");
+    assert_eq!((a.peers.bytes_from_peers, b.peers.bytes_from_peers), (of_b, of_a), "{:?} {:?}", a.peers, b.peers);
     assert_eq!(store.calls().get_bytes, data.len() as u64, "the store sent it once");
     assert!(
         overlapped.load(std::sync::atomic::Ordering::Relaxed),
@@ -403,15 +424,19 @@ async fn the_peer_port_streams_a_landing_object_as_it_is_written_and_breaks_off_
     let (status, body) = later.await.unwrap();
     assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[90..200].to_vec().into()));
 
-    // Abandoned (its bytes did not match): what was never written is never
-    // sent; the body breaks off, and so does a request after.
+    // Abandoned (its bytes did not match) and landing anew in another
+    // file: what the first never wrote is never sent; the body breaks off.
     let waiting = tokio::spawn(read_landing(addr, "bytes=150-299"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(guard);
+    let again = std::fs::File::create(dir.path().join("again")).unwrap();
+    let _again = fleet.landing("p/big", "e1", 300, Arc::new(again), &[]);
     let (status, body) = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("not the timeout").unwrap();
     assert_eq!(status, 206);
     assert!(body.is_err(), "a body of {:?} bytes", body.map(|b| b.len()));
-    assert_eq!(read_landing(addr, "bytes=0-9").await.0, 404);
+    drop(_again);
+    fleet.finish(false);
+    assert_eq!(read_landing(addr, "bytes=0-9").await.0, 404, "the run ended without it");
 }
 
 #[tokio::test]

@@ -529,7 +529,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         fleet: Arc<crate::fleet::Fleet>,
     ) -> Result<Arc<Self>, TransferError> {
-        let store = Arc::new(crate::fleet::PeerStore::new(store, Arc::clone(&fleet)));
+        let store = Arc::new(crate::fleet::PeerStore::new(store, Arc::clone(&fleet), config.part_size));
         Self::build(store, config, metrics, Some(fleet))
     }
 

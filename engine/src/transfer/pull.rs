@@ -292,10 +292,10 @@ pub async fn pull(
             // In a fleet, this worker's own share goes first: its peers are
             // waiting for it, and what it waits for is theirs.
             if let Some(fleet) = &engine.fleet {
-                to_copy.sort_by_key(|planned| fleet.owner_elsewhere(planned.rel.as_str()).is_some());
+                to_copy.sort_by_key(|planned| from_a_peer(&engine, fleet, planned));
             }
             for planned in to_copy {
-                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(fleet, &planned)) {
+                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(&engine, fleet, &planned)) {
                     // Waiting for a peer holds no object slot, so this
                     // worker's own share never queues behind its peers'.
                     let waiter = object_slot(&peer_waiters, &mut tasks).await?;
@@ -411,9 +411,14 @@ pub async fn pull(
 /// that a worker lists on while its peers catch up.
 const PEER_WAITERS: usize = 2048;
 
-/// Whether `planned` is to be read from the peer that owns it.
-fn from_a_peer(fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
-    planned.object.etag.is_some() && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
+/// Whether `planned` is to be read, whole, from the peer that owns it. An
+/// object of several ranges is not: every worker fetches it, each block
+/// from the store or from the peer that owns the block, so every worker
+/// shares the reading and the serving of a large object.
+fn from_a_peer(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
+    planned.object.etag.is_some()
+        && planned.object.size <= engine.config.part_size
+        && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
 }
 
 /// `shared` once every other reference is gone. Object tasks are joined
@@ -649,7 +654,8 @@ async fn download(
     let size = object.size;
     let verify = engine.config.verify;
     let config = &engine.config;
-    let range_size = if config.grow_ranges {
+    // In a fleet, ranges are the blocks peers own (`PeerGroup::block_owner`).
+    let range_size = if config.grow_ranges && engine.fleet.is_none() {
         download_range_size(size, config.part_size, engine.range_spread())
     } else {
         config.part_size
