@@ -20,8 +20,10 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import secrets
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -122,13 +124,33 @@ def tree_digest(root):
     return digests
 
 
+def listen_ports(count):
+    """Free ports below the kernel's ephemeral range for the workers' peer
+    ports, picked before any worker starts: a port from the ephemeral range
+    (what binding port 0 gives) can be taken by a worker's outgoing
+    connection before the worker meant to listen on it starts, which once
+    failed a run with "Address already in use"."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = []
+    for port in random.sample(range(max(1024, low - 12000), low), 400):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise SystemExit("no free ports below the ephemeral range")
+
+
 def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None):
     """One pull of the dataset onto n workers; returns wall seconds, store
     bytes sent, the largest peak RSS, CPU seconds of all workers, and each
     worker's summary."""
     links.reset()
     names = [f"node-{i}" for i in range(n)]
-    peer_ports = [free_port() for _ in names]
+    peer_ports = listen_ports(len(names))
     token = secrets.token_hex(32)
     procs = []
     started = time.monotonic()
