@@ -261,18 +261,7 @@ async fn a_peer_that_answered_and_then_exited_is_not_waited_for() {
 
     // node-a exits: its port closes at the address it answered from, and
     // nobody has told node-b (discovery may not have seen it yet).
-    stop_a.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while tokio::net::TcpStream::connect(addr_a).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("node-a's port closes");
-    let lingering = std::time::Instant::now();
-    fleet_b.linger().await;
-    let lingered = lingering.elapsed();
-    assert!(lingered < Duration::from_secs(5), "lingered {lingered:?}, not the 10 s timeout, for a peer that exited");
+    lingers_briefly_once_it_exits(stop_a, addr_a, &fleet_b).await;
     assert_staged(dir_b.path(), &objects);
 }
 
@@ -307,17 +296,24 @@ async fn a_peer_that_only_asked_and_then_exited_is_not_waited_for() {
     assert_staged(dir_b.path(), &objects);
 
     // node-b exits before node-a starts to linger.
-    stop_b.send(()).unwrap();
+    lingers_briefly_once_it_exits(stop_b, addr_b, &fleet_a).await;
+}
+
+/// Stops the peer serving at `addr` (through `stop`), waits for its port to
+/// close, and asserts that `lingering` then stops lingering well before the
+/// peer timeout (10 s).
+async fn lingers_briefly_once_it_exits(stop: tokio::sync::oneshot::Sender<()>, addr: SocketAddr, lingering: &Fleet) {
+    stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(5), async {
-        while tokio::net::TcpStream::connect(addr_b).await.is_ok() {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
-    .expect("node-b's port closes");
-    let lingering = std::time::Instant::now();
-    fleet_a.linger().await;
-    let lingered = lingering.elapsed();
+    .expect("the peer's port closes");
+    let started = std::time::Instant::now();
+    lingering.linger().await;
+    let lingered = started.elapsed();
     assert!(lingered < Duration::from_secs(5), "lingered {lingered:?}, not the 10 s timeout, for a peer that exited");
 }
 
