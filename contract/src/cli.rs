@@ -259,6 +259,7 @@ impl TransferOptions {
         option(args, "--peer-serve-bandwidth", p.peer_serve_bandwidth.as_ref());
         option(args, "--peer-timeout", Some(humantime::format_duration(p.peer_timeout)));
         option(args, "--peer-linger", Some(humantime::format_duration(p.peer_linger)));
+        option(args, "--peer-tls", p.peer_tls.as_ref().map(|d| d.display().to_string()));
     }
 }
 
@@ -379,6 +380,7 @@ mod tests {
             proptest::option::of(size()),
             duration(),
             duration(),
+            proptest::option::of("/[a-z0-9/]{1,20}"),
         );
         let web_identity = (
             proptest::option::of("/[a-z/]{1,20}"),
@@ -414,7 +416,7 @@ mod tests {
             ) = tuning;
             let (metrics_addr, summary_file, termination_log, max_bandwidth, report_to, worker, node_name) = reporting;
             // --report-to needs --worker.
-            let (peer_group, peers, peer_serve_bandwidth, peer_timeout, peer_linger) = fleet;
+            let (peer_group, peers, peer_serve_bandwidth, peer_timeout, peer_linger, peer_tls) = fleet;
             // --report-to and --peer-group need --worker; --peer-group needs --peer-listen.
             let grouped = !peer_group.is_empty();
             let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
@@ -457,7 +459,15 @@ mod tests {
                 connect_timeout,
                 request_timeout,
                 stall_timeout,
-                peers: PeerOptions { peer_group, peer_listen, peers, peer_serve_bandwidth, peer_timeout, peer_linger },
+                peers: PeerOptions {
+                    peer_group,
+                    peer_listen,
+                    peers,
+                    peer_serve_bandwidth,
+                    peer_timeout,
+                    peer_linger,
+                    peer_tls: peer_tls.map(PathBuf::from),
+                },
             }
         })
     }

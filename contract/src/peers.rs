@@ -11,6 +11,7 @@
 //! direct read is, so a peer can make a transfer slower, never wrong.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,12 @@ pub struct PeerOptions {
     /// Once done, keep serving peers that are still running for at most this long.
     #[cfg_attr(feature = "cli", arg(long, default_value = "10m", value_parser = humantime::parse_duration))]
     pub peer_linger: Duration,
+    /// Serve and ask peers over mutual TLS with the files in this directory
+    /// (ca.crt, tls.crt, tls.key: a DataStage's peer Secret): only a worker
+    /// whose certificate that CA signed is answered, and only such a peer
+    /// is trusted. Without it peer traffic is plain HTTP with the secret.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    pub peer_tls: Option<PathBuf>,
 }
 
 impl Default for PeerOptions {
@@ -72,8 +79,29 @@ impl Default for PeerOptions {
             peer_serve_bandwidth: None,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             peer_linger: DEFAULT_PEER_LINGER,
+            peer_tls: None,
         }
     }
+}
+
+/// Mutual TLS between the workers of one DataStage. The operator issues,
+/// per DataStage, a CA and one certificate it signs (for [`SERVER_NAME`],
+/// usable to serve and to ask) and keeps them in the DataStage's peer
+/// Secret under these keys; a worker mounts them as the files of its
+/// `--peer-tls` directory. The CA is the DataStage's identity: a worker
+/// answers and trusts only certificates it signed, so a pod of another
+/// DataStage, or one with no certificate, is refused at the handshake.
+pub mod tls {
+    /// The CA certificates a worker trusts (PEM; the current CA first).
+    pub const CA_FILE: &str = "ca.crt";
+    /// The certificate a worker serves and asks with (PEM).
+    pub const CERT_FILE: &str = "tls.crt";
+    /// That certificate's private key (PEM).
+    pub const KEY_FILE: &str = "tls.key";
+    /// The name in every peer certificate, checked in place of the address
+    /// a worker connects to: pod IPs are not known when the certificate is
+    /// issued, and the CA, not the name, says who belongs.
+    pub const SERVER_NAME: &str = "peer.ferry.dev";
 }
 
 /// One peer's name and address: `NAME=HOST:PORT` on the command line.

@@ -114,7 +114,7 @@ pub enum PeerFailure {
     Stalled,
     /// Its bytes did not match the store's checksum.
     Mismatch,
-    /// It refused this worker's secret.
+    /// It refused this worker's secret, protocol version or certificate.
     Refused,
 }
 
@@ -287,7 +287,7 @@ impl Metrics {
         );
         registry.register(
             "peer_refused_requests",
-            "Fleet staging: requests to the peer port without the DataStage's secret",
+            "Fleet staging: requests to the peer port without the DataStage's secret, and TLS handshakes without its certificate",
             peer_refused.clone(),
         );
         registry.register(

@@ -18,12 +18,14 @@
 mod azure;
 mod entra;
 mod gcs;
+mod peer_tls;
 mod proxy;
 mod registry;
 
 pub use azure::{AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer};
 pub use entra::EntraServer;
 pub use gcs::{Backend, GcsServer, Store};
+pub use peer_tls::PeerCa;
 pub use proxy::CorruptingProxy;
 pub use registry::{REGISTRY_PASSWORD, REGISTRY_USER, RegistryServer};
 

@@ -24,6 +24,7 @@ pub mod catalog;
 mod peer_store;
 pub mod server;
 mod spill;
+pub mod tls;
 mod waits;
 
 /// How one wait request to a peer went.
@@ -83,6 +84,9 @@ pub enum FleetError {
     /// This worker is not in its own group.
     #[error("--peer-group must include this worker ('{0}')")]
     NotAMember(String),
+    /// The `--peer-tls` files cannot be used.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// What one peer has shown of itself so far.
@@ -143,6 +147,25 @@ fn answered_ok(response: &reqwest::Response) -> Result<(), (PeerFailure, String)
     }
 }
 
+/// Whether a request failed because nothing listens at the peer's address
+/// (yet, or any more), rather than because it refused this worker: a TLS
+/// handshake that failed is a refusal, which asking again will not mend.
+fn nothing_listens(error: &reqwest::Error) -> bool {
+    error.is_connect() && !tls::is_tls_failure(error)
+}
+
+/// How a request that got no answer counts, and why.
+fn unanswered(error: &reqwest::Error) -> (PeerFailure, String) {
+    if tls::is_tls_failure(error) {
+        let why = format!(
+            "the TLS handshake failed ({error:#}): the workers of one DataStage must hold certificates of its CA"
+        );
+        (PeerFailure::Refused, why)
+    } else {
+        (PeerFailure::Unreachable, error.to_string())
+    }
+}
+
 /// How soon a peer whose port refused a connection is asked again.
 const CONNECT_RETRY: Duration = Duration::from_millis(250);
 
@@ -152,6 +175,9 @@ pub struct Fleet {
     me: String,
     group: PeerGroup,
     token: String,
+    /// Mutual TLS on the peer port and to peers (`--peer-tls`); plain HTTP
+    /// without.
+    tls: Option<tls::PeerTls>,
     /// Where this worker's peer port listens, once [`server::serve`] bound it.
     serves_at: OnceLock<SocketAddr>,
     timeout: Duration,
@@ -185,7 +211,8 @@ impl Fleet {
     /// options name no group.
     ///
     /// # Errors
-    /// No token, or `me` is not in the group.
+    /// No token, `me` is not in the group, or the `--peer-tls` files
+    /// cannot be used.
     pub fn new(
         me: &str,
         options: &PeerOptions,
@@ -201,15 +228,21 @@ impl Fleet {
         if !group.members().iter().any(|m| m == me) {
             return Err(FleetError::NotAMember(me.to_owned()));
         }
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(2).min(options.peer_timeout))
-            .build()
-            .expect("a client without TLS settings builds");
+        let tls = match &options.peer_tls {
+            Some(dir) => Some(tls::PeerTls::load(dir).map_err(|e| FleetError::Tls(e.to_string()))?),
+            None => None,
+        };
+        let mut http =
+            reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(2).min(options.peer_timeout));
+        if let Some(tls) = &tls {
+            http = http.tls_backend_preconfigured(tls.client.clone());
+        }
+        let http = http.build().map_err(|e| FleetError::Tls(format!("--peer-tls: {e}")))?;
         Ok(Some(Arc::new(Self {
             me: me.to_owned(),
             group,
             token,
+            tls,
             serves_at: OnceLock::new(),
             timeout: options.peer_timeout,
             linger: options.peer_linger,
@@ -337,9 +370,10 @@ impl Fleet {
             // Nothing listens there yet (a peer still starting) or any
             // more (one being replaced, which publishes a new address):
             // ask again until the peer has been silent for the timeout.
-            Err(error) if error.is_connect() && self.still_patient(peer) => return Asked::Again,
+            Err(error) if nothing_listens(&error) && self.still_patient(peer) => return Asked::Again,
             Err(error) => {
-                self.drop_peer(peer, PeerFailure::Unreachable, &error.to_string());
+                let (failure, why) = unanswered(&error);
+                self.drop_peer(peer, failure, &why);
                 return Asked::Dropped;
             }
         };
@@ -437,7 +471,9 @@ impl Fleet {
         let addr = self.directory.borrow().get(peer).copied();
         let mut health = self.health.lock().expect("health lock poisoned");
         let entry = health.entry(peer.to_owned()).or_insert_with(PeerHealth::new);
-        if failure == PeerFailure::Unreachable {
+        // A peer that refused this worker (its secret, version or
+        // certificate) cannot be served by it either: not waited for.
+        if matches!(failure, PeerFailure::Unreachable | PeerFailure::Refused) {
             entry.unreachable_at = Some(addr);
         }
         if !entry.dropped {
@@ -493,10 +529,12 @@ impl Fleet {
         Speaker::new(&self.me, self.serves_at.get().copied())
     }
 
-    /// A request to the peer at `addr`, with the secret and this worker's name.
+    /// A request to the peer at `addr`, with the secret and this worker's
+    /// name, over TLS when this worker has certificates.
     fn request(&self, method: reqwest::Method, addr: SocketAddr, path: &str) -> reqwest::RequestBuilder {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.http
-            .request(method, format!("http://{addr}{path}"))
+            .request(method, format!("{scheme}://{addr}{path}"))
             .bearer_auth(&self.token)
             .header(SPEAKER_HEADER, self.speaker().to_string())
     }
@@ -533,7 +571,7 @@ impl Fleet {
         key: &str,
         etag: &str,
         range: Option<&std::ops::Range<u64>>,
-    ) -> Result<reqwest::Response, String> {
+    ) -> Result<reqwest::Response, (PeerFailure, String)> {
         let mut request = self
             .request(reqwest::Method::GET, addr, OBJECT_PATH)
             .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() });
@@ -551,16 +589,16 @@ impl Fleet {
             let sent = request.try_clone().expect("a body-less request clones").send();
             match tokio::time::timeout(patience, sent).await {
                 Ok(Ok(response)) => break response,
-                Ok(Err(error)) if error.is_connect() && self.still_patient(peer) => {
+                Ok(Err(error)) if nothing_listens(&error) && self.still_patient(peer) => {
                     tokio::time::sleep(CONNECT_RETRY).await;
                 }
-                Ok(Err(error)) => return Err(error.to_string()),
-                Err(_) => return Err(format!("it did not answer within {patience:?}")),
+                Ok(Err(error)) => return Err(unanswered(&error)),
+                Err(_) => return Err((PeerFailure::Unreachable, format!("it did not answer within {patience:?}"))),
             }
         };
         match response.status().as_u16() {
             200 | 206 => Ok(response),
-            status => Err(format!("it answered {status} for {key}")),
+            status => Err((PeerFailure::Unreachable, format!("it answered {status} for {key}"))),
         }
     }
 
@@ -707,7 +745,7 @@ impl Fleet {
         let sent = self.request(reqwest::Method::GET, addr, STATE_PATH).timeout(Duration::from_secs(2)).send().await;
         let response = match sent {
             Ok(response) if response.status().is_success() => response,
-            Err(error) if error.is_connect() => return Heard::Closed,
+            Err(error) if nothing_listens(&error) => return Heard::Closed,
             _ => return Heard::Nothing,
         };
         response.json().await.map_or(Heard::Nothing, Heard::State)

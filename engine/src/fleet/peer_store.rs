@@ -51,8 +51,8 @@ impl PeerStore {
     ) -> Result<GetResponse, StoreError> {
         let response = match self.fleet.fetch(peer, addr, key, etag, range).await {
             Ok(response) => response,
-            Err(why) => {
-                self.fleet.drop_peer(peer, PeerFailure::Unreachable, &why);
+            Err((failure, why)) => {
+                self.fleet.drop_peer(peer, failure, &why);
                 return Err(StoreError::transient(RetryReason::ServerError, why));
             }
         };

@@ -1,9 +1,11 @@
 //! The peer port: serves this worker's verified objects to the other
 //! workers of its dataset ([`ferry_contract::peers::wire`]).
 //!
-//! Every request must carry the dataset's shared secret; anything else is
-//! answered 401 before a path is looked at, so a pod outside the dataset
-//! learns nothing, not even which keys exist. Only objects the catalog
+//! With `--peer-tls` the port speaks only TLS and completes a handshake
+//! only with a client whose certificate the DataStage's CA signed
+//! ([`super::tls`]). Every request must also carry the dataset's shared
+//! secret; anything else is answered 401 before a path is looked at, so a
+//! pod outside the dataset learns nothing, not even which keys exist. Only objects the catalog
 //! holds (verified and renamed into place) or has landing (the ranges
 //! written so far) are served, at the version asked for.
 //! Served bytes are paced by `--peer-serve-bandwidth`.
@@ -25,6 +27,7 @@ use std::os::unix::fs::FileExt as _;
 
 use super::Fleet;
 use super::catalog::Holding;
+use super::tls::TlsListener;
 
 /// Bytes read from disk per chunk of a response.
 const CHUNK: usize = 256 * 1024;
@@ -49,14 +52,31 @@ pub async fn serve(
         .route(STATE_PATH, axum::routing::get(state))
         .route(WAIT_PATH, axum::routing::post(wait))
         .route(OBJECT_PATH, axum::routing::get(object))
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&fleet), authorized))
-        .with_state(fleet);
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&fleet), authorized));
+    let tls = fleet.tls.as_ref().map(|tls| Arc::clone(&tls.server));
+    let app = app.with_state(fleet.clone());
+    match tls {
+        Some(config) => {
+            let refused = Arc::clone(&fleet);
+            let listener = TlsListener::new(listener, config, move |_| refused.refused())?;
+            spawn_serving(listener, app, shutdown);
+        }
+        None => spawn_serving(listener, app, shutdown),
+    }
+    Ok(bound)
+}
+
+/// Serves `app` on `listener` in a task of its own until `shutdown`.
+fn spawn_serving<L>(listener: L, app: axum::Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static)
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             tracing::warn!(%error, "peer server stopped");
         }
     });
-    Ok(bound)
 }
 
 /// Lets through only requests that carry the dataset's secret and speak

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ferry_contract::peers::{PeerOptions, wire};
 use tokio::sync::watch;
 
+use super::tls::PeerTls;
 use super::{Fleet, server};
 use crate::metrics::Metrics;
 use crate::store::memory::MemoryStore;
@@ -101,8 +102,19 @@ async fn worker_until(
     directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (Arc<Engine>, Arc<Fleet>) {
+    worker_with(store, me, &options(group), directory, shutdown).await
+}
+
+/// [`worker_until`] with these peer options.
+async fn worker_with(
+    store: &Arc<MemoryStore>,
+    me: &str,
+    options: &PeerOptions,
+    directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Arc<Engine>, Arc<Fleet>) {
     let metrics = Arc::new(Metrics::new());
-    let fleet = Fleet::new(me, &options(group), Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
+    let fleet = Fleet::new(me, options, Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
         .unwrap()
         .expect("a group");
     let addr = server::serve(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap();
@@ -122,13 +134,28 @@ fn assert_staged(dir: &Path, objects: &BTreeMap<String, Vec<u8>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_read_the_dataset_from_the_store_once_and_each_ends_with_all_of_it() {
+    three_workers_stage_the_dataset(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_with_certificates_of_one_ca_stage_the_dataset_over_mutual_tls() {
+    let (ca, dir) = (ferry_testkit::PeerCa::new(), tempfile::tempdir().unwrap());
+    ca.write_peer_dir(dir.path());
+    let fleets = three_workers_stage_the_dataset(Some(dir.path())).await;
+    assert!(fleets.iter().all(|fleet| fleet.tls.is_some()));
+}
+
+/// Three workers (with `--peer-tls` at `tls`) stage [`dataset`]: the store
+/// is read once, every node has all of it, no peer is bypassed.
+async fn three_workers_stage_the_dataset(tls: Option<&Path>) -> Vec<Arc<Fleet>> {
     let (store, objects) = dataset();
     let group = ["node-a", "node-b", "node-c"];
     let directory = watch::Sender::new(BTreeMap::new());
     let dirs: Vec<_> = group.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let options = PeerOptions { peer_tls: tls.map(Path::to_path_buf), ..options(&group) };
     let mut workers = Vec::new();
     for me in group {
-        workers.push(worker(&store, me, &group, &directory).await);
+        workers.push(worker_with(&store, me, &options, &directory, std::future::pending()).await);
     }
     let runs = workers.iter().zip(&dirs).map(|((engine, fleet), dir)| {
         let (engine, fleet, dir) = (Arc::clone(engine), Arc::clone(fleet), dir.path().to_path_buf());
@@ -148,6 +175,107 @@ async fn three_workers_read_the_dataset_from_the_store_once_and_each_ends_with_a
     }
     let read = store.calls().get_bytes;
     assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
+    workers.into_iter().map(|(_, fleet)| fleet).collect()
+}
+
+/// How many requests and handshakes `fleet`'s port refused.
+fn refused_at(fleet: &Fleet) -> u64 {
+    let text = fleet.metrics.encode();
+    let line = text.lines().find(|l| l.starts_with("ferry_stager_peer_refused_requests_total ")).expect("the series");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_tls_peer_port_answers_only_clients_with_a_certificate_of_its_ca_and_the_secret() {
+    let (store, _) = dataset();
+    let (ca, other_ca) = (ferry_testkit::PeerCa::new(), ferry_testkit::PeerCa::new());
+    let dir = tempfile::tempdir().unwrap();
+    ca.write_peer_dir(dir.path());
+    let options = PeerOptions { peer_tls: Some(dir.path().to_path_buf()), ..options(&["node-a"]) };
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (_engine, fleet) = worker_with(&store, "node-a", &options, &directory, std::future::pending()).await;
+    let addr = directory.borrow()["node-a"];
+    let speaker = wire::Speaker::new("node-b", None).to_string();
+    let state = |scheme: &str, client: &reqwest::Client| {
+        client
+            .get(format!("{scheme}://{addr}{}", wire::STATE_PATH))
+            .bearer_auth(TOKEN)
+            .header(wire::SPEAKER_HEADER, &speaker)
+            .send()
+    };
+    // Plain HTTP gets no HTTP answer at all: the port speaks only TLS.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert!(state("http", &plain).await.is_err(), "plain HTTP was answered");
+    // TLS without a certificate, or with another CA's (another
+    // DataStage's), even one for the peer name and with the secret: refused.
+    let (other_cert, other_key) = other_ca.issue(ferry_contract::peers::tls::SERVER_NAME);
+    let anonymous = reqwest::Client::builder().no_proxy().tls_danger_accept_invalid_certs(true).build().unwrap();
+    let other = reqwest::Client::builder()
+        .no_proxy()
+        .tls_danger_accept_invalid_certs(true)
+        .identity(reqwest::Identity::from_pem(format!("{other_cert}{other_key}").as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    for (client, who) in [(&anonymous, "no certificate"), (&other, "another CA's certificate")] {
+        let before = refused_at(&fleet);
+        assert!(state("https", client).await.is_err(), "{who} was answered");
+        // The port counts the refusal once the handshake has failed there.
+        for _ in 0..100 {
+            if refused_at(&fleet) > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(refused_at(&fleet), before + 1, "{who}");
+    }
+    // A worker of the same DataStage (the same CA) is answered, and still
+    // only with the secret.
+    let member = PeerTls::load(dir.path()).unwrap();
+    let member = reqwest::Client::builder().no_proxy().tls_backend_preconfigured(member.client).build().unwrap();
+    assert_eq!(state("https", &member).await.unwrap().status(), 200);
+    let without_secret = member.get(format!("https://{addr}{}", wire::STATE_PATH)).send().await.unwrap();
+    assert_eq!(without_secret.status(), 401);
+    // And a worker with another CA's files does not trust this one.
+    let other_dir = tempfile::tempdir().unwrap();
+    other_ca.write_peer_dir(other_dir.path());
+    let stranger = PeerTls::load(other_dir.path()).unwrap();
+    let stranger = reqwest::Client::builder().no_proxy().tls_backend_preconfigured(stranger.client).build().unwrap();
+    let error = state("https", &stranger).await.unwrap_err();
+    assert!(super::tls::is_tls_failure(&error), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_with_certificates_of_different_cas_bypass_each_other_at_once() {
+    let (store, objects) = dataset();
+    let group = ["node-a", "node-b"];
+    let directory = watch::Sender::new(BTreeMap::new());
+    let mut runs = Vec::new();
+    let mut dirs = Vec::new();
+    for me in group {
+        let tls = tempfile::tempdir().unwrap();
+        ferry_testkit::PeerCa::new().write_peer_dir(tls.path());
+        let options = PeerOptions { peer_tls: Some(tls.path().to_path_buf()), ..options(&group) };
+        let (engine, fleet) = worker_with(&store, me, &options, &directory, std::future::pending()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().to_path_buf();
+        dirs.push((dir, tls));
+        runs.push(tokio::spawn(async move {
+            let summary = pull(engine, "p/", &target, false).await.unwrap();
+            fleet.linger().await;
+            summary
+        }));
+    }
+    let started = tokio::time::Instant::now();
+    for (run, (dir, _)) in runs.into_iter().zip(&dirs) {
+        let summary = run.await.unwrap();
+        assert!(summary.complete, "{summary:?}");
+        assert_eq!((summary.peers.peer_failures, summary.peers.bytes_from_peers), (1, 0), "{:?}", summary.peers);
+        assert_staged(dir.path(), &objects);
+    }
+    // Neither waited out the peer timeout (10 s) for the other, staging or
+    // lingering: a failed handshake is a refusal, not a port still closed.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "took {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
