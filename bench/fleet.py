@@ -144,7 +144,22 @@ def listen_ports(count):
     raise SystemExit("no free ports below the ephemeral range")
 
 
-def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None):
+def peer_certificates(directory, log):
+    """A CA and one certificate it signs for the peer name, laid out as a
+    DataStage's peer Secret is mounted (`--peer-tls`), made with openssl."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run = lambda *cmd: subprocess.run(["openssl", *cmd], cwd=directory, check=True, stdout=log, stderr=log)
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=bench peers CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    run("req", *key, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=peer.ferry.dev")
+    (directory / "ext").write_text("subjectAltName=DNS:peer.ferry.dev\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+        "-extfile", "ext", "-out", "tls.crt")
+    return directory
+
+
+def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, peer_tls=None):
     """One pull of the dataset onto n workers; returns wall seconds, store
     bytes sent, the largest peak RSS, CPU seconds of all workers, and each
     worker's summary."""
@@ -166,6 +181,8 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None):
             cmd += [f"--peer={other}=127.0.0.1:{port}" for other, port in zip(names, peer_ports) if other != name]
             if peer_link:
                 cmd += ["--peer-serve-bandwidth", f"{peer_link:g}MiB"]
+            if peer_tls:
+                cmd += ["--peer-tls", str(peer_tls)]
         env = dict(peer_env_for(links, i), FERRY_PEER_TOKEN=token)
         procs.append((subprocess.Popen([tool("measure"), "-t", f"{timeout:.0f}", str(measure)] + cmd,
                                        env=env, stdout=log, stderr=log), measure, summary, dest))
@@ -205,6 +222,8 @@ def main():
                         help="the store's total, MiB/s, shared by every node (default 48)")
     parser.add_argument("--peer-link", type=float,
                         help="what each node serves its peers, MiB/s (--peer-serve-bandwidth; unlimited by default)")
+    parser.add_argument("--peer-tls", action="store_true",
+                        help="peers speak mutual TLS (--peer-tls), as the operator's workers do")
     parser.add_argument("--smoke", action="store_true", help="seconds: 1 and 2 nodes, a few MiB, once")
     parser.add_argument("--peers-only", action="store_true",
                         help="Direct only at the smallest N (the denominator), PeerToPeer at every N")
@@ -231,6 +250,7 @@ def main():
                        env=PEER_ENV, stdout=log, stderr=log, check=True)
         dataset = tree_digest(source)
         links = StoreLinks(minio.port, max(sizes), args.link * MIB, args.store * MIB)
+        peer_tls = peer_certificates(scratch / "peer-tls", log) if args.peer_tls else None
         # No run may take more than 4× Direct's expected time at the largest N.
         timeout = 60 + 4 * max(sizes) * dataset_bytes / (min(args.link, args.store) * MIB)
         results = {}
@@ -239,7 +259,7 @@ def main():
                 fanouts = ["PeerToPeer"] if args.peers_only and n != sizes[0] else ["Direct", "PeerToPeer"]
                 for fanout in fanouts:
                     wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout,
-                                                               args.peer_link)
+                                                               args.peer_link, peer_tls)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
                         {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "cpu": cpu, "from_peers": from_peers})
@@ -265,6 +285,7 @@ def report(results, sizes, args, dataset_bytes):
     lines = [
         f"{os.cpu_count()} CPUs; {args.objects} objects × {args.object_size} MiB ({dataset_bytes / MIB:.0f} MiB); each node's link to the "
         f"store {args.link:g} MiB/s, the store's total {args.store:g} MiB/s; peers over loopback"
+        + (" with mutual TLS" if args.peer_tls else "")
         + (f", each serving at most {args.peer_link:g} MiB/s" if args.peer_link else "") + "; medians of "
         f"{args.reps} run(s); wall ÷ the {sizes[0]}-node Direct time.",
         "",

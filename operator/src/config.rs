@@ -132,6 +132,7 @@ impl OperatorConfig {
             dataset_quotas: std::collections::BTreeMap::new(),
             capacity_claims: std::collections::BTreeMap::new(),
             shared_host_paths: self.shared_host_paths.iter().filter(|p| !p.is_empty()).cloned().collect(),
+            peer_tls: true,
         }
     }
 

@@ -515,8 +515,9 @@ async fn carry_out(
             starting.retain(|worker| !allowance.held.contains_key(&worker.name));
             held_by_quota = allowance.held;
         }
-        let jobs_plan = with_peer_secret(ds, ctx, plan).await?;
+        let (jobs_plan, peer_tls) = with_peer_secret(ds, ctx, plan).await?;
         let mut defaults = ctx.config.worker_defaults();
+        defaults.peer_tls = peer_tls;
         defaults.dataset_quotas = allowance.room;
         if plan.direction == Direction::Pull {
             defaults.capacity_claims = capacity_claims(ds, ctx, &starting);
@@ -1030,32 +1031,63 @@ pub fn workers_to_start<'a>(
         .collect()
 }
 
-/// The plan to create Jobs from. With fanout PeerToPeer the DataStage's
-/// peer Secret must exist first: worker pods read it as they start. It is
-/// created once and never applied, because server-side apply would replace
-/// the token under workers that already run with it. Where the operator may
-/// not create Secrets (a namespace the chart was not told of), the new
+/// The plan to create Jobs from, and whether its workers speak TLS to
+/// their peers. With fanout PeerToPeer the DataStage's peer Secret must
+/// exist first: worker pods read it as they start. It is created once, with
+/// a token and the DataStage's peer CA and certificate, and never changed
+/// (see [`crate::peers`]); one from a release before peer TLS holds no
+/// certificates, and its workers talk plain HTTP with the token, which an
+/// event says until the Secret is deleted. Where the operator may not
+/// create or read Secrets (a namespace the chart was not told of), the new
 /// workers read everything from the store: peers make staging cheaper,
 /// never possible.
-async fn with_peer_secret<'a>(ds: &DataStage, ctx: &Context, plan: &Plan<'a>) -> Result<Plan<'a>, Error> {
+async fn with_peer_secret<'a>(ds: &DataStage, ctx: &Context, plan: &Plan<'a>) -> Result<(Plan<'a>, bool), Error> {
     if plan.fanout != Fanout::PeerToPeer {
-        return Ok(plan.clone());
+        return Ok((plan.clone(), false));
     }
     let namespace = ds.namespace().unwrap_or_default();
+    let name = crate::peers::secret_name(&ds.name_any());
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = crate::peers::build_secret(ds, &crate::peers::new_token());
+    let direct = |note: String| async move {
+        publish(ctx, ds, EventType::Warning, "PeersUnavailable", note, "Create").await;
+        Ok((Plan { fanout: Fanout::Direct, ..plan.clone() }, false))
+    };
+    let forbidden = |verb: &str| {
+        format!(
+            "the operator may not {verb} Secret {name} in namespace {namespace}, which peers need; these workers read everything from the store (fanout Direct). Add the namespace to the chart's dataStageNamespaces"
+        )
+    };
+    let now = std::time::SystemTime::now();
+    let existing = match secrets.get_opt(&name).await {
+        Ok(existing) => existing,
+        Err(kube::Error::Api(status)) if status.is_forbidden() => return direct(forbidden("read")).await,
+        Err(error) => return Err(error.into()),
+    };
+    if let Some(existing) = existing {
+        let tls = crate::peers::holds_certificates(existing.data.as_ref(), now);
+        if !tls {
+            let note = format!(
+                "peer Secret {name} holds no current peer certificates (it predates peer TLS, or they expired): these workers talk to their peers over plain HTTP with its token. Delete the Secret between runs and the operator issues new ones"
+            );
+            publish(ctx, ds, EventType::Warning, "PeersWithoutTLS", note, "Create").await;
+        }
+        return Ok((plan.clone(), tls));
+    }
+    let certificates = match crate::peers::new_certificates(now) {
+        Ok(certificates) => certificates,
+        Err(error) => return direct(format!(
+            "cannot issue the peer certificates ({error}); these workers read everything from the store (fanout Direct)"
+        ))
+        .await,
+    };
+    let secret = crate::peers::build_secret(ds, &crate::peers::new_token(), &certificates);
     let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
     match secrets.create(&params, &secret).await {
-        Ok(_) => Ok(plan.clone()),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(plan.clone()),
-        Err(kube::Error::Api(status)) if status.is_forbidden() => {
-            let note = format!(
-                "the operator may not create Secret {} in namespace {namespace}, which peers need; these workers read everything from the store (fanout Direct). Add the namespace to the chart's dataStageNamespaces",
-                secret.name_any()
-            );
-            publish(ctx, ds, EventType::Warning, "PeersUnavailable", note, "Create").await;
-            Ok(Plan { fanout: Fanout::Direct, ..plan.clone() })
-        }
+        // Created here, or just now by a reconcile that raced this one
+        // (with certificates too: only this release creates).
+        Ok(_) => Ok((plan.clone(), true)),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok((plan.clone(), true)),
+        Err(kube::Error::Api(status)) if status.is_forbidden() => direct(forbidden("create")).await,
         Err(error) => Err(error.into()),
     }
 }

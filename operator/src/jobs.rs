@@ -161,6 +161,10 @@ pub struct WorkerDefaults {
     /// Node directories Ferry owns whole, in which pulls share their
     /// objects (see [`data_layout`]); empty: no pull shares.
     pub shared_host_paths: Vec<String>,
+    /// Whether PeerToPeer workers speak mutual TLS with the certificates
+    /// of the DataStage's peer Secret; false where that Secret predates
+    /// peer TLS (see [`crate::peers`]).
+    pub peer_tls: bool,
 }
 
 impl WorkerDefaults {
@@ -174,6 +178,7 @@ impl WorkerDefaults {
             dataset_quotas: BTreeMap::new(),
             capacity_claims: BTreeMap::new(),
             shared_host_paths: Vec::new(),
+            peer_tls: true,
         }
     }
 }
@@ -295,7 +300,7 @@ pub fn stager_cli(
     let mut options = transfer_options(&ds.spec, plan);
     if plan.fanout == Fanout::PeerToPeer {
         let serve_bandwidth = ds.spec.transfer.as_ref().and_then(|t| t.peer_serve_bandwidth.clone());
-        options.peers = crate::peers::options(worker, group, serve_bandwidth);
+        options.peers = crate::peers::options(worker, group, serve_bandwidth, defaults.peer_tls);
     }
     // Running workers write their own entry of the DataStage's status.
     options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
@@ -699,7 +704,8 @@ pub fn build_job(
     env.extend(ca.as_ref().map(|(ssl_cert_file, _, _)| ssl_cert_file.clone()));
     container.env = Some(env);
     container.resources = spec.resources.clone();
-    for (volume, mount) in key_file.into_iter().chain(ca.map(|(_, volume, mount)| (volume, mount))) {
+    let peer_tls = (peer_to_peer && defaults.peer_tls).then(|| crate::peers::tls_volume(ds));
+    for (volume, mount) in key_file.into_iter().chain(ca.map(|(_, volume, mount)| (volume, mount))).chain(peer_tls) {
         container.volume_mounts.get_or_insert_with(Vec::new).push(mount);
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
@@ -859,6 +865,7 @@ mod tests {
     use super::*;
     use clap::Parser as _;
     use serde_json::json;
+    use std::path::Path;
 
     fn datastage(spec: serde_json::Value) -> DataStage {
         serde_json::from_value(json!({
@@ -1044,6 +1051,11 @@ mod tests {
         let token = from(ferry_contract::peers::PEER_TOKEN_ENV).secret_key_ref.unwrap();
         assert_eq!((token.name.as_str(), token.key.as_str()), ("imagenet-peers", "token"));
         assert!(args.iter().all(|a| !a.contains("token")), "the secret is never a flag");
+        // The certificate files from the same Secret, where --peer-tls says.
+        let tls_dir = options.peers.peer_tls.clone().unwrap();
+        let mount = container.volume_mounts.iter().flatten().find(|m| tls_dir == Path::new(&m.mount_path)).unwrap();
+        let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name).unwrap();
+        assert_eq!(volume.secret.as_ref().unwrap().secret_name.as_deref(), Some("imagenet-peers"));
 
         let ports: Vec<_> =
             container.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
@@ -1066,6 +1078,7 @@ mod tests {
         let env = container.env.clone().unwrap();
         assert!(env.iter().all(|e| e.name != "POD_IP" && e.name != ferry_contract::peers::PEER_TOKEN_ENV));
         assert_eq!(container.ports, None);
+        assert!(pod.volumes.iter().flatten().all(|v| v.secret.is_none()), "no peer certificates");
     }
 
     #[test]
@@ -1138,13 +1151,9 @@ mod tests {
     #[test]
     fn workers_get_the_operators_service_account_and_metrics_port_unless_the_spec_names_its_own() {
         let defaults = WorkerDefaults {
-            image: "stager:1".into(),
             service_account: Some("ferry-stager".into()),
             metrics_port: Some(9464),
-            store_share: None,
-            dataset_quotas: BTreeMap::new(),
-            capacity_claims: BTreeMap::new(),
-            shared_host_paths: Vec::new(),
+            ..WorkerDefaults::image("stager:1")
         };
         let worker = Worker::on_node("a");
         let mut ds = pull_to_host_path();
@@ -1494,7 +1503,9 @@ mod tests {
         ]
         .map(|(key, optional)| (key.to_owned(), format!("azure/{key}"), Some(optional)));
         assert_eq!(from_secret, expected);
-        assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "no key file: only the data volume");
+        let peer_tls = crate::peers::tls_volume(&ds).0.name;
+        let volumes: Vec<_> = pod.volumes.iter().flatten().filter(|v| v.name != peer_tls).collect();
+        assert_eq!(volumes.len(), 1, "no key file: only the data volume (besides the peer certificates)");
         let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(source.scheme, Scheme::Azure);
         assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite:10000/devstoreaccount1"));

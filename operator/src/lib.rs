@@ -11,6 +11,7 @@
 //! * [`schedule`]: cron schedules of re-syncs.
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`peers`]: what the workers of a PeerToPeer DataStage need to feed each other.
+//! * [`certs`]: the CAs and certificates the operator issues (webhook, peers).
 //! * [`budgets`]: StoreBudgets: the share of one each new worker gets.
 //! * [`quotas`]: StagingQuotas: the room they leave each worker, their status.
 //! * [`disks`]: room on nodes' disks, and when a run a full disk refused starts again.
@@ -22,6 +23,7 @@
 
 pub mod budgets;
 pub mod cache;
+pub mod certs;
 pub mod config;
 pub mod controller;
 pub mod disks;

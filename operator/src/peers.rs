@@ -1,22 +1,34 @@
 //! Fleet staging (`fanout: PeerToPeer`): what the operator gives the
-//! workers of one DataStage so that they can feed each other. The shared
-//! secret (a Secret per DataStage, created once and never rotated under
-//! running workers), and what a worker pod needs to serve and to ask: its
-//! own IP, the secret, the peer port and the `--peer-*` flags. Pure
-//! builders; the controller creates the Secret, [`crate::jobs`] puts the
-//! rest into the worker Job.
+//! workers of one DataStage so that they can feed each other. A Secret per
+//! DataStage holds the shared secret and the DataStage's peer CA and
+//! certificate ([`ferry_contract::peers::tls`]). It is created once and
+//! never changed: a new token or CA would lock out the workers already
+//! running, and the operator may not update Secrets in users' namespaces
+//! (it could change their credentials). So the certificate lives as long
+//! as its CA. A Secret from a release before peer TLS holds only the
+//! token: its workers talk plain HTTP with the secret until it is deleted
+//! and the operator creates a new one. A worker pod needs its own IP, the
+//! secret, the certificate files, the peer port and the `--peer-*` flags.
+//! Pure builders; the controller creates the Secret, [`crate::jobs`] puts
+//! the rest into the worker Job.
 //!
 //! Not here: which peer holds what, and checking what a peer serves (the
 //! stager does both, against the store's checksum).
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
-use ferry_contract::peers::{DEFAULT_PEER_PORT, PEER_TOKEN_ENV, PEER_TOKEN_KEY, PeerOptions};
+use ferry_contract::peers::{DEFAULT_PEER_PORT, PEER_TOKEN_ENV, PEER_TOKEN_KEY, PeerOptions, tls};
 use ferry_crds::DataStage;
-use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Secret, SecretKeySelector};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    ContainerPort, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Secret, SecretKeySelector, SecretVolumeSource,
+    Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
 
+use crate::certs::{self, Bundle, CertError, Lifetimes, Purpose};
 use crate::jobs::{DATASTAGE_LABEL, Worker, bounded_name};
 
 /// Name of the worker container port on which a worker serves its peers.
@@ -26,6 +38,14 @@ pub const PEER_PORT_NAME: &str = "peers";
 pub const POD_IP_ENV: &str = "POD_IP";
 /// Random bytes in a peer secret (hex-encoded in the Secret).
 const TOKEN_BYTES: usize = 32;
+/// Where a worker finds its `--peer-tls` files: the peer Secret's CA,
+/// certificate and key (never the CA's key).
+pub const TLS_DIR: &str = "/etc/ferry/peer-tls";
+/// The pod volume that holds them.
+const TLS_VOLUME: &str = "peer-tls";
+/// How long a DataStage's peer CA and certificate live: never renewed
+/// (see above), they outlive any DataStage they are likely to serve.
+const TLS_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// The name of a DataStage's peer Secret: `<datastage>-peers`.
 pub fn secret_name(datastage: &str) -> String {
@@ -38,9 +58,26 @@ pub fn new_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The peer Secret of `ds` holding `token`, owned by the DataStage so that
-/// it goes with it.
-pub fn build_secret(ds: &DataStage, token: &str) -> Secret {
+/// A new peer CA and certificate.
+///
+/// # Errors
+/// Issuing failed.
+pub fn new_certificates(now: SystemTime) -> Result<Bundle, CertError> {
+    let lifetimes = Lifetimes { ca: TLS_LIFETIME, serving: TLS_LIFETIME };
+    let issued = certs::renew(Purpose::Peers, None, &[tls::SERVER_NAME.to_owned()], lifetimes, now)?;
+    Ok(issued.expect("with nothing to renew, renew issues"))
+}
+
+/// Whether a peer Secret's data holds certificates its workers can use at
+/// `now`: not one from a release before peer TLS, or one long expired.
+pub fn holds_certificates(data: Option<&BTreeMap<String, ByteString>>, now: SystemTime) -> bool {
+    let Some(bundle) = data.and_then(|data| Bundle::from_secret_data(data).ok()) else { return false };
+    certs::validity_of(&bundle.cert).is_ok_and(|validity| !validity.expired(now))
+}
+
+/// The peer Secret of `ds` holding `token` and the peer `certificates`,
+/// owned by the DataStage so that it goes with it.
+pub fn build_secret(ds: &DataStage, token: &str, certificates: &Bundle) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(&ds.name_any())),
@@ -56,24 +93,65 @@ pub fn build_secret(ds: &DataStage, token: &str) -> Secret {
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".into()),
-        string_data: Some(BTreeMap::from([(PEER_TOKEN_KEY.to_owned(), token.to_owned())])),
+        data: Some(secret_data(token, certificates)),
         ..Secret::default()
     }
 }
 
+/// A peer Secret's data.
+fn secret_data(token: &str, certificates: &Bundle) -> BTreeMap<String, ByteString> {
+    let mut data = certificates.to_secret_data();
+    data.insert(PEER_TOKEN_KEY.to_owned(), ByteString(token.as_bytes().to_vec()));
+    data
+}
+
+/// The pod volume of the peer Secret's certificate files, and where the
+/// worker mounts it ([`TLS_DIR`]).
+pub fn tls_volume(ds: &DataStage) -> (Volume, VolumeMount) {
+    let item = |key: &str| KeyToPath { key: key.to_owned(), path: key.to_owned(), mode: None };
+    let volume = Volume {
+        name: TLS_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name(&ds.name_any())),
+            items: Some(vec![item(tls::CA_FILE), item(tls::CERT_FILE), item(tls::KEY_FILE)]),
+            optional: Some(false),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mount = VolumeMount {
+        name: TLS_VOLUME.into(),
+        mount_path: TLS_DIR.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    (volume, mount)
+}
+
 /// The `--peer-*` options of a worker whose peers are `group` (the plan's
 /// workers when its Job is created), short of `--peer-listen`, which
-/// [`listen_on_pod_ip`] adds. Peer addresses are not passed: each worker
-/// publishes its own in its `status.workers[]` entry and reads the others'
-/// there (`--report-to`).
-pub fn options(worker: &Worker, group: &[Worker], serve_bandwidth: Option<ferry_contract::ByteSize>) -> PeerOptions {
+/// [`listen_on_pod_ip`] adds; with `tls` (the peer Secret holds
+/// certificates, mounted by [`tls_volume`]) they speak mutual TLS. Peer
+/// addresses are not passed: each worker publishes its own in its
+/// `status.workers[]` entry and reads the others' there (`--report-to`).
+pub fn options(
+    worker: &Worker,
+    group: &[Worker],
+    serve_bandwidth: Option<ferry_contract::ByteSize>,
+    tls: bool,
+) -> PeerOptions {
     let mut names: Vec<String> = group.iter().map(|w| w.name.clone()).collect();
     names.push(worker.name.clone());
     // Sorted and without duplicates: the Job's arguments do not depend on
     // the order nodes were listed in.
     names.sort();
     names.dedup();
-    PeerOptions { peer_group: names, peer_serve_bandwidth: serve_bandwidth, ..PeerOptions::default() }
+    PeerOptions {
+        peer_group: names,
+        peer_serve_bandwidth: serve_bandwidth,
+        peer_tls: tls.then(|| TLS_DIR.into()),
+        ..PeerOptions::default()
+    }
 }
 
 /// Adds `--peer-listen=$(POD_IP):9466` to rendered stager arguments, before
@@ -150,25 +228,69 @@ mod tests {
     #[test]
     fn the_secret_is_the_datastages_own_and_named_after_it() {
         let ds = datastage("imagenet");
-        let secret = build_secret(&ds, "abc");
+        let certificates = new_certificates(SystemTime::now()).unwrap();
+        let secret = build_secret(&ds, "abc", &certificates);
         assert_eq!(secret.metadata.name.as_deref(), Some("imagenet-peers"));
         assert_eq!(secret.metadata.namespace.as_deref(), Some("ml"));
         assert_eq!(secret.metadata.labels.as_ref().unwrap()[DATASTAGE_LABEL], "imagenet");
         let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("DataStage", "u-1", Some(true)));
-        assert_eq!(secret.string_data.unwrap()[PEER_TOKEN_KEY], "abc");
+        let data = secret.data.unwrap();
+        assert_eq!(data[PEER_TOKEN_KEY].0, b"abc");
+        // The certificates read back as they were written.
+        assert_eq!(Bundle::from_secret_data(&data).unwrap(), certificates);
+        assert!(certificates.ca_key.is_some(), "kept, to renew the certificate under the same CA");
 
         let long = secret_name(&"d".repeat(70));
         assert!(long.len() <= 63 && long.ends_with("-peers"), "{long}");
     }
 
+    /// The extended key usages of the first certificate in `pem`.
+    fn usages(pem: &str) -> (bool, bool) {
+        use x509_parser::prelude::{FromDer as _, X509Certificate};
+        let der = ::pem::parse(pem).unwrap().into_contents();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let usage = cert.extended_key_usage().unwrap().unwrap().value;
+        (usage.server_auth, usage.client_auth)
+    }
+
+    #[test]
+    fn peer_certificates_serve_and_ask_for_as_long_as_their_ca_lives() {
+        let now = SystemTime::now();
+        let certificates = new_certificates(now).unwrap();
+        assert_eq!(usages(&certificates.cert), (true, true), "a worker serves and asks with one certificate");
+        let (ca, cert) =
+            (certs::validity_of(&certificates.ca_bundle).unwrap(), certs::validity_of(&certificates.cert).unwrap());
+        assert_eq!(cert.not_after, ca.not_after);
+        assert!(cert.not_after > now + Duration::from_secs(9 * 365 * 86_400));
+        let data = secret_data("abc", &certificates);
+        assert!(holds_certificates(Some(&data), now));
+        assert!(!holds_certificates(Some(&data), cert.not_after), "expired");
+        // A Secret of a release before peer TLS holds only the token.
+        let old = BTreeMap::from([(PEER_TOKEN_KEY.to_owned(), ByteString(b"abc".to_vec()))]);
+        assert!(!holds_certificates(Some(&old), now));
+        assert!(!holds_certificates(None, now));
+    }
+
+    #[test]
+    fn workers_mount_the_ca_certificate_and_key_but_never_the_cas_key() {
+        let (volume, mount) = tls_volume(&datastage("imagenet"));
+        let secret = volume.secret.unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("imagenet-peers"));
+        let keys: Vec<_> = secret.items.unwrap().into_iter().map(|i| i.key).collect();
+        assert_eq!(keys, [tls::CA_FILE, tls::CERT_FILE, tls::KEY_FILE]);
+        assert_eq!((mount.name, mount.mount_path.as_str(), mount.read_only), (volume.name, TLS_DIR, Some(true)));
+    }
+
     #[test]
     fn the_group_holds_every_worker_once_in_order() {
         let group = [Worker::on_node("c"), Worker::on_node("a"), Worker::on_node("c")];
-        let options = options(&Worker::on_node("b"), &group, None);
+        let options = options(&Worker::on_node("b"), &group, None, true);
         assert_eq!(options.peer_group, ["a", "b", "c"]);
         assert_eq!(options.peer_listen, None, "added to the arguments, where $(POD_IP) can be said");
         assert!(options.peers.is_empty(), "addresses come from the status");
+        assert_eq!(options.peer_tls.as_deref(), Some(std::path::Path::new(TLS_DIR)));
+        assert_eq!(super::options(&Worker::on_node("b"), &group, None, false).peer_tls, None, "no certificates");
     }
 
     #[test]

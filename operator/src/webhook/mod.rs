@@ -3,8 +3,8 @@
 //! no init container and no Role of their own.
 //!
 //! * [`wiring`]: what a pod asks for and the patch it gets (pure).
-//! * [`certs`]: the webhook's CA and serving certificate (pure).
 //! * [`server`]: the HTTPS endpoint the API server calls.
+//! * [`crate::certs`]: its CA and serving certificate (pure).
 //!
 //! Every replica serves the webhook (the API server picks any endpoint of
 //! the Service) and keeps its certificate current: [`keep_certificates`]
@@ -13,7 +13,6 @@
 //! the serving pair. Replicas that race to renew are ordered by the
 //! Secret's resourceVersion: one write wins, the others read it next round.
 
-pub mod certs;
 pub mod server;
 pub mod wiring;
 
@@ -26,9 +25,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
+use crate::certs::{self, Bundle, CertError, Lifetimes, Purpose};
 use crate::config::{OperatorConfig, WebhookCerts};
 use crate::metrics::Metrics;
-use certs::{Bundle, CertError, Lifetimes};
 use server::ServingCertificate;
 
 /// Why one round of certificate keeping failed (the next round retries).
@@ -124,7 +123,7 @@ async fn keep_once(
             let names = certs::service_names(&config.webhook_service, namespace);
             let lifetimes = Lifetimes { ca: config.webhook_ca_lifetime, serving: config.webhook_cert_lifetime };
             let current = stored.and_then(Result::ok);
-            match certs::renew(current.as_ref(), &names, lifetimes, SystemTime::now())? {
+            match certs::renew(Purpose::Webhook, current.as_ref(), &names, lifetimes, SystemTime::now())? {
                 None => {
                     let bundle = current.expect("renew issues when there is nothing");
                     publish_ca_bundle(client, config, &bundle.ca_bundle).await?;

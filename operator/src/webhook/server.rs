@@ -17,8 +17,8 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
-use super::certs::{Bundle, CertError};
 use super::wiring::{DataRequest, wire};
+use crate::certs::{Bundle, CertError};
 use crate::metrics::Metrics;
 
 /// The path the webhook configuration names.

@@ -1489,25 +1489,61 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
             }),
         )
         .await;
-    // Someone without the DataStage's secret (here, the test itself, on the
-    // pod network) is refused by a worker's peer port.
+    // A worker's peer port speaks only mutual TLS with certificates of the
+    // DataStage's CA, which the operator issued into the peer Secret.
     let serving =
         setup.wait_status("fleet", "serving peers", |s| s.workers.iter().any(|w| w.peer_address.is_some())).await;
     let address = serving.workers.iter().find_map(|w| w.peer_address.clone()).unwrap();
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let url = format!("http://{address}{}", ferry_contract::peers::wire::STATE_PATH);
-    assert_eq!(client.get(&url).send().await.unwrap().status(), 401, "no secret");
-    assert_eq!(client.get(&url).bearer_auth("guess").send().await.unwrap().status(), 401, "a wrong secret");
-    // So is a pod in another namespace: it succeeds only on a 401 (a closed
-    // port or any other answer fails it).
+    let peer_secret = setup.secrets.get("fleet-peers").await.unwrap().data.unwrap();
+    let text = |key: &str| String::from_utf8(peer_secret[key].0.clone()).unwrap();
+    use ferry_contract::peers::{PEER_TOKEN_KEY, tls, wire};
+    let state = |scheme: &str, client: &reqwest::Client| {
+        client
+            .get(format!("{scheme}://{address}{}", wire::STATE_PATH))
+            .bearer_auth(text(PEER_TOKEN_KEY))
+            .header(wire::SPEAKER_HEADER, wire::Speaker::new("e2e-test", None).to_string())
+    };
+    let client = |identity: Option<(String, String)>, ca: Option<&str>| {
+        let mut builder = reqwest::Client::builder().no_proxy();
+        builder = match ca {
+            // The name is the peer name, not the address dialled.
+            Some(ca) => builder
+                .tls_certs_only([reqwest::Certificate::from_pem(ca.as_bytes()).unwrap()])
+                .tls_danger_accept_invalid_hostnames(true),
+            None => builder.tls_danger_accept_invalid_certs(true),
+        };
+        if let Some((cert, key)) = identity {
+            builder = builder.identity(reqwest::Identity::from_pem(format!("{cert}{key}").as_bytes()).unwrap());
+        }
+        builder.build().unwrap()
+    };
+    // Plain HTTP gets no HTTP answer: what crosses the wire is TLS.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert!(state("http", &plain).send().await.is_err(), "the peer port answered plain HTTP");
+    // Without a certificate, or with another DataStage's (another CA's),
+    // even with the token: refused at the handshake.
+    let other_datastage = ferry_testkit::PeerCa::new().issue(tls::SERVER_NAME);
+    for (identity, who) in [(None, "no certificate"), (Some(other_datastage), "another DataStage's certificate")] {
+        let sent = state("https", &client(identity, None)).send().await;
+        assert!(sent.is_err(), "a client with {who} was answered: {sent:?}");
+    }
+    // With the DataStage's own certificate it is answered, and it proves
+    // itself with the same CA; the token is still required.
+    let member = client(Some((text(tls::CERT_FILE), text(tls::KEY_FILE))), Some(&text(tls::CA_FILE)));
+    assert_eq!(state("https", &member).send().await.unwrap().status(), 200, "a worker's own certificate");
+    let url = format!("https://{address}{}", wire::STATE_PATH);
+    assert_eq!(member.get(&url).send().await.unwrap().status(), 401, "the certificate without the token");
+    // So is a pod in another namespace: it succeeds only when its TLS
+    // handshake is refused (curl's 35 or 56), not on a closed port (7), a
+    // timeout (28) or any HTTP answer.
     create_namespace(&setup.cluster, "outsider", &[]).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(setup.cluster.client().await.unwrap(), "outsider");
     let probe = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
         "spec": {"restartPolicy": "Never", "containers": [{
             "name": "probe", "image": ferry_e2e::image("ferry-e2e-shell"),
-            // `$$(` is `$(` after Kubernetes' own `$(VAR)` expansion.
-            "command": ["sh", "-c", "code=$$(curl -s -o /dev/null -w '%{http_code}' \"$URL\"); echo \"peer port answered $code\"; test \"$code\" = 401"],
+            // `$$` is `$` after Kubernetes' own `$(VAR)` expansion.
+            "command": ["sh", "-c", "curl -sk -o /dev/null \"$URL\"; rc=$$?; echo \"curl exited $$rc\"; test $$rc = 35 || test $$rc = 56"],
             "env": [{"name": "URL", "value": url}],
         }]},
     }))
@@ -1524,7 +1560,7 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
     assert_eq!(
         phase,
         "Succeeded",
-        "a pod outside the DataStage was not refused with 401\n{}",
+        "a pod outside the DataStage was not refused at the TLS handshake\n{}",
         setup.cluster.diagnostics()
     );
 
