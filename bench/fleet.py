@@ -223,15 +223,18 @@ def main():
     parser.add_argument("--peer-link", type=float,
                         help="what each node serves its peers, MiB/s (--peer-serve-bandwidth; unlimited by default)")
     parser.add_argument("--peer-tls", action="store_true",
-                        help="peers speak mutual TLS (--peer-tls), as the operator's workers do")
-    parser.add_argument("--smoke", action="store_true", help="seconds: 1 and 2 nodes, a few MiB, once")
+                        help="peers speak mutual TLS (--peer-tls), as the operator's workers do (needs openssl)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: 1 and 2 nodes, 2 objects of 20 MiB, once")
     parser.add_argument("--peers-only", action="store_true",
                         help="Direct only at the smallest N (the denominator), PeerToPeer at every N")
     parser.add_argument("--out", default="bench/results/fleet")
     parser.add_argument("--report", help="append the Markdown table to this file's Fleet section")
     args = parser.parse_args()
     if args.smoke:
-        args.sizes, args.reps, args.objects, args.object_size = "1,2", 1, 6, 1
+        # The model shape in miniature: objects of several 8 MiB blocks,
+        # handed over block by block.
+        args.sizes, args.reps, args.objects, args.object_size = "1,2", 1, 2, 20
     sizes = [int(s) for s in args.sizes.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

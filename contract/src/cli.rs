@@ -252,6 +252,9 @@ impl TransferOptions {
         if !p.peer_group.is_empty() {
             option(args, "--peer-group", Some(p.peer_group.join(",")));
         }
+        if !p.peer_owners.is_empty() {
+            option(args, "--peer-owners", Some(p.peer_owners.join(",")));
+        }
         option(args, "--peer-listen", p.peer_listen);
         for peer in &p.peers {
             option(args, "--peer", Some(peer));
@@ -419,6 +422,8 @@ mod tests {
             let (peer_group, peers, peer_serve_bandwidth, peer_timeout, peer_linger, peer_tls) = fleet;
             // --report-to and --peer-group need --worker; --peer-group needs --peer-listen.
             let grouped = !peer_group.is_empty();
+            // --peer-owners needs --peer-group: some of its members.
+            let peer_owners: Vec<String> = peer_group.iter().skip(1).cloned().collect();
             let worker = if report_to.is_some() || grouped { worker.or_else(|| Some("w".into())) } else { worker };
             let peer_listen = grouped.then(|| SocketAddr::from(([10, 0, 0, 7], 9466)));
             let (max_attempts, connect_timeout, request_timeout, stall_timeout, max_request_rate, store_share) =
@@ -461,6 +466,7 @@ mod tests {
                 stall_timeout,
                 peers: PeerOptions {
                     peer_group,
+                    peer_owners,
                     peer_listen,
                     peers,
                     peer_serve_bandwidth,

@@ -42,6 +42,14 @@ pub struct PeerOptions {
     /// rest from the others.
     #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', requires_all = ["worker", "peer_listen"]))]
     pub peer_group: Vec<String>,
+    /// The members of --peer-group that read the dataset from the store
+    /// between them (comma-separated; all of them by default). A worker
+    /// that joins a running fleet is not one: the others divided the
+    /// dataset among themselves before it came, so it reads from them what
+    /// they read, and from the store only what a peer that is bypassed or
+    /// has exited leaves.
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', requires = "peer_group"))]
+    pub peer_owners: Vec<String>,
     /// Serve this worker's staged objects to its peers on this address
     /// (the pod's own, never a wildcard: peers only). Requests must carry
     /// the secret in FERRY_PEER_TOKEN.
@@ -74,6 +82,7 @@ impl Default for PeerOptions {
     fn default() -> Self {
         Self {
             peer_group: Vec::new(),
+            peer_owners: Vec::new(),
             peer_listen: None,
             peers: Vec::new(),
             peer_serve_bandwidth: None,

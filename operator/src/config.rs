@@ -133,6 +133,7 @@ impl OperatorConfig {
             capacity_claims: std::collections::BTreeMap::new(),
             shared_host_paths: self.shared_host_paths.iter().filter(|p| !p.is_empty()).cloned().collect(),
             peer_tls: true,
+            peers_running: Vec::new(),
         }
     }
 

@@ -518,6 +518,8 @@ async fn carry_out(
         let (jobs_plan, peer_tls) = with_peer_secret(ds, ctx, plan).await?;
         let mut defaults = ctx.config.worker_defaults();
         defaults.peer_tls = peer_tls;
+        // Workers that join a run others are in read from them what they read.
+        defaults.peers_running = crate::peers::running_groups(&existing);
         defaults.dataset_quotas = allowance.room;
         if plan.direction == Direction::Pull {
             defaults.capacity_claims = capacity_claims(ds, ctx, &starting);

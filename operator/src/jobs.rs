@@ -165,6 +165,10 @@ pub struct WorkerDefaults {
     /// of the DataStage's peer Secret; false where that Secret predates
     /// peer TLS (see [`crate::peers`]).
     pub peer_tls: bool,
+    /// The peer groups of the run's existing worker Jobs: a worker none of
+    /// them names (a node labelled into a running DataStage) reads from
+    /// them what they read (see [`crate::peers::options`]).
+    pub peers_running: Vec<Vec<String>>,
 }
 
 impl WorkerDefaults {
@@ -179,6 +183,7 @@ impl WorkerDefaults {
             capacity_claims: BTreeMap::new(),
             shared_host_paths: Vec::new(),
             peer_tls: true,
+            peers_running: Vec::new(),
         }
     }
 }
@@ -300,7 +305,8 @@ pub fn stager_cli(
     let mut options = transfer_options(&ds.spec, plan);
     if plan.fanout == Fanout::PeerToPeer {
         let serve_bandwidth = ds.spec.transfer.as_ref().and_then(|t| t.peer_serve_bandwidth.clone());
-        options.peers = crate::peers::options(worker, group, serve_bandwidth, defaults.peer_tls);
+        options.peers =
+            crate::peers::options(worker, group, &defaults.peers_running, serve_bandwidth, defaults.peer_tls);
     }
     // Running workers write their own entry of the DataStage's status.
     options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
@@ -687,7 +693,12 @@ pub fn build_job(
     let spec = &ds.spec;
     let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
     let peer_to_peer = plan.fanout == Fanout::PeerToPeer;
-    let mut args = literal(stager_cli(ds, plan, worker, group, defaults).to_args());
+    let cli = stager_cli(ds, plan, worker, group, defaults);
+    let peer_group = match &cli.command {
+        StagerCommand::Pull { options, .. } => options.peers.peer_group.clone(),
+        _ => Vec::new(),
+    };
+    let mut args = literal(cli.to_args());
     if peer_to_peer {
         args = crate::peers::listen_on_pod_ip(args);
     }
@@ -735,6 +746,8 @@ pub fn build_job(
             name: Some(job_name(&ds.name_any(), worker, run)),
             namespace: ds.namespace(),
             labels: Some(labels.clone()),
+            annotations: (!peer_group.is_empty())
+                .then(|| BTreeMap::from([crate::peers::group_annotation(&peer_group)])),
             owner_references: Some(vec![
                 ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
             ]),
@@ -1060,6 +1073,30 @@ mod tests {
         let ports: Vec<_> =
             container.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
         assert_eq!(ports, [(METRICS_PORT_NAME.to_owned(), 9464), (crate::peers::PEER_PORT_NAME.to_owned(), 9466)]);
+    }
+
+    #[test]
+    fn a_node_that_joins_running_workers_reads_from_them_what_they_read() {
+        let ds = pull_to_host_path();
+        let plan = ds.spec.plan().unwrap();
+        let defaults = WorkerDefaults::image("stager:1");
+        let first = plan_workers(&plan, &["a".to_owned(), "b".to_owned()]);
+        let running: Vec<Job> = first.iter().map(|w| build_job(&ds, &plan, w, &first, 1, &defaults)).collect();
+        // The group each Job was created with reads back from the Job alone.
+        assert_eq!(crate::peers::running_groups(&running), [["a", "b"], ["a", "b"]]);
+        // Node c joins: its group names all three, and the two running
+        // workers, whose groups do not name it, are its owners.
+        let all = plan_workers(&plan, &["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        let joining = WorkerDefaults { peers_running: crate::peers::running_groups(&running), ..defaults };
+        let StagerCommand::Pull { options, .. } =
+            parsed(&pod(&build_job(&ds, &plan, &all[2], &all, 1, &joining))).command
+        else {
+            panic!("a pull")
+        };
+        assert_eq!(
+            (options.peers.peer_group, options.peers.peer_owners),
+            (vec!["a".into(), "b".into(), "c".into()], vec!["a".into(), "b".into()])
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use ferry_contract::peers::{DEFAULT_PEER_PORT, PEER_TOKEN_ENV, PEER_TOKEN_KEY, PeerOptions, tls};
 use ferry_crds::DataStage;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Secret, SecretKeySelector, SecretVolumeSource,
     Volume, VolumeMount,
@@ -131,12 +132,17 @@ pub fn tls_volume(ds: &DataStage) -> (Volume, VolumeMount) {
 /// The `--peer-*` options of a worker whose peers are `group` (the plan's
 /// workers when its Job is created), short of `--peer-listen`, which
 /// [`listen_on_pod_ip`] adds; with `tls` (the peer Secret holds
-/// certificates, mounted by [`tls_volume`]) they speak mutual TLS. Peer
+/// certificates, mounted by [`tls_volume`]) they speak mutual TLS.
+/// `running`: the peer groups the run's existing worker Jobs were created
+/// with ([`running_groups`]). When none names this worker, it joins a
+/// fleet that divided the dataset without it: their members are its
+/// `--peer-owners`, and it reads from them what they read. Peer
 /// addresses are not passed: each worker publishes its own in its
 /// `status.workers[]` entry and reads the others' there (`--report-to`).
 pub fn options(
     worker: &Worker,
     group: &[Worker],
+    running: &[Vec<String>],
     serve_bandwidth: Option<ferry_contract::ByteSize>,
     tls: bool,
 ) -> PeerOptions {
@@ -146,12 +152,36 @@ pub fn options(
     // the order nodes were listed in.
     names.sort();
     names.dedup();
+    let joins = !running.iter().any(|g| g.contains(&worker.name));
+    let mut owners: Vec<String> =
+        running.iter().flatten().filter(|name| joins && names.contains(name)).cloned().collect();
+    owners.sort();
+    owners.dedup();
     PeerOptions {
         peer_group: names,
+        peer_owners: owners,
         peer_serve_bandwidth: serve_bandwidth,
         peer_tls: tls.then(|| TLS_DIR.into()),
         ..PeerOptions::default()
     }
+}
+
+/// The annotation on a PeerToPeer worker Job that records the peer group
+/// it was created with: the controller's cache keeps no pod template, so
+/// it reads the group here when a node joins ([`running_groups`]).
+pub const GROUP_ANNOTATION: &str = "ferry.dev/peer-group";
+
+/// The [`GROUP_ANNOTATION`] of a Job whose workers' group is `group`.
+pub fn group_annotation(group: &[String]) -> (String, String) {
+    (GROUP_ANNOTATION.to_owned(), group.join(","))
+}
+
+/// The peer groups `jobs` (worker Jobs) were created with.
+pub fn running_groups(jobs: &[Job]) -> Vec<Vec<String>> {
+    jobs.iter()
+        .filter_map(|job| job.annotations().get(GROUP_ANNOTATION))
+        .map(|group| group.split(',').filter(|name| !name.is_empty()).map(str::to_owned).collect())
+        .collect()
 }
 
 /// Adds `--peer-listen=$(POD_IP):9466` to rendered stager arguments, before
@@ -285,12 +315,23 @@ mod tests {
     #[test]
     fn the_group_holds_every_worker_once_in_order() {
         let group = [Worker::on_node("c"), Worker::on_node("a"), Worker::on_node("c")];
-        let options = options(&Worker::on_node("b"), &group, None, true);
+        let options = options(&Worker::on_node("b"), &group, &[], None, true);
         assert_eq!(options.peer_group, ["a", "b", "c"]);
         assert_eq!(options.peer_listen, None, "added to the arguments, where $(POD_IP) can be said");
         assert!(options.peers.is_empty(), "addresses come from the status");
         assert_eq!(options.peer_tls.as_deref(), Some(std::path::Path::new(TLS_DIR)));
-        assert_eq!(super::options(&Worker::on_node("b"), &group, None, false).peer_tls, None, "no certificates");
+        assert_eq!(super::options(&Worker::on_node("b"), &group, &[], None, false).peer_tls, None, "no certificates");
+        assert!(options.peer_owners.is_empty(), "workers that start together all read from the store");
+        // One that joins workers already running, whose groups do not name
+        // it, reads from them what they read; a member of theirs the plan
+        // no longer names is not an owner of its.
+        let running = [vec!["c".to_owned(), "a".to_owned(), "gone".to_owned()]];
+        let joiner = super::options(&Worker::on_node("b"), &group, &running, None, true);
+        assert_eq!(joiner.peer_owners, ["a", "c"]);
+        // One that a running group names (its Job was created late) is an
+        // owner like the others: they wait for its share.
+        let named = [vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]];
+        assert!(super::options(&Worker::on_node("b"), &group, &named, None, true).peer_owners.is_empty());
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub enum FleetError {
     /// This worker is not in its own group.
     #[error("--peer-group must include this worker ('{0}')")]
     NotAMember(String),
+    /// An owner that is not in the group.
+    #[error("--peer-owners may name only members of --peer-group ('{0}' is not one)")]
+    OwnerNotAMember(String),
     /// The `--peer-tls` files cannot be used.
     #[error("{0}")]
     Tls(String),
@@ -174,6 +177,10 @@ const CONNECT_RETRY: Duration = Duration::from_millis(250);
 pub struct Fleet {
     me: String,
     group: PeerGroup,
+    /// The members that read the dataset from the store between them
+    /// (`--peer-owners`; the whole group unless this worker joined a
+    /// running fleet): they own every key and block.
+    owners: PeerGroup,
     token: String,
     /// Mutual TLS on the peer port and to peers (`--peer-tls`); plain HTTP
     /// without.
@@ -228,6 +235,14 @@ impl Fleet {
         if !group.members().iter().any(|m| m == me) {
             return Err(FleetError::NotAMember(me.to_owned()));
         }
+        if let Some(stranger) = options.peer_owners.iter().find(|o| !group.members().contains(o)) {
+            return Err(FleetError::OwnerNotAMember(stranger.clone()));
+        }
+        let owners = if options.peer_owners.is_empty() {
+            group.clone()
+        } else {
+            PeerGroup::new(options.peer_owners.iter().cloned())
+        };
         let tls = match &options.peer_tls {
             Some(dir) => Some(tls::PeerTls::load(dir).map_err(|e| FleetError::Tls(e.to_string()))?),
             None => None,
@@ -241,6 +256,7 @@ impl Fleet {
         Ok(Some(Arc::new(Self {
             me: me.to_owned(),
             group,
+            owners,
             token,
             tls,
             serves_at: OnceLock::new(),
@@ -265,14 +281,14 @@ impl Fleet {
 
     /// The peer that reads `relative_key` from the store, when not this worker.
     pub fn owner_elsewhere(&self, relative_key: &str) -> Option<&str> {
-        self.group.owner(relative_key).filter(|owner| *owner != self.me)
+        self.owners.owner(relative_key).filter(|owner| *owner != self.me)
     }
 
     /// The peer that reads block `block` of `key` (an object fetched in
     /// ranges) from the store, and where it serves, when not this worker
     /// and not bypassed; waits up to the timeout for its address.
     pub async fn block_source(&self, key: &str, block: u64) -> Option<(String, SocketAddr)> {
-        let owner = self.group.block_owner(key, block).filter(|owner| *owner != self.me)?;
+        let owner = self.owners.block_owner(key, block).filter(|owner| *owner != self.me)?;
         if self.is_dropped(owner) {
             return None;
         }
@@ -585,20 +601,36 @@ impl Fleet {
         // peer waits for up to the timeout; the body is watched for stalls
         // chunk by chunk ([`PeerStore`]).
         let patience = self.timeout + Duration::from_secs(WAIT_SECONDS);
-        let response = loop {
+        loop {
             let sent = request.try_clone().expect("a body-less request clones").send();
-            match tokio::time::timeout(patience, sent).await {
-                Ok(Ok(response)) => break response,
+            let response = match tokio::time::timeout(patience, sent).await {
+                Ok(Ok(response)) => response,
                 Ok(Err(error)) if nothing_listens(&error) && self.still_patient(peer) => {
                     tokio::time::sleep(CONNECT_RETRY).await;
+                    continue;
                 }
                 Ok(Err(error)) => return Err(unanswered(&error)),
                 Err(_) => return Err((PeerFailure::Unreachable, format!("it did not answer within {patience:?}"))),
+            };
+            match response.status().as_u16() {
+                200 | 206 => return Ok(response),
+                // The block did not start landing there within the
+                // timeout: an owner on a slow link that is busy with its
+                // other blocks. Ask again while its run goes on and makes
+                // progress, as a wait request does; bypassing it would
+                // read its blocks from the store twice.
+                404 if range.is_some() && self.still_working(peer, addr).await => {}
+                status => return Err((PeerFailure::Unreachable, format!("it answered {status} for {key}"))),
             }
-        };
-        match response.status().as_u16() {
-            200 | 206 => Ok(response),
-            status => Err((PeerFailure::Unreachable, format!("it answered {status} for {key}"))),
+        }
+    }
+
+    /// Whether `peer` (at `addr`) is still in its run and has made progress
+    /// within the timeout, by its state.
+    async fn still_working(&self, peer: &str, addr: SocketAddr) -> bool {
+        match self.peer_state(addr).await {
+            Heard::State(state) => !state.finished && self.heard_from(peer, Some(state.bytes_done)),
+            Heard::Closed | Heard::Nothing => false,
         }
     }
 

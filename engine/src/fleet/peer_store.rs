@@ -68,17 +68,24 @@ impl PeerStore {
             let (fleet, peer) = (Arc::clone(&fleet), peer.clone());
             async move {
                 let mut response = response?;
-                let chunk = match tokio::time::timeout(timeout, response.chunk()).await {
-                    Ok(Ok(Some(chunk))) => chunk,
-                    Ok(Ok(None)) => return None,
-                    Ok(Err(error)) => {
-                        fleet.drop_peer(&peer, PeerFailure::Unreachable, &error.to_string());
-                        return Some((Err(StoreError::transient(RetryReason::TruncatedBody, error)), None));
-                    }
-                    Err(_) => {
-                        fleet.drop_peer(&peer, PeerFailure::Stalled, "its response stalled");
-                        let error = StoreError::transient(RetryReason::Timeout, format!("peer {peer} stalled"));
-                        return Some((Err(error), None));
+                let chunk = loop {
+                    match tokio::time::timeout(timeout, response.chunk()).await {
+                        Ok(Ok(Some(chunk))) => break chunk,
+                        Ok(Ok(None)) => return None,
+                        Ok(Err(error)) => {
+                            fleet.drop_peer(&peer, PeerFailure::Unreachable, &error.to_string());
+                            return Some((Err(StoreError::transient(RetryReason::TruncatedBody, error)), None));
+                        }
+                        // A range it is still fetching arrives as fast as
+                        // its own link brings it, in write-sized pieces:
+                        // on a slow link, slower than the timeout per piece.
+                        // Stalled is a peer whose whole run stopped.
+                        Err(_) if fleet.still_working(&peer, addr).await => {}
+                        Err(_) => {
+                            fleet.drop_peer(&peer, PeerFailure::Stalled, "its response stalled");
+                            let error = StoreError::transient(RetryReason::Timeout, format!("peer {peer} stalled"));
+                            return Some((Err(error), None));
+                        }
                     }
                 };
                 fleet.received(chunk.len() as u64);

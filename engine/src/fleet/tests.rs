@@ -113,6 +113,18 @@ async fn worker_with(
     directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (Arc<Engine>, Arc<Fleet>) {
+    worker_configured(store, me, options, config(), directory, shutdown).await
+}
+
+/// [`worker_with`] whose engine runs with `config`.
+async fn worker_configured(
+    store: &Arc<MemoryStore>,
+    me: &str,
+    options: &PeerOptions,
+    config: TransferConfig,
+    directory: &watch::Sender<BTreeMap<String, SocketAddr>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Arc<Engine>, Arc<Fleet>) {
     let metrics = Arc::new(Metrics::new());
     let fleet = Fleet::new(me, options, Some(TOKEN.into()), directory.subscribe(), Arc::clone(&metrics))
         .unwrap()
@@ -121,7 +133,7 @@ async fn worker_with(
     directory.send_modify(|peers| {
         peers.insert(me.to_owned(), addr);
     });
-    let engine = Engine::in_fleet(Arc::clone(store) as _, config(), metrics, Arc::clone(&fleet)).unwrap();
+    let engine = Engine::in_fleet(Arc::clone(store) as _, config, metrics, Arc::clone(&fleet)).unwrap();
     (engine, fleet)
 }
 
@@ -587,6 +599,86 @@ async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
     assert_eq!(summary.peers.peer_failures, 1);
     assert_staged(dir.path(), &objects);
     assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}, not the 10 s timeout", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_joins_a_running_fleet_reads_from_its_peers_what_they_read_and_the_store_is_read_once() {
+    let (store, objects) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let pair = ["node-a", "node-b"];
+    let (engine_a, fleet_a) = worker(&store, "node-a", &pair, &directory).await;
+    let (engine_b, fleet_b) = worker(&store, "node-b", &pair, &directory).await;
+    // node-c joins while they run: its group names all three, but only the
+    // two that divided the dataset before it came read from the store.
+    let trio = ["node-a", "node-b", "node-c"];
+    let joiner = PeerOptions { peer_owners: pair.map(str::to_owned).to_vec(), ..options(&trio) };
+    let (engine_c, fleet_c) = worker_with(&store, "node-c", &joiner, &directory, std::future::pending()).await;
+    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    let runs = [(engine_a, fleet_a), (engine_b, fleet_b), (engine_c, fleet_c)].into_iter().zip(&dirs).map(
+        |((engine, fleet), dir)| {
+            let dir = dir.path().to_path_buf();
+            tokio::spawn(async move {
+                let summary = pull(engine, "p/", &dir, false).await.unwrap();
+                fleet.linger().await;
+                summary
+            })
+        },
+    );
+    let summaries = futures::future::join_all(runs).await;
+    for (summary, dir) in summaries.iter().zip(&dirs) {
+        let summary = summary.as_ref().unwrap();
+        assert!(summary.complete && summary.peers.peer_failures == 0, "{summary:?}");
+        assert_staged(dir.path(), &objects);
+    }
+    let joined = &summaries[2].as_ref().unwrap().peers;
+    assert_eq!(joined.bytes_from_peers, total(&objects), "node-c had everything from its peers: {joined:?}");
+    let read = store.calls().get_bytes;
+    assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_owner_on_a_slow_link_that_starts_a_block_late_is_waited_for_while_it_makes_progress() {
+    let store = Arc::new(MemoryStore::default());
+    let data: Vec<u8> = (0..6u32 << 20).map(|b| (b % 251) as u8).collect();
+    store.insert("p/model.bin", data.clone());
+    let objects = BTreeMap::from([("model.bin".to_owned(), data)]);
+    let group = ["node-a", "node-b"];
+    let options = PeerOptions { peer_timeout: Duration::from_secs(2), ..options(&group) };
+    let directory = watch::Sender::new(BTreeMap::new());
+    // node-a fetches its 1 MiB blocks one at a time at 1 MiB/s: its last
+    // one starts landing seconds after node-b asked for it, past the 2 s
+    // peer timeout, while node-a makes progress all along.
+    let slow = TransferConfig { concurrency: 1, max_bandwidth: Some(1 << 20), ..config() };
+    let (engine_a, fleet_a) =
+        worker_configured(&store, "node-a", &options, slow, &directory, std::future::pending()).await;
+    let (engine_b, fleet_b) = worker_with(&store, "node-b", &options, &directory, std::future::pending()).await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = tokio::join!(
+        async {
+            let summary = pull(engine_a, "p/", dir_a.path(), false).await.unwrap();
+            fleet_a.linger().await;
+            summary
+        },
+        async {
+            let summary = pull(engine_b, "p/", dir_b.path(), false).await.unwrap();
+            fleet_b.linger().await;
+            summary
+        },
+    );
+    for (summary, dir) in [(&a, &dir_a), (&b, &dir_b)] {
+        assert!(summary.complete && summary.peers.peer_failures == 0, "{summary:?}");
+        assert_staged(dir.path(), &objects);
+    }
+    let read = store.calls().get_bytes;
+    assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
+}
+
+#[tokio::test]
+async fn owners_outside_the_group_are_refused() {
+    let options = PeerOptions { peer_owners: vec!["node-z".into()], ..options(&["node-a", "node-b"]) };
+    let directory = watch::Sender::new(BTreeMap::new());
+    let refused = Fleet::new("node-a", &options, Some(TOKEN.into()), directory.subscribe(), Arc::new(Metrics::new()));
+    assert_eq!(refused.unwrap_err(), super::FleetError::OwnerNotAMember("node-z".into()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
