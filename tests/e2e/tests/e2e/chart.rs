@@ -134,7 +134,19 @@ async fn install_crds(tools: &Tools) {
     ] {
         let crd = chart_dir().join("crds").join(file);
         tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");
-        tools.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", name], None).expect("CRD established");
+        // Not `kubectl wait --for=condition=Established`: right after the
+        // apply the CRD may have no conditions yet, and kubectl then fails
+        // at once ("accessor error: <nil>") instead of waiting.
+        let established = r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let status = tools.kubectl(&["get", name, "-o", established], None);
+            if status.as_deref().map(str::trim) == Ok("True") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{name} not established within 30 s: {status:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 }
 
