@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_contract::Summary;
 use ferry_contract::peers::{PeerOptions, wire};
 use tokio::sync::watch;
 
@@ -169,17 +170,8 @@ async fn three_workers_stage_the_dataset(tls: Option<&Path>) -> Vec<Arc<Fleet>> 
     for me in group {
         workers.push(worker_with(&store, me, &options, &directory, std::future::pending()).await);
     }
-    let runs = workers.iter().zip(&dirs).map(|((engine, fleet), dir)| {
-        let (engine, fleet, dir) = (Arc::clone(engine), Arc::clone(fleet), dir.path().to_path_buf());
-        tokio::spawn(async move {
-            let summary = pull(engine, "p/", &dir, false).await.unwrap();
-            fleet.linger().await;
-            summary
-        })
-    });
-    let summaries = futures::future::join_all(runs).await;
-    for (summary, dir) in summaries.into_iter().zip(&dirs) {
-        let summary = summary.unwrap();
+    let fleets: Vec<Arc<Fleet>> = workers.iter().map(|(_, fleet)| Arc::clone(fleet)).collect();
+    for (summary, dir) in stage_all(workers, &dirs).await.into_iter().zip(&dirs) {
         assert!(summary.complete, "{summary:?}");
         assert!(summary.peers.objects_from_peers > 0, "{:?}", summary.peers);
         assert_eq!(summary.peers.peer_failures, 0, "{:?}", summary.peers);
@@ -187,7 +179,21 @@ async fn three_workers_stage_the_dataset(tls: Option<&Path>) -> Vec<Arc<Fleet>> 
     }
     let read = store.calls().get_bytes;
     assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
-    workers.into_iter().map(|(_, fleet)| fleet).collect()
+    fleets
+}
+
+/// Runs every worker's pull into its directory, then its linger, all at
+/// once; their summaries, in order.
+async fn stage_all(workers: Vec<(Arc<Engine>, Arc<Fleet>)>, dirs: &[tempfile::TempDir]) -> Vec<Summary> {
+    let runs = workers.into_iter().zip(dirs).map(|((engine, fleet), dir)| {
+        let dir = dir.path().to_path_buf();
+        tokio::spawn(async move {
+            let summary = pull(engine, "p/", &dir, false).await.unwrap();
+            fleet.linger().await;
+            summary
+        })
+    });
+    futures::future::join_all(runs).await.into_iter().map(Result::unwrap).collect()
 }
 
 /// How many requests and handshakes `fleet`'s port refused.
@@ -614,23 +620,12 @@ async fn a_node_that_joins_a_running_fleet_reads_from_its_peers_what_they_read_a
     let joiner = PeerOptions { peer_owners: pair.map(str::to_owned).to_vec(), ..options(&trio) };
     let (engine_c, fleet_c) = worker_with(&store, "node-c", &joiner, &directory, std::future::pending()).await;
     let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
-    let runs = [(engine_a, fleet_a), (engine_b, fleet_b), (engine_c, fleet_c)].into_iter().zip(&dirs).map(
-        |((engine, fleet), dir)| {
-            let dir = dir.path().to_path_buf();
-            tokio::spawn(async move {
-                let summary = pull(engine, "p/", &dir, false).await.unwrap();
-                fleet.linger().await;
-                summary
-            })
-        },
-    );
-    let summaries = futures::future::join_all(runs).await;
+    let summaries = stage_all(vec![(engine_a, fleet_a), (engine_b, fleet_b), (engine_c, fleet_c)], &dirs).await;
     for (summary, dir) in summaries.iter().zip(&dirs) {
-        let summary = summary.as_ref().unwrap();
         assert!(summary.complete && summary.peers.peer_failures == 0, "{summary:?}");
         assert_staged(dir.path(), &objects);
     }
-    let joined = &summaries[2].as_ref().unwrap().peers;
+    let joined = &summaries[2].peers;
     assert_eq!(joined.bytes_from_peers, total(&objects), "node-c had everything from its peers: {joined:?}");
     let read = store.calls().get_bytes;
     assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
