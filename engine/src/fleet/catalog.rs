@@ -3,7 +3,8 @@
 //!
 //! Only a pull's commit puts an object here (after verification and the
 //! rename into place) or the pull's finding that an earlier run's file is
-//! still the listed version. Besides, an object fetched in ranges is
+//! still the listed version. Besides, an object fetched in ranges, and one
+//! of one range this worker reads from the store for its peers, is
 //! *landing* ([`Catalog::landing`]) from its first byte until it is
 //! committed or abandoned: peers read the ranges already written from the
 //! file being written, so a large object flows through the fleet while it

@@ -784,7 +784,7 @@ impl Fleet {
     }
 }
 
-/// An object this worker is fetching in ranges, served to peers as it lands
+/// An object this worker is fetching and serves to peers as it lands
 /// ([`Fleet::landing`]); no longer once dropped.
 #[derive(Debug)]
 pub struct LandingGuard {

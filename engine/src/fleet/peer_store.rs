@@ -5,9 +5,10 @@
 //! any read a peer fails) to the real store.
 //!
 //! A peer's response never supplies what it is verified against: a
-//! whole-object read carries the checksum the store lists (an MD5 ETag) or
-//! reports on a HEAD, exactly what a GET from the store would have carried;
-//! ranged reads are verified against the store's HEAD by the pull itself.
+//! whole-object read carries a checksum from the store, a CRC its HEAD
+//! reports (objects from a MiB up) or the MD5 its listing's ETag is, as a
+//! GET from the store would have carried one; ranged reads are verified
+//! against the store's HEAD by the pull itself.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -20,7 +21,13 @@ use super::Fleet;
 use crate::metrics::PeerFailure;
 use crate::store::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
+    StoredChecksum,
 };
+
+/// The size from which a whole object read from a peer is verified against
+/// a CRC the store's HEAD reports rather than its MD5 ETag: a HEAD per
+/// object is worth it where hashing MD5 takes longer than the request.
+const HEAD_FOR_A_CRC_FROM: u64 = 1024 * 1024;
 
 /// The real store, with reads routed to peers where they can serve them.
 #[derive(Debug)]
@@ -60,7 +67,7 @@ impl PeerStore {
         // The store's own checksum for a whole object: never the peer's word.
         let checksum = match range {
             Some(_) => None,
-            None => self.trusted_checksum(key, etag).await?,
+            None => self.trusted_checksum(key, etag, content_length).await?,
         };
         let fleet = Arc::clone(&self.fleet);
         let (peer, timeout) = (peer.to_owned(), self.fleet.timeout);
@@ -96,16 +103,28 @@ impl PeerStore {
         Ok(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body })
     }
 
-    /// What the store says version `etag` of `key` is verified against.
-    async fn trusted_checksum(&self, key: &str, etag: &str) -> Result<Option<Integrity>, StoreError> {
-        if let Some(md5) = crate::store::md5_from_etag(etag) {
-            return Ok(Some(Integrity::Whole(md5)));
+    /// What the store says version `etag` of `key` (`size` bytes) is
+    /// verified against. An MD5 ETag needs no request, but MD5 hashes at
+    /// well under a tenth of a hardware CRC's speed: from [`HEAD_FOR_A_CRC_FROM`] up,
+    /// the store's HEAD is asked for a CRC first, as a GET from the store
+    /// would have carried one.
+    async fn trusted_checksum(&self, key: &str, etag: &str, size: u64) -> Result<Option<Integrity>, StoreError> {
+        let md5 = crate::store::md5_from_etag(etag).map(Integrity::Whole);
+        if md5.is_some() && size < HEAD_FOR_A_CRC_FROM {
+            return Ok(md5);
         }
         let (meta, checksum) = self.inner.head(key).await?;
         if meta.etag.as_deref() != Some(etag) {
             return Err(StoreError::Changed);
         }
-        Ok(checksum)
+        Ok(match checksum {
+            Some(
+                crc @ Integrity::Whole(
+                    StoredChecksum::Crc64Nvme(_) | StoredChecksum::Crc32c(_) | StoredChecksum::Crc32(_),
+                ),
+            ) => Some(crc),
+            other => md5.or(other),
+        })
     }
 }
 

@@ -518,6 +518,91 @@ async fn a_large_object_flows_to_peers_range_by_range_while_its_owner_still_fetc
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_of_one_range_flows_to_peers_while_its_owner_still_fetches_it() {
+    // An object smaller than one range, from a store whose body arrives
+    // 64 KiB per 40 ms (0.6 s in all): its owner reads it in one GET, and
+    // the other worker reads it from the owner's file as each write lands,
+    // not after the owner has the whole object.
+    let pair = ["node-a", "node-b"];
+    let group = ferry_contract::PeerGroup::new(pair);
+    let rel = (0..).map(|i| format!("shard-{i}.bin")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let key = format!("p/{rel}");
+    let data: Vec<u8> = (0..960u32 << 10).map(|b| (b.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    assert!((data.len() as u64) < config().part_size);
+    let store = Arc::new(MemoryStore::default());
+    store.insert(&key, data.clone());
+    let etag = crate::store::ObjectStore::head(&*store, &key).await.unwrap().0.etag.unwrap();
+    store.trickle_gets(Duration::from_millis(40));
+    let objects = BTreeMap::from([(rel, data.clone())]);
+
+    let directory = watch::Sender::new(BTreeMap::new());
+    // Written to disk, and so served, 128 KiB at a time.
+    let config = TransferConfig { write_buffer: 128 << 10, ..config() };
+    let (engine_a, fleet_a) =
+        worker_configured(&store, "node-a", &options(&pair), config.clone(), &directory, std::future::pending()).await;
+    let (engine_b, fleet_b) =
+        worker_configured(&store, "node-b", &options(&pair), config, &directory, std::future::pending()).await;
+    // The most node-b had from node-a while node-a was still fetching it.
+    let overlapped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampling = tokio::spawn({
+        let (fleet_a, fleet_b, overlapped) = (Arc::clone(&fleet_a), Arc::clone(&fleet_b), overlapped.clone());
+        async move {
+            loop {
+                let landing = matches!(fleet_a.catalog.holding(&key, &etag), super::catalog::Holding::Landing(_));
+                if landing {
+                    overlapped.fetch_max(fleet_b.counts().bytes_from_peers, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = tokio::join!(pull(engine_a, "p/", dir_a.path(), false), pull(engine_b, "p/", dir_b.path(), false));
+    sampling.abort();
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.complete && b.complete, "{a:?} {b:?}");
+    assert_staged(dir_a.path(), &objects);
+    assert_staged(dir_b.path(), &objects);
+    assert_eq!(a.peers.peer_failures + b.peers.peer_failures, 0, "{:?} {:?}", a.peers, b.peers);
+    assert_eq!(b.peers.bytes_from_peers, data.len() as u64, "{:?}", b.peers);
+    assert_eq!(store.calls().get_bytes, data.len() as u64, "the store sent it once");
+    let early = overlapped.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(early >= data.len() as u64 / 4, "node-b had only {early} B while node-a was fetching");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_object_from_a_peer_is_verified_against_the_stores_crc_where_it_has_one() {
+    // Three objects a peer serves whole: one below a MiB (its MD5 ETag, no
+    // request), one of a MiB with a CRC32C the store's HEAD reports (cheaper
+    // to hash than MD5), and one of a MiB whose only checksum is its MD5.
+    let pair = ["node-a", "node-b"];
+    let group = ferry_contract::PeerGroup::new(pair);
+    let mut owned_by_a = (0..).map(|i| format!("obj-{i}")).filter(|k| group.owner(k) == Some("node-a"));
+    let store = Arc::new(MemoryStore::default());
+    let mut objects = BTreeMap::new();
+    for (size, md5_only) in [(70_000, false), (1 << 20, false), (1 << 20, true)] {
+        let rel = owned_by_a.next().unwrap();
+        let data: Vec<u8> = (0..size).map(|b: u32| (b.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+        if md5_only {
+            store.insert_md5_only(&format!("p/{rel}"), data.clone());
+        } else {
+            store.insert(&format!("p/{rel}"), data.clone());
+        }
+        objects.insert(rel, data);
+    }
+    let directory = watch::Sender::new(BTreeMap::new());
+    let workers =
+        vec![worker(&store, "node-a", &pair, &directory).await, worker(&store, "node-b", &pair, &directory).await];
+    let dirs: Vec<_> = pair.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let summaries = stage_all(workers, &dirs).await;
+    let (a, b) = (&summaries[0], &summaries[1]);
+    assert_staged(dirs[1].path(), &objects);
+    assert_eq!(b.peers.objects_from_peers, 3, "{:?}", b.peers);
+    assert_eq!((a.verified.crc32c, a.verified.md5), (2, 1), "from the store: {:?}", a.verified);
+    assert_eq!((b.verified.crc32c, b.verified.md5), (1, 2), "from the peer: {:?}", b.verified);
+}
+
 /// Reads `range` of version `e1` of `p/big` from the peer port at `addr`.
 async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::StatusCode, reqwest::Result<bytes::Bytes>) {
     let query = wire::ObjectQuery { key: "p/big".into(), etag: "e1".into() };

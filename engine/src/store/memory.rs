@@ -58,6 +58,8 @@ struct State {
     calls: Calls,
     /// Time every GET waits before it answers, like a store a round trip away.
     get_latency: Option<std::time::Duration>,
+    /// Time every 64 KiB of a GET's body takes, like a slow link.
+    chunk_delay: Option<std::time::Duration>,
 }
 
 /// An unfinished multipart upload.
@@ -105,6 +107,11 @@ impl MemoryStore {
     /// Makes every GET wait `latency` before it answers.
     pub fn delay_gets(&self, latency: std::time::Duration) {
         self.state.lock().unwrap().get_latency = Some(latency);
+    }
+
+    /// Makes every GET's body arrive 64 KiB per `delay`.
+    pub fn trickle_gets(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().chunk_delay = Some(delay);
     }
 
     /// Queues faults for the next part uploads, in order.
@@ -192,12 +199,12 @@ impl ObjectStore for MemoryStore {
         range: Option<Range<u64>>,
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
-        let (data, checksum, fault, latency) = {
+        let (data, checksum, fault, latency, chunk_delay) = {
             let mut state = self.state.lock().unwrap();
             state.calls.gets += 1;
             let fault = state.get_faults.get_mut(key).and_then(VecDeque::pop_front);
             let (data, checksum) = state.objects.get(key).cloned().ok_or(StoreError::NotFound)?;
-            (data, checksum, fault, state.get_latency)
+            (data, checksum, fault, state.get_latency, state.chunk_delay)
         };
         if let Some(latency) = latency {
             tokio::time::sleep(latency).await;
@@ -222,11 +229,17 @@ impl ObjectStore for MemoryStore {
         // Several chunks, as a real body arrives.
         let chunks: Vec<Result<Bytes, StoreError>> =
             body.chunks(64 << 10).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        let body = futures::stream::iter(chunks).then(move |chunk| async move {
+            if let Some(delay) = chunk_delay {
+                tokio::time::sleep(delay).await;
+            }
+            chunk
+        });
         Ok(GetResponse {
             content_length,
             etag: Some(etag),
             checksum: if whole { checksum.map(Integrity::Whole) } else { None },
-            body: futures::stream::iter(chunks).boxed(),
+            body: body.boxed(),
         })
     }
 

@@ -663,6 +663,16 @@ async fn download(
     let ranges = plan_ranges(size, range_size);
     let key: Arc<str> = Arc::from(object.key.as_str());
     let if_match: Option<Arc<str>> = object.etag.as_deref().map(Arc::from);
+    // In a fleet, peers read an object of several ranges, and one of
+    // several writes that this worker reads from the store for them, from
+    // this worker's file as it lands instead of waiting for the whole
+    // object. (One that fits a write buffer lands in one write, just before
+    // its commit: nothing to gain.)
+    let served_while_landing = engine.fleet.as_ref().is_some_and(|fleet| {
+        object.etag.is_some()
+            && (ranges.len() > 1
+                || (size > config.write_buffer && fleet.owner_elsewhere(planned.rel.as_str()).is_none()))
+    });
     if let [whole] = ranges.as_slice()
         && size <= config.write_buffer
     {
@@ -704,10 +714,8 @@ async fn download(
     let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
     let file = landing.handle();
     let kept = landing.kept();
-    // In a fleet, peers read the ranges written so far from this file
-    // while the rest arrives, instead of waiting for the whole object.
     let landed = match (&engine.fleet, &object.etag) {
-        (Some(fleet), Some(etag)) if ranges.len() > 1 => {
+        (Some(fleet), Some(etag)) if served_while_landing => {
             let written: Vec<(u64, u64)> = kept.iter().map(|piece| (piece.offset, piece.offset + piece.len)).collect();
             Some(Arc::new(fleet.landing(&object.key, etag, size, Arc::clone(&file), &written)))
         }
@@ -718,7 +726,7 @@ async fn download(
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
         [whole] => {
-            let sink = Sink::File(Arc::clone(&file), None, None);
+            let sink = Sink::File(Arc::clone(&file), None, landed.clone());
             let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum.clone();
