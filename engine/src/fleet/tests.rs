@@ -572,6 +572,44 @@ async fn an_object_of_one_range_flows_to_peers_while_its_owner_still_fetches_it(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_reading_an_object_as_it_lands_is_not_disturbed_by_its_owners_retried_request() {
+    // The owner's first read of the object is throttled after 200 ms, while
+    // the peer already waits on the object landing. The request is retried
+    // within the same landing (only a mismatch lands an object anew), so the
+    // peer goes on reading from the owner instead of bypassing it and
+    // reading the store itself.
+    let pair = ["node-a", "node-b"];
+    let group = ferry_contract::PeerGroup::new(pair);
+    let rel = (0..).map(|i| format!("shard-{i}.bin")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let key = format!("p/{rel}");
+    let data: Vec<u8> = (0..960u32 << 10).map(|b| (b.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+    let store = Arc::new(MemoryStore::default());
+    store.insert(&key, data.clone());
+    store.fail_gets(&key, [crate::store::memory::Fault::Throttle]);
+    store.delay_gets(Duration::from_millis(200));
+    store.trickle_gets(Duration::from_millis(20));
+    let objects = BTreeMap::from([(rel, data.clone())]);
+    let directory = watch::Sender::new(BTreeMap::new());
+    let config = TransferConfig { write_buffer: 128 << 10, ..config() };
+    let mut workers = Vec::new();
+    for me in pair {
+        workers.push(
+            worker_configured(&store, me, &options(&pair), config.clone(), &directory, std::future::pending()).await,
+        );
+    }
+    let dirs: Vec<_> = pair.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let summaries = stage_all(workers, &dirs).await;
+    let (a, b) = (&summaries[0], &summaries[1]);
+    assert!(a.complete && b.complete, "{a:?} {b:?}");
+    assert_staged(dirs[1].path(), &objects);
+    assert!(a.retries > 0, "the owner's read was not retried: {a:?}");
+    assert_eq!(a.peers.peer_failures + b.peers.peer_failures, 0, "{:?} {:?}", a.peers, b.peers);
+    assert_eq!(b.peers.bytes_from_peers, data.len() as u64, "{:?}", b.peers);
+    // The owner's two reads, none by node-b.
+    assert_eq!(store.calls().gets, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_whole_object_from_a_peer_is_verified_against_the_stores_crc_where_it_has_one() {
     // Three objects a peer serves whole: one below a MiB (its MD5 ETag, no
     // request), one of a MiB with a CRC32C the store's HEAD reports (cheaper
