@@ -41,7 +41,7 @@ def plot(named_series, goals, title):
     all_n = sorted({n for _, points in named_series for n in points})
     top = max([hi for _, points in named_series for _, _, hi in points.values()] + [g for g, _ in goals] + [1.0])
     y_max = math.ceil(top * 4) / 4 + 0.25
-    x_lo, x_hi = math.log2(all_n[0]), math.log2(all_n[-1]) or 1
+    x_lo, x_hi = math.log2(all_n[0]), math.log2(all_n[-1])
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(n):

@@ -43,6 +43,19 @@ fn total(objects: &BTreeMap<String, Vec<u8>>) -> u64 {
     objects.values().map(|d| d.len() as u64).sum()
 }
 
+/// The names `name(0)`, `name(1)`, … that the group of `members` gives
+/// `owner` to read from the store, in order.
+fn keys_owned_by(members: &[&str], owner: &'static str, name: impl Fn(u32) -> String) -> impl Iterator<Item = String> {
+    let group = ferry_contract::PeerGroup::new(members.iter().copied());
+    (0..).map(name).filter(move |key| group.owner(key) == Some(owner))
+}
+
+/// `len` bytes that do not repeat with any range or write buffer; `shift`
+/// makes objects differ.
+fn patterned(len: u32, shift: u32) -> Vec<u8> {
+    (0..len).map(|b| (b.wrapping_mul(2_654_435_761) >> shift) as u8).collect()
+}
+
 /// The bytes `member` of the group of `members` reads from the store: the
 /// objects of one range it owns, and its blocks of larger ones (of the
 /// [`config`]'s part size; objects are under `p/`).
@@ -469,10 +482,9 @@ async fn a_large_object_flows_to_peers_range_by_range_while_its_owner_still_fetc
     // each worker reads the blocks it owns (every other one) from the
     // store, four at a time, and the rest from the other as they land.
     let pair = ["node-a", "node-b"];
-    let group = ferry_contract::PeerGroup::new(pair);
-    let rel = (0..).map(|i| format!("model-{i}.safetensors")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let rel = keys_owned_by(&pair, "node-a", |i| format!("model-{i}.safetensors")).next().unwrap();
     let key = format!("p/{rel}");
-    let data: Vec<u8> = (0..24u32 << 20).map(|b| (b.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data = patterned(24 << 20, 13);
     let store = Arc::new(MemoryStore::default());
     store.insert(&key, data.clone());
     let etag = crate::store::ObjectStore::head(&*store, &key).await.unwrap().0.etag.unwrap();
@@ -525,10 +537,9 @@ async fn an_object_of_one_range_flows_to_peers_while_its_owner_still_fetches_it(
     // the other worker reads it from the owner's file as each write lands,
     // not after the owner has the whole object.
     let pair = ["node-a", "node-b"];
-    let group = ferry_contract::PeerGroup::new(pair);
-    let rel = (0..).map(|i| format!("shard-{i}.bin")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let rel = keys_owned_by(&pair, "node-a", |i| format!("shard-{i}.bin")).next().unwrap();
     let key = format!("p/{rel}");
-    let data: Vec<u8> = (0..960u32 << 10).map(|b| (b.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let data = patterned(960 << 10, 11);
     assert!((data.len() as u64) < config().part_size);
     let store = Arc::new(MemoryStore::default());
     store.insert(&key, data.clone());
@@ -579,10 +590,9 @@ async fn a_peer_reading_an_object_as_it_lands_is_not_disturbed_by_its_owners_ret
     // peer goes on reading from the owner instead of bypassing it and
     // reading the store itself.
     let pair = ["node-a", "node-b"];
-    let group = ferry_contract::PeerGroup::new(pair);
-    let rel = (0..).map(|i| format!("shard-{i}.bin")).find(|k| group.owner(k) == Some("node-a")).unwrap();
+    let rel = keys_owned_by(&pair, "node-a", |i| format!("shard-{i}.bin")).next().unwrap();
     let key = format!("p/{rel}");
-    let data: Vec<u8> = (0..960u32 << 10).map(|b| (b.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+    let data = patterned(960 << 10, 9);
     let store = Arc::new(MemoryStore::default());
     store.insert(&key, data.clone());
     store.fail_gets(&key, [crate::store::memory::Fault::Throttle]);
@@ -615,13 +625,12 @@ async fn a_whole_object_from_a_peer_is_verified_against_the_stores_crc_where_it_
     // request), one of a MiB with a CRC32C the store's HEAD reports (cheaper
     // to hash than MD5), and one of a MiB whose only checksum is its MD5.
     let pair = ["node-a", "node-b"];
-    let group = ferry_contract::PeerGroup::new(pair);
-    let mut owned_by_a = (0..).map(|i| format!("obj-{i}")).filter(|k| group.owner(k) == Some("node-a"));
+    let mut owned_by_a = keys_owned_by(&pair, "node-a", |i| format!("obj-{i}"));
     let store = Arc::new(MemoryStore::default());
     let mut objects = BTreeMap::new();
     for (size, md5_only) in [(70_000, false), (1 << 20, false), (1 << 20, true)] {
         let rel = owned_by_a.next().unwrap();
-        let data: Vec<u8> = (0..size).map(|b: u32| (b.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+        let data = patterned(size, 7);
         if md5_only {
             store.insert_md5_only(&format!("p/{rel}"), data.clone());
         } else {

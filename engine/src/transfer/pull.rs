@@ -663,16 +663,6 @@ async fn download(
     let ranges = plan_ranges(size, range_size);
     let key: Arc<str> = Arc::from(object.key.as_str());
     let if_match: Option<Arc<str>> = object.etag.as_deref().map(Arc::from);
-    // In a fleet, peers read an object of several ranges, and one of
-    // several writes that this worker reads from the store for them, from
-    // this worker's file as it lands instead of waiting for the whole
-    // object. (One that fits a write buffer lands in one write, just before
-    // its commit: nothing to gain.)
-    let served_while_landing = engine.fleet.as_ref().is_some_and(|fleet| {
-        object.etag.is_some()
-            && (ranges.len() > 1
-                || (size > config.write_buffer && fleet.owner_elsewhere(planned.rel.as_str()).is_none()))
-    });
     if let [whole] = ranges.as_slice()
         && size <= config.write_buffer
     {
@@ -714,8 +704,15 @@ async fn download(
     let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
     let file = landing.handle();
     let kept = landing.kept();
+    // In a fleet, peers read an object of several ranges, and one of one
+    // range (past a write buffer, so of several writes) that this worker
+    // reads from the store for them, from this file as it lands instead of
+    // waiting for the whole object. One that fits a write buffer went to
+    // memory above: it lands in one write, just before its commit.
     let landed = match (&engine.fleet, &object.etag) {
-        (Some(fleet), Some(etag)) if served_while_landing => {
+        (Some(fleet), Some(etag))
+            if ranges.len() > 1 || (ranges.len() == 1 && fleet.owner_elsewhere(planned.rel.as_str()).is_none()) =>
+        {
             let written: Vec<(u64, u64)> = kept.iter().map(|piece| (piece.offset, piece.offset + piece.len)).collect();
             Some(Arc::new(fleet.landing(&object.key, etag, size, Arc::clone(&file), &written)))
         }
