@@ -170,11 +170,22 @@ impl PeerGroup {
     /// Which member reads `relative_key` from the store and serves it: the
     /// key's FNV-1a hash modulo the group's size, like `--shard`.
     pub fn owner(&self, relative_key: &str) -> Option<&str> {
-        if self.members.is_empty() {
-            return None;
-        }
-        let index = crate::hash::fnv1a(relative_key.as_bytes()) % self.members.len() as u64;
-        Some(&self.members[index as usize])
+        self.round_from(crate::hash::fnv1a(relative_key.as_bytes()), None).next()
+    }
+
+    /// The members the worker `me` may read `relative_key` from, in the
+    /// order it asks them: the owner, then the members after it in the
+    /// group's order up to `me` (every member, for a worker outside the
+    /// group: one that joined a running fleet). Empty for the owner.
+    ///
+    /// The ones after the owner stand in for it where `me` has bypassed it
+    /// and they have not: they read it from the store once, instead of
+    /// every worker that bypassed the owner reading it. A worker asks only
+    /// members before itself in this order, which is the same on every
+    /// worker, so no two workers ever wait on each other for one object,
+    /// whatever each has bypassed.
+    pub fn sources(&self, relative_key: &str, me: &str) -> Vec<&str> {
+        self.round_from(crate::hash::fnv1a(relative_key.as_bytes()), Some(me)).collect()
     }
 
     /// Which member reads block `block` (the `--part-size` range with that
@@ -185,12 +196,33 @@ impl PeerGroup {
     /// on 8 nodes left half the nodes idle and, once, one node the source
     /// of the whole dataset for every peer.)
     pub fn block_owner(&self, key: &str, block: u64) -> Option<&str> {
-        if self.members.is_empty() {
-            return None;
-        }
-        let size = self.members.len() as u64;
-        let index = (crate::hash::fnv1a(key.as_bytes()) % size + block % size) % size;
-        Some(&self.members[index as usize])
+        self.round_from(self.first_for_block(key, block), None).next()
+    }
+
+    /// The members the worker `me` may read block `block` of `key` from, in
+    /// the order it asks them: the block's owner, then the members after it
+    /// up to `me`, as [`PeerGroup::sources`] orders them for a whole object.
+    pub fn block_sources(&self, key: &str, block: u64, me: &str) -> Vec<&str> {
+        self.round_from(self.first_for_block(key, block), Some(me)).collect()
+    }
+
+    /// Where the owners of `key`'s blocks start round the group: its blocks
+    /// go round the members from a member the key picks.
+    fn first_for_block(&self, key: &str, block: u64) -> u64 {
+        let size = self.members.len().max(1) as u64;
+        crate::hash::fnv1a(key.as_bytes()) % size + block % size
+    }
+
+    /// The members from the one at `start` (modulo the group's size) on, in
+    /// order, round the group, stopping before `me` (all of them for none).
+    fn round_from(&self, start: u64, me: Option<&str>) -> impl Iterator<Item = &str> {
+        let size = self.members.len();
+        let start = start.checked_rem(size as u64).unwrap_or(0) as usize;
+        let me = me.and_then(|me| self.members.iter().position(|member| member == me));
+        (0..size)
+            .map(move |step| (start + step) % size)
+            .take_while(move |at| Some(*at) != me)
+            .map(|at| self.members[at].as_str())
     }
 }
 
@@ -208,8 +240,9 @@ pub mod wire {
     /// The version of this protocol. A server answers a request of another
     /// version (or without a [`SPEAKER_HEADER`]: a release before versions)
     /// with 400 and its own [`Speaker`]; the asker then bypasses it and
-    /// says which versions met. Version 1 had no speaker header.
-    pub const PROTOCOL: u32 = 2;
+    /// says which versions met. Version 1 had no speaker header; version 2
+    /// passed on any range it had written, whatever its source ([`SECOND_HAND`]).
+    pub const PROTOCOL: u32 = 3;
     /// The header that carries a [`Speaker`].
     pub const SPEAKER_HEADER: &str = "ferry-peer";
 
@@ -255,7 +288,7 @@ pub mod wire {
 
     /// A [`SPEAKER_HEADER`] value that does not read as a [`Speaker`].
     #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v2 node-a@10.0.0.7:9466")]
+    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v3 node-a@10.0.0.7:9466")]
     pub struct SpeakerError(pub String);
 
     impl std::str::FromStr for Speaker {
@@ -291,8 +324,17 @@ pub mod wire {
     /// hold that version. Of an object it is fetching now
     /// ([`WaitAnswer::landing`]), the answer comes once the range asked for
     /// is written, or 404 when it is not within the asker's `--peer-timeout`
-    /// (the worker's own, which the workers of one DataStage share).
+    /// (the worker's own, which the workers of one DataStage share), or
+    /// [`SECOND_HAND`] when the bytes there came from another peer.
     pub const OBJECT_PATH: &str = "/v1/object";
+    /// The answer to an [`OBJECT_PATH`] request for bytes of an object
+    /// landing that the worker is reading from another peer, not from the
+    /// store: it passes on only what it read from the store itself, or
+    /// verified whole, so that bytes a peer got wrong are caught at that
+    /// peer's readers and blamed on it alone. Not a failure: the asker
+    /// reads the range from its next source
+    /// ([`super::PeerGroup::block_sources`]) or the store.
+    pub const SECOND_HAND: u16 = 409;
     /// The longest a wait request is held before it is answered with
     /// nothing ready.
     pub const WAIT_SECONDS: u64 = 5;
@@ -403,6 +445,24 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_asks_the_owner_then_the_members_between_it_and_the_owner() {
+        let group = PeerGroup::new(["a", "b", "c", "d"]);
+        let owner = group.owner("k").unwrap();
+        let at = group.members().iter().position(|m| m == owner).unwrap();
+        let nth = |n: usize| group.members()[(at + n) % 4].as_str();
+        assert!(group.sources("k", nth(0)).is_empty(), "the owner reads the store");
+        assert_eq!(group.sources("k", nth(1)), [nth(0)]);
+        assert_eq!(group.sources("k", nth(3)), [nth(0), nth(1), nth(2)]);
+        assert_eq!(group.sources("k", "e"), [nth(0), nth(1), nth(2), nth(3)]);
+        // Blocks go round from the key's first owner, one member per block.
+        let first = group.block_owner("k", 0).unwrap();
+        let at = group.members().iter().position(|m| m == first).unwrap();
+        assert_eq!(group.block_owner("k", 5), Some(group.members()[(at + 5) % 4].as_str()));
+        assert_eq!(group.block_sources("k", 1, first).len(), 3, "all but itself: it owns the block before");
+        assert!(PeerGroup::new(Vec::<String>::new()).block_sources("k", 1, "a").is_empty());
+    }
+
+    #[test]
     fn wire_state_round_trips_as_json() {
         let state = wire::PeerState { complete: true, finished: true, bytes_done: 42 };
         let json = serde_json::to_string(&state).unwrap();
@@ -472,6 +532,37 @@ mod tests {
             let serves_at = addr.map(std::net::SocketAddr::from);
             let speaker = wire::Speaker { protocol, name, serves_at };
             prop_assert_eq!(speaker.to_string().parse::<wire::Speaker>().unwrap(), speaker);
+        }
+
+        /// Whichever members two workers have bypassed, neither ever asks
+        /// the other for an object or block the other asks it for: a worker
+        /// asks only members before itself in one order every worker
+        /// shares, starting at the owner. A worker outside the group (one
+        /// that joined a running fleet) may ask every member, and none asks it.
+        #[test]
+        fn no_two_workers_ask_each_other_for_the_same_bytes(
+            names in proptest::collection::btree_set("[a-z]{1,6}", 1..17),
+            key in "[a-z0-9/]{1,30}",
+            block in 0u64..1000,
+        ) {
+            let group = PeerGroup::new(names.clone());
+            for me in &names {
+                let (whole, blocks) = (group.sources(&key, me), group.block_sources(&key, block, me));
+                for (asked, owner) in [(&whole, group.owner(&key)), (&blocks, group.block_owner(&key, block))] {
+                    prop_assert_eq!(asked.is_empty(), owner == Some(me.as_str()), "only the owner asks nobody");
+                    prop_assert!(asked.first().is_none_or(|first| Some(*first) == owner), "the owner is asked first");
+                    prop_assert!(!asked.contains(&me.as_str()));
+                }
+                for other in whole.iter().filter(|o| *o != me) {
+                    prop_assert!(!group.sources(&key, other).contains(&me.as_str()), "{me} and {other} ask each other");
+                }
+                for other in blocks.iter().filter(|o| *o != me) {
+                    prop_assert!(!group.block_sources(&key, block, other).contains(&me.as_str()));
+                }
+            }
+            let joiner = group.block_sources(&key, block, "a-joiner-with-a-long-name");
+            prop_assert_eq!(joiner.len(), names.len(), "a joiner may ask every member");
+            prop_assert_eq!(joiner.first().copied(), group.block_owner(&key, block));
         }
 
         /// The blocks of a large object are shared out evenly: of any

@@ -10,7 +10,8 @@
 //! file being written, so a large object flows through the fleet while it
 //! is still arriving. Such bytes are not verified yet, and nor are any
 //! peer's to its reader: every reader checks the whole object against the
-//! store's checksum before its own rename. Waiters (a peer's long poll, a
+//! store's checksum before its own rename. Ranges this worker reads from a
+//! peer are not passed on while landing ([`Catalog::reading_from_a_peer`]). Waiters (a peer's long poll, a
 //! range not written yet) are woken on every change.
 //!
 //! Memory does not grow with the object count: past [`MEMORY`] bytes of
@@ -60,6 +61,9 @@ pub struct Landing {
     pub size: u64,
     /// Ranges written so far, start → end, merged and not overlapping.
     written: BTreeMap<u64, u64>,
+    /// Ranges this worker reads from a peer rather than the store: not
+    /// passed on while landing ([`ferry_contract::peers::wire::SECOND_HAND`]).
+    from_peers: Vec<(u64, u64)>,
 }
 
 impl Landing {
@@ -75,6 +79,11 @@ impl Landing {
             Some((_, end)) if *end > offset => *end,
             _ => offset,
         }
+    }
+
+    /// Whether the byte at `offset` is read from a peer.
+    pub fn from_a_peer_at(&self, offset: u64) -> bool {
+        self.from_peers.iter().any(|(start, end)| (*start..*end).contains(&offset))
     }
 
     /// Adds `start..end` to what is written, merging neighbours.
@@ -204,7 +213,7 @@ impl Catalog {
     /// [`Catalog::unland`].
     pub fn landing(&self, key: &str, etag: &str, size: u64, file: Arc<File>, written: &[(u64, u64)]) -> u64 {
         let id = self.next_landing.fetch_add(1, Relaxed);
-        let mut landing = Landing { file, size, written: BTreeMap::new() };
+        let mut landing = Landing { file, size, written: BTreeMap::new(), from_peers: Vec::new() };
         for (start, end) in written {
             landing.add(*start, *end);
         }
@@ -220,6 +229,21 @@ impl Catalog {
         }
         self.bytes_done.fetch_add(end.saturating_sub(start), Relaxed);
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Bytes `range` of version `etag` of `key`, landing, are read from a
+    /// peer (`from_a_peer`), or no longer (that peer failed before sending
+    /// any, and the range goes to another source). Marked before the
+    /// request, so before any of its bytes land.
+    pub fn reading_from_a_peer(&self, key: &str, etag: &str, range: &std::ops::Range<u64>, from_a_peer: bool) {
+        let mut landing = self.lock_landing();
+        let Some(entry) = landing.get_mut(key).filter(|entry| entry.etag == etag) else { return };
+        let marks = &mut entry.landing.from_peers;
+        if from_a_peer {
+            marks.push((range.start, range.end));
+        } else if let Some(at) = marks.iter().position(|mark| *mark == (range.start, range.end)) {
+            marks.swap_remove(at);
+        }
     }
 
     /// Landing `id` of `key` ended: committed (then [`Catalog::hold`] came

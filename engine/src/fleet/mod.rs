@@ -17,6 +17,18 @@
 //!   progress for `--peer-timeout` is dropped, and its share read from the
 //!   store. The worst case is a direct read.
 //!
+//! Where a worker bypassed an owner, it does not read that owner's share
+//! from the store at once: it asks the members after the owner in the
+//! group's order, up to itself ([`PeerGroup::sources`],
+//! [`PeerGroup::block_sources`]). The first of them reads the share from
+//! the store in the owner's place, and the rest from it, so a node that
+//! dies costs the store one more copy of its share, not one per node.
+//! Every worker asks only members before itself in one shared order, so
+//! none waits on another that waits on it. A worker passes on, while it
+//! lands, only bytes it read from the store itself ([`SECOND_HAND`]):
+//! bytes a peer got wrong are caught by that peer's readers and blamed on
+//! it, not on a worker that relayed them.
+//!
 //! A finished worker keeps serving ([`Fleet::linger`]) until every peer is
 //! complete, gone, or `--peer-linger` has passed.
 
@@ -58,8 +70,8 @@ use std::time::Duration;
 
 use ferry_contract::PeerCounts;
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, PROTOCOL, PeerState, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_PATH, WAIT_SECONDS,
-    WaitAnswer, WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, PeerState, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_PATH,
+    WAIT_SECONDS, WaitAnswer, WaitRequest,
 };
 use ferry_contract::peers::{PEER_TOKEN_ENV, PeerGroup, PeerOptions};
 use tokio::sync::watch;
@@ -284,16 +296,13 @@ impl Fleet {
         self.owners.owner(relative_key).filter(|owner| *owner != self.me)
     }
 
-    /// The peer that reads block `block` of `key` (an object fetched in
-    /// ranges) from the store, and where it serves, when not this worker
-    /// and not bypassed; waits up to the timeout for its address.
-    pub async fn block_source(&self, key: &str, block: u64) -> Option<(String, SocketAddr)> {
-        let owner = self.owners.block_owner(key, block).filter(|owner| *owner != self.me)?;
-        if self.is_dropped(owner) {
-            return None;
-        }
-        let addr = self.address(owner).await?;
-        Some((owner.to_owned(), addr))
+    /// The peers to ask for block `block` of `key` (an object fetched in
+    /// ranges), in order, none bypassed: its owner, then those that stand
+    /// in for an owner this worker bypassed ([`PeerGroup::block_sources`]).
+    /// Empty when this worker reads it from the store.
+    pub fn block_sources(&self, key: &str, block: u64) -> Vec<String> {
+        let sources = self.owners.block_sources(key, block, &self.me);
+        sources.into_iter().filter(|peer| !self.is_dropped(peer)).map(str::to_owned).collect()
     }
 
     /// `peer` is serving a range of `key`: remembered until the object is
@@ -318,20 +327,32 @@ impl Fleet {
     }
 
     /// Waits until the owner of `key` (at `relative_key` below the prefix)
-    /// holds version `etag`; returns whether it does, so the object is read
-    /// from it. `false`: read it from the store (this worker owns it, the
-    /// owner will not have it, or the owner was dropped).
+    /// holds version `etag`, or, where this worker bypassed the owner, a
+    /// peer that stands in for it ([`PeerGroup::sources`]); returns whether
+    /// one does, so the object is read from it. `false`: read it from the
+    /// store (this worker owns it, the peer asked will not have it, or
+    /// every peer it could ask was bypassed).
     pub async fn await_ready(self: &Arc<Self>, relative_key: &str, key: &str, etag: &str) -> bool {
-        let Some(owner) = self.owner_elsewhere(relative_key).map(str::to_owned) else { return false };
-        if self.is_dropped(&owner) {
-            return false;
+        let sources: Vec<String> = self.owners.sources(relative_key, &self.me).into_iter().map(str::to_owned).collect();
+        for peer in sources {
+            if self.is_dropped(&peer) {
+                continue;
+            }
+            let (told, start_asking) = self.waits.add(&peer, key, etag);
+            if start_asking {
+                tokio::spawn(Arc::clone(self).ask(peer.clone()));
+            }
+            // A sender dropped unanswered (the runtime shutting down): the store.
+            if told.await.unwrap_or(false) {
+                return true;
+            }
+            // Told it never will while it runs on: the store. Bypassed
+            // meanwhile: the next source.
+            if !self.is_dropped(&peer) {
+                return false;
+            }
         }
-        let (told, start_asking) = self.waits.add(&owner, key, etag);
-        if start_asking {
-            tokio::spawn(Arc::clone(self).ask(owner));
-        }
-        // A sender dropped unanswered (the runtime shutting down): the store.
-        told.await.unwrap_or(false)
+        false
     }
 
     /// Asks `peer` about the objects waited for from it until nobody waits,
@@ -414,8 +435,9 @@ impl Fleet {
         Asked::Answer(answer)
     }
 
-    /// The peer that said it holds `key`, and where it is, unless dropped since.
-    fn source_for(&self, key: &str) -> Option<(String, SocketAddr)> {
+    /// The peer that said it holds `key`, and where it is, unless dropped
+    /// since. None: this worker reads `key` from the store.
+    pub(crate) fn source_for(&self, key: &str) -> Option<(String, SocketAddr)> {
         let peer = self.ready.lock().expect("ready lock poisoned").get(key).cloned()?;
         if self.is_dropped(&peer) {
             return None;
@@ -579,7 +601,9 @@ impl Fleet {
         }
     }
 
-    /// Asks `peer` at `addr` for the bytes of version `etag` of `key` (a `range` of it).
+    /// Asks `peer` at `addr` for the bytes of version `etag` of `key` (a
+    /// `range` of it). `None`: it reads those bytes from another peer
+    /// itself ([`SECOND_HAND`]), so they are to be read from elsewhere.
     async fn fetch(
         &self,
         peer: &str,
@@ -587,7 +611,7 @@ impl Fleet {
         key: &str,
         etag: &str,
         range: Option<&std::ops::Range<u64>>,
-    ) -> Result<reqwest::Response, (PeerFailure, String)> {
+    ) -> Result<Option<reqwest::Response>, (PeerFailure, String)> {
         let mut request = self
             .request(reqwest::Method::GET, addr, OBJECT_PATH)
             .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() });
@@ -613,7 +637,8 @@ impl Fleet {
                 Err(_) => return Err((PeerFailure::Unreachable, format!("it did not answer within {patience:?}"))),
             };
             match response.status().as_u16() {
-                200 | 206 => return Ok(response),
+                200 | 206 => return Ok(Some(response)),
+                SECOND_HAND => return Ok(None),
                 // The block did not start landing there within the
                 // timeout: an owner on a slow link that is busy with its
                 // other blocks. Ask again while its run goes on and makes

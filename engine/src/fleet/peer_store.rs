@@ -1,8 +1,9 @@
 //! The object store a worker in a fleet sees: reads of keys a peer said it
 //! holds go to that peer, ranged reads of a large object to the peer that
-//! owns the block ([`ferry_contract::PeerGroup::block_owner`]), everything
-//! else (listings, HEADs, part sizes, writes, blocks this worker owns, and
-//! any read a peer fails) to the real store.
+//! owns the block, or one standing in for an owner this worker bypassed
+//! ([`ferry_contract::PeerGroup::block_sources`]), everything else
+//! (listings, HEADs, part sizes, writes, blocks this worker owns, and any
+//! read no peer can serve) to the real store.
 //!
 //! A peer's response never supplies what it is verified against: a
 //! whole-object read carries a checksum from the store, a CRC its HEAD
@@ -55,9 +56,10 @@ impl PeerStore {
         key: &str,
         etag: &str,
         range: Option<&Range<u64>>,
-    ) -> Result<GetResponse, StoreError> {
+    ) -> Result<Option<GetResponse>, StoreError> {
         let response = match self.fleet.fetch(peer, addr, key, etag, range).await {
-            Ok(response) => response,
+            Ok(Some(response)) => response,
+            Ok(None) => return Ok(None),
             Err((failure, why)) => {
                 self.fleet.drop_peer(peer, failure, &why);
                 return Err(StoreError::transient(RetryReason::ServerError, why));
@@ -100,7 +102,7 @@ impl PeerStore {
             }
         })
         .boxed();
-        Ok(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body })
+        Ok(Some(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body }))
     }
 
     /// What the store says version `etag` of `key` (`size` bytes) is
@@ -153,24 +155,40 @@ impl ObjectStore for PeerStore {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
         let Some(etag) = if_match else { return self.inner.get(key, range, if_match).await };
-        // A whole object a peer holds, or the block of a large one a peer owns.
-        let source = match (self.fleet.source_for(key), &range) {
-            (Some(source), _) => Some(source),
-            (None, Some(range)) => {
-                let source = self.fleet.block_source(key, range.start / self.block).await;
-                if let Some((peer, _)) = &source {
-                    self.fleet.serving_range(key, peer);
-                }
-                source
-            }
-            (None, None) => None,
-        };
-        if let Some((peer, addr)) = source {
+        // A whole object a peer said it holds.
+        if let Some((peer, addr)) = self.fleet.source_for(key) {
             match self.read_from_peer(&peer, addr, key, etag, range.as_ref()).await {
-                Ok(response) => return Ok(response),
-                // The peer is dropped; this read goes to the store.
-                Err(StoreError::Transient { .. }) => {}
+                Ok(Some(response)) => return Ok(response),
+                // The peer is dropped, or reads it from elsewhere itself:
+                // the store.
+                Ok(None) | Err(StoreError::Transient { .. }) => {}
                 Err(other) => return Err(other),
+            }
+        } else if let Some(range) = &range {
+            // A block of a large object: from its owner, or from a peer
+            // standing in for an owner this worker bypassed.
+            for peer in self.fleet.block_sources(key, range.start / self.block) {
+                let Some(addr) = self.fleet.address(&peer).await else {
+                    self.fleet.drop_peer(&peer, PeerFailure::Unreachable, "its address was never published");
+                    continue;
+                };
+                let catalog = &self.fleet.catalog;
+                catalog.reading_from_a_peer(key, etag, range, true);
+                match self.read_from_peer(&peer, addr, key, etag, Some(range)).await {
+                    Ok(Some(response)) => {
+                        self.fleet.serving_range(key, &peer);
+                        return Ok(response);
+                    }
+                    // It reads this block from a peer itself, or it is
+                    // dropped now: the next source.
+                    Ok(None) | Err(StoreError::Transient { .. }) => {
+                        catalog.reading_from_a_peer(key, etag, range, false)
+                    }
+                    Err(other) => {
+                        catalog.reading_from_a_peer(key, etag, range, false);
+                        return Err(other);
+                    }
+                }
             }
         }
         self.inner.get(key, range, if_match).await

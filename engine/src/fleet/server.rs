@@ -7,7 +7,8 @@
 //! secret; anything else is answered 401 before a path is looked at, so a
 //! pod outside the dataset learns nothing, not even which keys exist. Only objects the catalog
 //! holds (verified and renamed into place) or has landing (the ranges
-//! written so far) are served, at the version asked for.
+//! written so far, of those read from the store) are served, at the
+//! version asked for.
 //! Served bytes are paced by `--peer-serve-bandwidth`.
 
 use std::net::SocketAddr;
@@ -19,8 +20,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, PROTOCOL, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_MAX_OBJECTS, WAIT_PATH, WAIT_SECONDS,
-    WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_MAX_OBJECTS, WAIT_PATH,
+    WAIT_SECONDS, WaitRequest,
 };
 use futures::StreamExt as _;
 use std::os::unix::fs::FileExt as _;
@@ -168,6 +169,13 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
         Some(None) => return StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
     };
     let (start, end) = range.unwrap_or((0, size));
+    if landing && start < end {
+        match first_byte_landed(&fleet, &query, &file, start, deadline).await {
+            FirstByte::FromTheStore => {}
+            FirstByte::FromAPeer => return StatusCode::from_u16(SECOND_HAND).expect("a valid status").into_response(),
+            FirstByte::NotInTime => return StatusCode::NOT_FOUND.into_response(),
+        }
+    }
     let following = Following { fleet, query, file, landing, offset: start, end, changes: None };
     let body = futures::stream::unfold(following, |mut following| async move {
         match following.next_chunk().await {
@@ -191,6 +199,49 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
         headers.insert(header::CONTENT_RANGE, value);
     }
     response
+}
+
+/// Where the first byte asked for of an object landing came from.
+enum FirstByte {
+    /// The store (or the object is in place now, verified): it is served.
+    FromTheStore,
+    /// Another peer: not passed on ([`SECOND_HAND`]).
+    FromAPeer,
+    /// It was not written by the deadline.
+    NotInTime,
+}
+
+/// Waits until byte `offset` of `file`, landing as version `query.etag` of
+/// `query.key`, is written, and says where it came from. Only then is
+/// its source known: this worker marks a range read from a peer before
+/// asking for it, so before its first byte lands. Waiting here never
+/// closes a circle: a range comes from a peer only before this worker in
+/// the order every worker shares ([`ferry_contract::PeerGroup::block_sources`]).
+async fn first_byte_landed(
+    fleet: &Fleet,
+    query: &ObjectQuery,
+    file: &Arc<std::fs::File>,
+    offset: u64,
+    deadline: tokio::time::Instant,
+) -> FirstByte {
+    let mut changes = fleet.catalog.changes();
+    loop {
+        changes.borrow_and_update();
+        match fleet.catalog.holding(&query.key, &query.etag) {
+            Holding::Landing(landing) if Arc::ptr_eq(&landing.file, file) => {
+                if landing.written_until(offset) > offset {
+                    return if landing.from_a_peer_at(offset) { FirstByte::FromAPeer } else { FirstByte::FromTheStore };
+                }
+            }
+            // Verified and in place: whatever its source, it is the store's.
+            Holding::Held(_) => return FirstByte::FromTheStore,
+            // Abandoned, or landing anew: the body says so (see `Following`).
+            _ => return FirstByte::FromTheStore,
+        }
+        if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
+            return FirstByte::NotInTime;
+        }
+    }
 }
 
 /// The body of an object response: `offset..end` of `file`, a chunk at a

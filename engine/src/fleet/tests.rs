@@ -668,8 +668,19 @@ async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::Status
     (response.status(), response.bytes().await)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_peer_port_streams_a_landing_object_as_it_is_written_and_breaks_off_if_it_is_abandoned() {
+/// A lone worker's peer port, with version `e1` of `p/big` (300 bytes,
+/// [`LandingAtPort::bytes`]) landing there, its first `written` bytes written.
+struct LandingAtPort {
+    fleet: Arc<Fleet>,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    bytes: Vec<u8>,
+    file: Arc<std::fs::File>,
+    guard: super::LandingGuard,
+}
+
+async fn landing_at_port(written: usize) -> LandingAtPort {
     let (store, _) = dataset();
     let directory = watch::Sender::new(BTreeMap::new());
     let (_engine, fleet) = worker(&store, "node-a", &["node-a"], &directory).await;
@@ -677,9 +688,15 @@ async fn the_peer_port_streams_a_landing_object_as_it_is_written_and_breaks_off_
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("landing");
     let bytes: Vec<u8> = (0..300u32).map(|b| b as u8).collect();
-    std::fs::write(&path, &bytes[..100]).unwrap();
+    std::fs::write(&path, &bytes[..written]).unwrap();
     let file = Arc::new(std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
-    let guard = fleet.landing("p/big", "e1", 300, Arc::clone(&file), &[(0, 100)]);
+    let guard = fleet.landing("p/big", "e1", 300, Arc::clone(&file), &[(0, written as u64)]);
+    LandingAtPort { fleet, addr, dir, path, bytes, file, guard }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_streams_a_landing_object_as_it_is_written_and_breaks_off_if_it_is_abandoned() {
+    let LandingAtPort { fleet, addr, dir, bytes, file, guard, .. } = landing_at_port(100).await;
 
     let (status, body) = read_landing(addr, "bytes=10-99").await;
     assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[10..100].to_vec().into()));
@@ -1029,4 +1046,66 @@ async fn a_worker_waits_for_hundreds_of_objects_with_a_few_requests() {
     // One long poll per object would hold hundreds open at once.
     let most_open = sampling.await.unwrap();
     assert!((1..=1).contains(&most_open), "a worker held {most_open} long polls open at once for its one peer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_share_of_an_owner_that_is_gone_is_read_from_the_store_once_by_a_peer_standing_in_for_it() {
+    let (store, objects) = dataset();
+    let group = ["node-a", "node-b", "node-c", "node-d"];
+    // node-d never comes: its published address refuses connections, as a
+    // node's whose pod died. The three others bypass it after the timeout.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let directory = watch::Sender::new(BTreeMap::from([("node-d".to_owned(), gone)]));
+    let options = PeerOptions { peer_timeout: Duration::from_secs(3), ..options(&group) };
+    let mut workers = Vec::new();
+    for me in &group[..3] {
+        workers.push(worker_with(&store, me, &options, &directory, std::future::pending()).await);
+    }
+    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    let summaries = stage_all(workers, &dirs).await;
+    for (summary, dir) in summaries.iter().zip(&dirs) {
+        assert!(summary.complete, "{summary:?}");
+        assert_eq!(summary.peers.peer_failures, 1, "only node-d was bypassed: {:?}", summary.peers);
+        assert_staged(dir.path(), &objects);
+    }
+    // Each of node-d's objects and blocks is read from the store by the
+    // member after it in the group's order, and by the others from that
+    // one: about once, not once by each of the three.
+    let (read, dataset, gone_share) = (store.calls().get_bytes, total(&objects), share(&objects, &group, "node-d"));
+    assert!(
+        gone_share > 0 && read < dataset + gone_share / 2,
+        "the store was read {read} bytes for a {dataset} B dataset; node-d's share is {gone_share} B"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_passes_on_only_ranges_read_from_the_store_until_the_object_is_verified() {
+    let LandingAtPort { fleet, addr, dir: _dir, path, bytes, file, guard } = landing_at_port(0).await;
+
+    // A range read from a peer is marked before its first byte lands: a
+    // request waiting for that byte is refused once it does.
+    let waiting = tokio::spawn(read_landing(addr, "bytes=100-199"));
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "answered before the range was written");
+    std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, 0).unwrap();
+    guard.written(0, 300);
+    assert_eq!(waiting.await.unwrap().0.as_u16(), wire::SECOND_HAND);
+    assert_eq!(read_landing(addr, "bytes=150-").await.0.as_u16(), wire::SECOND_HAND);
+    let (status, body) = read_landing(addr, "bytes=0-99").await;
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[..100].to_vec().into()));
+    let (status, body) = read_landing(addr, "bytes=200-").await;
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[200..].to_vec().into()));
+
+    // That peer failed before sending a byte and the range went to the
+    // store: passed on.
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), false);
+    assert_eq!(read_landing(addr, "bytes=100-199").await.0, 206);
+
+    // Verified whole and in place, every byte is passed on, whatever its source.
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), true);
+    fleet.catalog.hold("p/big", path, "e1", 300);
+    drop(guard);
+    let (status, body) = read_landing(addr, "bytes=100-199").await;
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[100..200].to_vec().into()));
 }

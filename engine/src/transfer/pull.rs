@@ -706,12 +706,13 @@ async fn download(
     let kept = landing.kept();
     // In a fleet, peers read an object of several ranges, and one of one
     // range (past a write buffer, so of several writes) that this worker
-    // reads from the store for them, from this file as it lands instead of
-    // waiting for the whole object. One that fits a write buffer went to
-    // memory above: it lands in one write, just before its commit.
+    // reads from the store (its own, or one it stands in for), from this
+    // file as it lands instead of waiting for the whole object. One that
+    // fits a write buffer went to memory above: it lands in one write, just
+    // before its commit.
     let landed = match (&engine.fleet, &object.etag) {
         (Some(fleet), Some(etag))
-            if ranges.len() > 1 || (ranges.len() == 1 && fleet.owner_elsewhere(planned.rel.as_str()).is_none()) =>
+            if ranges.len() > 1 || (ranges.len() == 1 && fleet.source_for(&object.key).is_none()) =>
         {
             let written: Vec<(u64, u64)> = kept.iter().map(|piece| (piece.offset, piece.offset + piece.len)).collect();
             Some(Arc::new(fleet.landing(&object.key, etag, size, Arc::clone(&file), &written)))
