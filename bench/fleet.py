@@ -13,6 +13,7 @@ and checks that every node ends byte-identical to the source.
     bench/run --fleet [--sizes 1,2,4,8] [--reps 3] [--report docs/benchmarks.md]
     bench/run --fleet --smoke
     bench/run --fleet --objects 4 --object-size 64 --sizes 1,2,4,8,16 --peers-only   # the model shape
+    bench/run --fleet --sizes 1,4,8 --peers-only --gone 1 --peer-timeout 5s         # a node that died
 """
 
 import argparse
@@ -159,13 +160,16 @@ def peer_certificates(directory, log):
     return directory
 
 
-def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, peer_tls=None):
-    """One pull of the dataset onto n workers; returns wall seconds, store
-    bytes sent, the largest peak RSS, CPU seconds of all workers, and each
-    worker's summary."""
+def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, peer_tls=None, gone=0,
+              peer_timeout=None):
+    """One pull of the dataset onto n workers (in a group of n + `gone`,
+    the last never starting); returns wall seconds, store bytes sent, the
+    largest peak RSS, CPU seconds of all workers, and each worker's summary."""
     links.reset()
-    names = [f"node-{i}" for i in range(n)]
-    peer_ports = listen_ports(len(names))
+    # Nothing listens at a gone member's port: its node died before the run.
+    members = [f"node-{i}" for i in range(n + (gone if n > 1 else 0))]
+    names = members[:n]
+    peer_ports = listen_ports(len(members))
     token = secrets.token_hex(32)
     procs = []
     started = time.monotonic()
@@ -177,8 +181,10 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, 
         cmd = [tool("ferry-stager"), "pull", f"s3://{BUCKET}/fleet", str(dest), "--progress", "never",
                "--summary-file", str(summary), "--worker", name]
         if fanout == "PeerToPeer" and n > 1:
-            cmd += ["--peer-group", ",".join(names), "--peer-listen", f"127.0.0.1:{peer_ports[i]}"]
-            cmd += [f"--peer={other}=127.0.0.1:{port}" for other, port in zip(names, peer_ports) if other != name]
+            cmd += ["--peer-group", ",".join(members), "--peer-listen", f"127.0.0.1:{peer_ports[i]}"]
+            cmd += [f"--peer={other}=127.0.0.1:{port}" for other, port in zip(members, peer_ports) if other != name]
+            if peer_timeout:
+                cmd += ["--peer-timeout", peer_timeout]
             if peer_link:
                 cmd += ["--peer-serve-bandwidth", f"{peer_link:g}MiB"]
             if peer_tls:
@@ -224,6 +230,10 @@ def main():
                         help="what each node serves its peers, MiB/s (--peer-serve-bandwidth; unlimited by default)")
     parser.add_argument("--peer-tls", action="store_true",
                         help="peers speak mutual TLS (--peer-tls), as the operator's workers do (needs openssl)")
+    parser.add_argument("--gone", type=int, default=0,
+                        help="members of each PeerToPeer group (of 2 nodes or more) that never start, as nodes whose "
+                             "pods died: what they own is read by the others")
+    parser.add_argument("--peer-timeout", help="--peer-timeout for every worker (default: the stager's)")
     parser.add_argument("--smoke", action="store_true",
                         help="seconds: 1 and 2 nodes, 2 objects of 20 MiB, once")
     parser.add_argument("--peers-only", action="store_true",
@@ -262,7 +272,7 @@ def main():
                 fanouts = ["PeerToPeer"] if args.peers_only and n != sizes[0] else ["Direct", "PeerToPeer"]
                 for fanout in fanouts:
                     wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout,
-                                                               args.peer_link, peer_tls)
+                                                               args.peer_link, peer_tls, args.gone, args.peer_timeout)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
                         {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "cpu": cpu, "from_peers": from_peers})
@@ -289,7 +299,9 @@ def report(results, sizes, args, dataset_bytes):
         f"{os.cpu_count()} CPUs; {args.objects} objects × {args.object_size} MiB ({dataset_bytes / MIB:.0f} MiB); each node's link to the "
         f"store {args.link:g} MiB/s, the store's total {args.store:g} MiB/s; peers over loopback"
         + (" with mutual TLS" if args.peer_tls else "")
-        + (f", each serving at most {args.peer_link:g} MiB/s" if args.peer_link else "") + "; medians of "
+        + (f", each serving at most {args.peer_link:g} MiB/s" if args.peer_link else "")
+        + (f"; {args.gone} more member(s) of each group never start" if args.gone else "")
+        + (f"; --peer-timeout {args.peer_timeout}" if args.peer_timeout else "") + "; medians of "
         f"{args.reps} run(s); wall ÷ the {sizes[0]}-node Direct time.",
         "",
         "| nodes | Direct: store sent ÷ dataset | Direct: wall ÷ one node | PeerToPeer: store sent ÷ dataset "
