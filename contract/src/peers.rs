@@ -6,7 +6,8 @@
 //!
 //! Every worker owns a share of the dataset ([`PeerGroup::owner`]: the same
 //! key hash as `--shard`), reads that share from the object store and serves
-//! it; it fetches every other object from the object's owner. What a peer
+//! it; it fetches every other object from the object's owner, or from a
+//! member standing in for an owner it bypassed ([`PeerGroup::sources`]). What a peer
 //! serves is verified against the object store's checksum, exactly as a
 //! direct read is, so a peer can make a transfer slower, never wrong.
 
@@ -248,7 +249,7 @@ pub mod wire {
 
     /// Who sent a request or an answer: the protocol version it speaks,
     /// its worker name, and where it serves its peers. Written
-    /// `v2 node-a@10.0.0.7:9466` (the address is left out while unknown).
+    /// `v3 node-a@10.0.0.7:9466` (the address is left out while unknown).
     ///
     /// A request is evidence that its asker was running and serving where
     /// it says: a worker that has finished waits for its peers to finish,
@@ -322,10 +323,11 @@ pub mod wire {
     /// `GET ?key=K&etag=E` with an optional `Range: bytes=A-B`: the bytes
     /// of version `E` of `K` (200 or 206), or 404 when the worker does not
     /// hold that version. Of an object it is fetching now
-    /// ([`WaitAnswer::landing`]), the answer comes once the range asked for
-    /// is written, or 404 when it is not within the asker's `--peer-timeout`
-    /// (the worker's own, which the workers of one DataStage share), or
-    /// [`SECOND_HAND`] when the bytes there came from another peer.
+    /// ([`WaitAnswer::landing`]), the body follows the writer; a range is
+    /// answered once its first byte is written, or 404 when that is not
+    /// within the asker's `--peer-timeout` (the worker's own, which the
+    /// workers of one DataStage share), or [`SECOND_HAND`] when that byte
+    /// came from another peer.
     pub const OBJECT_PATH: &str = "/v1/object";
     /// The answer to an [`OBJECT_PATH`] request for bytes of an object
     /// landing that the worker is reading from another peer, not from the

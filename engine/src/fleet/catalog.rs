@@ -11,8 +11,9 @@
 //! is still arriving. Such bytes are not verified yet, and nor are any
 //! peer's to its reader: every reader checks the whole object against the
 //! store's checksum before its own rename. Ranges this worker reads from a
-//! peer are not passed on while landing ([`Catalog::reading_from_a_peer`]). Waiters (a peer's long poll, a
-//! range not written yet) are woken on every change.
+//! peer are not passed on while landing ([`Catalog::reading_from_a_peer`]).
+//! Waiters (a peer's long poll, a range not written yet) are woken on every
+//! change.
 //!
 //! Memory does not grow with the object count: past [`MEMORY`] bytes of
 //! entries, those with the smallest keys go to disk in key order
@@ -61,9 +62,6 @@ pub struct Landing {
     pub size: u64,
     /// Ranges written so far, start → end, merged and not overlapping.
     written: BTreeMap<u64, u64>,
-    /// Ranges this worker reads from a peer rather than the store: not
-    /// passed on while landing ([`ferry_contract::peers::wire::SECOND_HAND`]).
-    from_peers: Vec<(u64, u64)>,
 }
 
 impl Landing {
@@ -79,11 +77,6 @@ impl Landing {
             Some((_, end)) if *end > offset => *end,
             _ => offset,
         }
-    }
-
-    /// Whether the byte at `offset` is read from a peer.
-    pub fn from_a_peer_at(&self, offset: u64) -> bool {
-        self.from_peers.iter().any(|(start, end)| (*start..*end).contains(&offset))
     }
 
     /// Adds `start..end` to what is written, merging neighbours.
@@ -119,6 +112,10 @@ struct LandingEntry {
     id: u64,
     etag: String,
     landing: Landing,
+    /// Ranges this worker reads from a peer rather than the store: not
+    /// passed on while landing ([`ferry_contract::peers::wire::SECOND_HAND`]).
+    /// Kept here, not in [`Landing`], which is copied for every chunk served.
+    from_peers: Vec<(u64, u64)>,
 }
 
 /// Whether a worker holds a version of an object, will, or will not.
@@ -213,11 +210,12 @@ impl Catalog {
     /// [`Catalog::unland`].
     pub fn landing(&self, key: &str, etag: &str, size: u64, file: Arc<File>, written: &[(u64, u64)]) -> u64 {
         let id = self.next_landing.fetch_add(1, Relaxed);
-        let mut landing = Landing { file, size, written: BTreeMap::new(), from_peers: Vec::new() };
+        let mut landing = Landing { file, size, written: BTreeMap::new() };
         for (start, end) in written {
             landing.add(*start, *end);
         }
-        self.lock_landing().insert(key.to_owned(), LandingEntry { id, etag: etag.to_owned(), landing });
+        let entry = LandingEntry { id, etag: etag.to_owned(), landing, from_peers: Vec::new() };
+        self.lock_landing().insert(key.to_owned(), entry);
         self.changed.send_modify(|n| *n += 1);
         id
     }
@@ -232,18 +230,27 @@ impl Catalog {
     }
 
     /// Bytes `range` of version `etag` of `key`, landing, are read from a
-    /// peer (`from_a_peer`), or no longer (that peer failed before sending
-    /// any, and the range goes to another source). Marked before the
-    /// request, so before any of its bytes land.
+    /// peer (`from_a_peer`), or no longer (it goes to another source: the
+    /// peer failed, or the range is read from the store again). Marked
+    /// before the request, so before any of its bytes land.
     pub fn reading_from_a_peer(&self, key: &str, etag: &str, range: &std::ops::Range<u64>, from_a_peer: bool) {
         let mut landing = self.lock_landing();
         let Some(entry) = landing.get_mut(key).filter(|entry| entry.etag == etag) else { return };
-        let marks = &mut entry.landing.from_peers;
-        if from_a_peer {
-            marks.push((range.start, range.end));
-        } else if let Some(at) = marks.iter().position(|mark| *mark == (range.start, range.end)) {
-            marks.swap_remove(at);
+        let (marks, mark) = (&mut entry.from_peers, (range.start, range.end));
+        match marks.iter().position(|m| *m == mark) {
+            None if from_a_peer => marks.push(mark),
+            Some(at) if !from_a_peer => {
+                marks.swap_remove(at);
+            }
+            _ => {}
         }
+    }
+
+    /// Whether byte `offset` of `key`, landing in `file`, is read from a peer.
+    pub fn from_a_peer_at(&self, key: &str, file: &Arc<File>, offset: u64) -> bool {
+        let landing = self.lock_landing();
+        let Some(entry) = landing.get(key).filter(|entry| Arc::ptr_eq(&entry.landing.file, file)) else { return false };
+        entry.from_peers.iter().any(|(start, end)| (*start..*end).contains(&offset))
     }
 
     /// Landing `id` of `key` ended: committed (then [`Catalog::hold`] came

@@ -333,14 +333,13 @@ impl Fleet {
     /// store (this worker owns it, the peer asked will not have it, or
     /// every peer it could ask was bypassed).
     pub async fn await_ready(self: &Arc<Self>, relative_key: &str, key: &str, etag: &str) -> bool {
-        let sources: Vec<String> = self.owners.sources(relative_key, &self.me).into_iter().map(str::to_owned).collect();
-        for peer in sources {
-            if self.is_dropped(&peer) {
+        for peer in self.owners.sources(relative_key, &self.me) {
+            if self.is_dropped(peer) {
                 continue;
             }
-            let (told, start_asking) = self.waits.add(&peer, key, etag);
+            let (told, start_asking) = self.waits.add(peer, key, etag);
             if start_asking {
-                tokio::spawn(Arc::clone(self).ask(peer.clone()));
+                tokio::spawn(Arc::clone(self).ask(peer.to_owned()));
             }
             // A sender dropped unanswered (the runtime shutting down): the store.
             if told.await.unwrap_or(false) {
@@ -348,7 +347,7 @@ impl Fleet {
             }
             // Told it never will while it runs on: the store. Bypassed
             // meanwhile: the next source.
-            if !self.is_dropped(&peer) {
+            if !self.is_dropped(peer) {
                 return false;
             }
         }

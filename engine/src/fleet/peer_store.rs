@@ -169,7 +169,10 @@ impl ObjectStore for PeerStore {
             // standing in for an owner this worker bypassed.
             for peer in self.fleet.block_sources(key, range.start / self.block) {
                 let Some(addr) = self.fleet.address(&peer).await else {
-                    self.fleet.drop_peer(&peer, PeerFailure::Unreachable, "its address was never published");
+                    // Not when it was dropped meanwhile for another reason.
+                    if !self.fleet.is_dropped(&peer) {
+                        self.fleet.drop_peer(&peer, PeerFailure::Unreachable, "its address was never published");
+                    }
                     continue;
                 };
                 let catalog = &self.fleet.catalog;
@@ -190,6 +193,9 @@ impl ObjectStore for PeerStore {
                     }
                 }
             }
+            // From the store: whatever an earlier attempt at this range read
+            // from a peer is written over, so it is passed on again.
+            self.fleet.catalog.reading_from_a_peer(key, etag, range, false);
         }
         self.inner.get(key, range, if_match).await
     }

@@ -169,7 +169,10 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
         Some(None) => return StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
     };
     let (start, end) = range.unwrap_or((0, size));
-    if landing && start < end {
+    // Only ranges are ever read from a peer while landing (a block of a
+    // large object); a whole object's request is answered at once and its
+    // body follows the writer, however long the store keeps it waiting.
+    if landing && range.is_some() && start < end {
         match first_byte_landed(&fleet, &query, &file, start, deadline).await {
             FirstByte::FromTheStore => {}
             FirstByte::FromAPeer => return StatusCode::from_u16(SECOND_HAND).expect("a valid status").into_response(),
@@ -230,7 +233,11 @@ async fn first_byte_landed(
         match fleet.catalog.holding(&query.key, &query.etag) {
             Holding::Landing(landing) if Arc::ptr_eq(&landing.file, file) => {
                 if landing.written_until(offset) > offset {
-                    return if landing.from_a_peer_at(offset) { FirstByte::FromAPeer } else { FirstByte::FromTheStore };
+                    return if fleet.catalog.from_a_peer_at(&query.key, file, offset) {
+                        FirstByte::FromAPeer
+                    } else {
+                        FirstByte::FromTheStore
+                    };
                 }
             }
             // Verified and in place: whatever its source, it is the store's.

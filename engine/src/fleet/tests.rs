@@ -650,10 +650,10 @@ async fn a_whole_object_from_a_peer_is_verified_against_the_stores_crc_where_it_
     assert_eq!((b.verified.crc32c, b.verified.md5), (1, 2), "from the peer: {:?}", b.verified);
 }
 
-/// Reads `range` of version `e1` of `p/big` from the peer port at `addr`.
-async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::StatusCode, reqwest::Result<bytes::Bytes>) {
+/// A request for version `e1` of `p/big` (the whole object) to the peer port at `addr`.
+fn landing_request(addr: SocketAddr) -> reqwest::RequestBuilder {
     let query = wire::ObjectQuery { key: "p/big".into(), etag: "e1".into() };
-    let response = reqwest::Client::builder()
+    reqwest::Client::builder()
         .no_proxy()
         .build()
         .unwrap()
@@ -661,10 +661,11 @@ async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::Status
         .query(&query)
         .bearer_auth(TOKEN)
         .header(wire::SPEAKER_HEADER, wire::Speaker::new("node-b", None).to_string())
-        .header(reqwest::header::RANGE, range)
-        .send()
-        .await
-        .unwrap();
+}
+
+/// Reads `range` of version `e1` of `p/big` from the peer port at `addr`.
+async fn read_landing(addr: SocketAddr, range: &'static str) -> (reqwest::StatusCode, reqwest::Result<bytes::Bytes>) {
+    let response = landing_request(addr).header(reqwest::header::RANGE, range).send().await.unwrap();
     (response.status(), response.bytes().await)
 }
 
@@ -1082,6 +1083,13 @@ async fn the_share_of_an_owner_that_is_gone_is_read_from_the_store_once_by_a_pee
 async fn the_peer_port_passes_on_only_ranges_read_from_the_store_until_the_object_is_verified() {
     let LandingAtPort { fleet, addr, dir: _dir, path, bytes, file, guard } = landing_at_port(0).await;
 
+    // The whole object is answered at once, before a byte is written: its
+    // body follows the writer however long the store keeps it waiting
+    // (only ranges are ever read from a peer).
+    let whole = tokio::time::timeout(Duration::from_secs(2), landing_request(addr).send()).await;
+    let whole = whole.expect("answered before a byte was written").unwrap();
+    assert_eq!(whole.status(), 200);
+
     // A range read from a peer is marked before its first byte lands: a
     // request waiting for that byte is refused once it does.
     let waiting = tokio::spawn(read_landing(addr, "bytes=100-199"));
@@ -1091,6 +1099,7 @@ async fn the_peer_port_passes_on_only_ranges_read_from_the_store_until_the_objec
     std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, 0).unwrap();
     guard.written(0, 300);
     assert_eq!(waiting.await.unwrap().0.as_u16(), wire::SECOND_HAND);
+    assert_eq!(whole.bytes().await.unwrap(), bytes, "the whole object followed the writer");
     assert_eq!(read_landing(addr, "bytes=150-").await.0.as_u16(), wire::SECOND_HAND);
     let (status, body) = read_landing(addr, "bytes=0-99").await;
     assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[..100].to_vec().into()));
