@@ -694,8 +694,11 @@ pub fn build_job(
     let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
     let peer_to_peer = plan.fanout == Fanout::PeerToPeer;
     let cli = stager_cli(ds, plan, worker, group, defaults);
-    let peer_group = match &cli.command {
-        StagerCommand::Pull { options, .. } => options.peers.peer_group.clone(),
+    // The members its worker divides the dataset with, for a worker that
+    // comes later to read (crate::peers::options).
+    let dividing = match &cli.command {
+        StagerCommand::Pull { options, .. } if options.peers.peer_owners.is_empty() => options.peers.peer_group.clone(),
+        StagerCommand::Pull { options, .. } => options.peers.peer_owners.clone(),
         _ => Vec::new(),
     };
     let mut args = literal(cli.to_args());
@@ -746,8 +749,7 @@ pub fn build_job(
             name: Some(job_name(&ds.name_any(), worker, run)),
             namespace: ds.namespace(),
             labels: Some(labels.clone()),
-            annotations: (!peer_group.is_empty())
-                .then(|| BTreeMap::from([crate::peers::group_annotation(&peer_group)])),
+            annotations: (!dividing.is_empty()).then(|| BTreeMap::from([crate::peers::group_annotation(&dividing)])),
             owner_references: Some(vec![
                 ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
             ]),
@@ -1088,15 +1090,15 @@ mod tests {
         // workers, whose groups do not name it, are its owners.
         let all = plan_workers(&plan, &["a".to_owned(), "b".to_owned(), "c".to_owned()]);
         let joining = WorkerDefaults { peers_running: crate::peers::running_groups(&running), ..defaults };
-        let StagerCommand::Pull { options, .. } =
-            parsed(&pod(&build_job(&ds, &plan, &all[2], &all, 1, &joining))).command
-        else {
-            panic!("a pull")
-        };
+        let joiner = build_job(&ds, &plan, &all[2], &all, 1, &joining);
+        let StagerCommand::Pull { options, .. } = parsed(&pod(&joiner)).command else { panic!("a pull") };
         assert_eq!(
             (options.peers.peer_group, options.peers.peer_owners),
             (vec!["a".into(), "b".into(), "c".into()], vec!["a".into(), "b".into()])
         );
+        // Its Job records the members it divides with, not its group: a
+        // member created after it must not count it among the owners.
+        assert_eq!(crate::peers::running_groups(&[joiner]), [["a", "b"]]);
     }
 
     #[test]

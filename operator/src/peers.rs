@@ -133,12 +133,16 @@ pub fn tls_volume(ds: &DataStage) -> (Volume, VolumeMount) {
 /// workers when its Job is created), short of `--peer-listen`, which
 /// [`listen_on_pod_ip`] adds; with `tls` (the peer Secret holds
 /// certificates, mounted by [`tls_volume`]) they speak mutual TLS.
-/// `running`: the peer groups the run's existing worker Jobs were created
-/// with ([`running_groups`]). When none names this worker, it joins a
-/// fleet that divided the dataset without it: their members are its
-/// `--peer-owners`, and it reads from them what they read. Peer
-/// addresses are not passed: each worker publishes its own in its
-/// `status.workers[]` entry and reads the others' there (`--report-to`).
+/// `running`: the members that divide the dataset in each of the run's
+/// existing worker Jobs ([`running_groups`]). When none names this worker,
+/// it joins a fleet that divided the dataset without it: the members of
+/// theirs that the plan still names are its `--peer-owners`, and it reads
+/// from them what they read. When one does (its Job comes after theirs),
+/// it divides the dataset exactly as they do, never with the workers that
+/// joined them: every member must agree on who owns what, or two of them
+/// wait on each other. Peer addresses are not passed: each worker
+/// publishes its own in its `status.workers[]` entry and reads the others'
+/// there (`--report-to`).
 pub fn options(
     worker: &Worker,
     group: &[Worker],
@@ -146,17 +150,28 @@ pub fn options(
     serve_bandwidth: Option<ferry_contract::ByteSize>,
     tls: bool,
 ) -> PeerOptions {
-    let mut names: Vec<String> = group.iter().map(|w| w.name.clone()).collect();
-    names.push(worker.name.clone());
     // Sorted and without duplicates: the Job's arguments do not depend on
     // the order nodes were listed in.
+    let mut names: Vec<String> = group.iter().map(|w| w.name.clone()).collect();
+    names.push(worker.name.clone());
     names.sort();
     names.dedup();
-    let joins = !running.iter().any(|g| g.contains(&worker.name));
-    let mut owners: Vec<String> =
-        running.iter().flatten().filter(|name| joins && names.contains(name)).cloned().collect();
-    owners.sort();
-    owners.dedup();
+    let naming_me = most_common(running.iter().filter(|g| g.contains(&worker.name)));
+    let owners = match naming_me {
+        // Its group takes in every member it divides with (one the plan
+        // has dropped still owns a share in the others' eyes, and is
+        // bypassed like any member that is gone); it says its owners only
+        // when they are not its whole group.
+        Some(dividing) => {
+            names.extend(dividing.iter().cloned());
+            names.sort();
+            names.dedup();
+            if dividing == names { Vec::new() } else { dividing }
+        }
+        None => {
+            most_common(running.iter()).unwrap_or_default().into_iter().filter(|name| names.contains(name)).collect()
+        }
+    };
     PeerOptions {
         peer_group: names,
         peer_owners: owners,
@@ -166,17 +181,35 @@ pub fn options(
     }
 }
 
-/// The annotation on a PeerToPeer worker Job that records the peer group
-/// it was created with: the controller's cache keeps no pod template, so
-/// it reads the group here when a node joins ([`running_groups`]).
-pub const GROUP_ANNOTATION: &str = "ferry.dev/peer-group";
-
-/// The [`GROUP_ANNOTATION`] of a Job whose workers' group is `group`.
-pub fn group_annotation(group: &[String]) -> (String, String) {
-    (GROUP_ANNOTATION.to_owned(), group.join(","))
+/// The group, sorted, that most of `groups` are (the first in order
+/// among equals): Jobs created in one pass share one, and a worker must
+/// pick the same one whichever order the Jobs are listed in.
+fn most_common<'a>(groups: impl Iterator<Item = &'a Vec<String>>) -> Option<Vec<String>> {
+    let mut counts: BTreeMap<Vec<String>, usize> = BTreeMap::new();
+    for group in groups {
+        let mut sorted = group.clone();
+        sorted.sort();
+        sorted.dedup();
+        *counts.entry(sorted).or_default() += 1;
+    }
+    let most = counts.values().copied().max()?;
+    counts.into_iter().find(|(_, count)| *count == most).map(|(group, _)| group)
 }
 
-/// The peer groups `jobs` (worker Jobs) were created with.
+/// The annotation on a PeerToPeer worker Job that records the members that
+/// divide the dataset among themselves as its worker sees them: its group,
+/// or, for one that joined a running fleet, its owners. The controller's
+/// cache keeps no pod template, so it reads them here when a node joins
+/// ([`running_groups`]).
+pub const GROUP_ANNOTATION: &str = "ferry.dev/peer-group";
+
+/// The [`GROUP_ANNOTATION`] of a Job whose workers divide the dataset
+/// among `dividing` (its `--peer-owners`, or its group when it has none).
+pub fn group_annotation(dividing: &[String]) -> (String, String) {
+    (GROUP_ANNOTATION.to_owned(), dividing.join(","))
+}
+
+/// The members that divide the dataset in each of `jobs` (worker Jobs).
 pub fn running_groups(jobs: &[Job]) -> Vec<Vec<String>> {
     jobs.iter()
         .filter_map(|job| job.annotations().get(GROUP_ANNOTATION))
@@ -332,6 +365,48 @@ mod tests {
         // owner like the others: they wait for its share.
         let named = [vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]];
         assert!(super::options(&Worker::on_node("b"), &group, &named, None, true).peer_owners.is_empty());
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_member_whose_job_comes_after_a_joiners_divides_the_dataset_as_the_other_members_do() {
+        // a and c run in a group of three; b's Job has yet to be created
+        // when d joins.
+        let plan = [Worker::on_node("a"), Worker::on_node("b"), Worker::on_node("c"), Worker::on_node("d")];
+        let members = names(&["c", "a", "b"]);
+        let joiner = options(&Worker::on_node("d"), &plan, &[members.clone(), members.clone()], None, true);
+        assert_eq!(
+            (joiner.peer_group, joiner.peer_owners.clone()),
+            (names(&["a", "b", "c", "d"]), names(&["a", "b", "c"]))
+        );
+        // Then b's Job is created: the joiner's Job names it too, but b
+        // owns what a and c think it owns, so it divides among the three
+        // alone, whichever order the Jobs are listed in, and serves d.
+        for running in [
+            vec![members.clone(), joiner.peer_owners.clone(), members.clone()],
+            vec![joiner.peer_owners.clone(), members.clone(), members.clone()],
+        ] {
+            let late = options(&Worker::on_node("b"), &plan, &running, None, true);
+            assert_eq!((late.peer_group, late.peer_owners), (names(&["a", "b", "c", "d"]), names(&["a", "b", "c"])));
+        }
+        // A member the plan has dropped still owns a share in the running
+        // members' eyes: the late one divides with it too (and, like them,
+        // bypasses it once it is gone).
+        let with_gone = names(&["a", "b", "gone"]);
+        let late = options(&Worker::on_node("b"), &plan[..2], &[with_gone.clone()], None, true);
+        assert_eq!((late.peer_group, late.peer_owners), (with_gone, Vec::<String>::new()));
+    }
+
+    #[test]
+    fn groups_from_jobs_created_in_other_passes_are_settled_by_the_most_common_then_by_order() {
+        let (one, two) = (names(&["a", "b"]), names(&["b", "a", "c"]));
+        assert_eq!(most_common([&one, &two, &two].into_iter()), Some(names(&["a", "b", "c"])));
+        assert_eq!(most_common([&two, &one].into_iter()), Some(one.clone()));
+        assert_eq!(most_common([&one, &two].into_iter()), Some(one));
+        assert_eq!(most_common(std::iter::empty()), None);
     }
 
     #[test]
