@@ -326,8 +326,9 @@ pub mod wire {
     /// ([`WaitAnswer::landing`]), the body follows the writer; a range is
     /// answered once its first byte is written, or 404 when that is not
     /// within the asker's `--peer-timeout` (the worker's own, which the
-    /// workers of one DataStage share), or [`SECOND_HAND`] when that byte
-    /// came from another peer.
+    /// workers of one DataStage share), or [`SECOND_HAND`] when any of it
+    /// comes from another peer. Bytes the worker turns to another peer
+    /// for after the answer started are sent once the object is verified.
     pub const OBJECT_PATH: &str = "/v1/object";
     /// The answer to an [`OBJECT_PATH`] request for bytes of an object
     /// landing that the worker is reading from another peer, not from the

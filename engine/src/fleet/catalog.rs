@@ -220,6 +220,11 @@ impl Catalog {
         id
     }
 
+    /// Whether version `etag` of `key` is landing here, served as it lands.
+    pub fn is_landing(&self, key: &str, etag: &str) -> bool {
+        self.lock_landing().get(key).is_some_and(|entry| entry.etag == etag)
+    }
+
     /// Bytes `start..end` of landing `id` of `key` are written.
     pub fn landed(&self, key: &str, id: u64, start: u64, end: u64) {
         if let Some(entry) = self.lock_landing().get_mut(key).filter(|entry| entry.id == id) {
@@ -246,11 +251,20 @@ impl Catalog {
         }
     }
 
-    /// Whether byte `offset` of `key`, landing in `file`, is read from a peer.
-    pub fn from_a_peer_at(&self, key: &str, file: &Arc<File>, offset: u64) -> bool {
+    /// Where the bytes of `key` landing in `file` from `offset` on, up to
+    /// `until`, stop being ones this worker reads from the store: the
+    /// first byte in `offset..until` of a range it reads from a peer
+    /// (`offset` itself when that byte is one), or `until`.
+    pub fn from_the_store_until(&self, key: &str, file: &Arc<File>, offset: u64, until: u64) -> u64 {
         let landing = self.lock_landing();
-        let Some(entry) = landing.get(key).filter(|entry| Arc::ptr_eq(&entry.landing.file, file)) else { return false };
-        entry.from_peers.iter().any(|(start, end)| (*start..*end).contains(&offset))
+        let Some(entry) = landing.get(key).filter(|entry| Arc::ptr_eq(&entry.landing.file, file)) else { return until };
+        entry
+            .from_peers
+            .iter()
+            .filter(|(start, end)| *start < until && *end > offset)
+            .map(|(start, _)| (*start).max(offset))
+            .min()
+            .unwrap_or(until)
     }
 
     /// Landing `id` of `key` ended: committed (then [`Catalog::hold`] came

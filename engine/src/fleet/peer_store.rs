@@ -155,8 +155,11 @@ impl ObjectStore for PeerStore {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError> {
         let Some(etag) = if_match else { return self.inner.get(key, range, if_match).await };
-        // A whole object a peer said it holds.
-        if let Some((peer, addr)) = self.fleet.source_for(key) {
+        // A whole object a peer said it holds, unless the pull decided to
+        // read it from the store and serve it as it lands (a peer that
+        // answered since must not slip second-hand bytes in).
+        let landing_from_the_store = range.is_none() && self.fleet.catalog.is_landing(key, etag);
+        if let Some((peer, addr)) = self.fleet.source_for(key).filter(|_| !landing_from_the_store) {
             match self.read_from_peer(&peer, addr, key, etag, range.as_ref()).await {
                 Ok(Some(response)) => return Ok(response),
                 // The peer is dropped, or reads it from elsewhere itself:

@@ -173,7 +173,7 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
     // large object); a whole object's request is answered at once and its
     // body follows the writer, however long the store keeps it waiting.
     if landing && range.is_some() && start < end {
-        match first_byte_landed(&fleet, &query, &file, start, deadline).await {
+        match first_byte_landed(&fleet, &query, &file, start..end, deadline).await {
             FirstByte::FromTheStore => {}
             FirstByte::FromAPeer => return StatusCode::from_u16(SECOND_HAND).expect("a valid status").into_response(),
             FirstByte::NotInTime => return StatusCode::NOT_FOUND.into_response(),
@@ -204,27 +204,29 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
     response
 }
 
-/// Where the first byte asked for of an object landing came from.
+/// Where the bytes asked for of an object landing come from.
 enum FirstByte {
-    /// The store (or the object is in place now, verified): it is served.
+    /// The store, as far as this worker knows when the first is written
+    /// (or the object is in place now, verified): they are served.
     FromTheStore,
-    /// Another peer: not passed on ([`SECOND_HAND`]).
+    /// Some from another peer: not passed on ([`SECOND_HAND`]).
     FromAPeer,
-    /// It was not written by the deadline.
+    /// The first was not written by the deadline.
     NotInTime,
 }
 
-/// Waits until byte `offset` of `file`, landing as version `query.etag` of
-/// `query.key`, is written, and says where it came from. Only then is
-/// its source known: this worker marks a range read from a peer before
-/// asking for it, so before its first byte lands. Waiting here never
-/// closes a circle: a range comes from a peer only before this worker in
-/// the order every worker shares ([`ferry_contract::PeerGroup::block_sources`]).
+/// Waits until the first byte of `range` of `file`, landing as version
+/// `query.etag` of `query.key`, is written, and says where the range comes
+/// from. Only then is the source of its first byte known: this worker
+/// marks a range read from a peer before asking for it, so before its
+/// first byte lands. Waiting here never closes a circle: a range comes
+/// from a peer only before this worker in the order every worker shares
+/// ([`ferry_contract::PeerGroup::block_sources`]).
 async fn first_byte_landed(
     fleet: &Fleet,
     query: &ObjectQuery,
     file: &Arc<std::fs::File>,
-    offset: u64,
+    range: std::ops::Range<u64>,
     deadline: tokio::time::Instant,
 ) -> FirstByte {
     let mut changes = fleet.catalog.changes();
@@ -232,12 +234,11 @@ async fn first_byte_landed(
         changes.borrow_and_update();
         match fleet.catalog.holding(&query.key, &query.etag) {
             Holding::Landing(landing) if Arc::ptr_eq(&landing.file, file) => {
-                if landing.written_until(offset) > offset {
-                    return if fleet.catalog.from_a_peer_at(&query.key, file, offset) {
-                        FirstByte::FromAPeer
-                    } else {
-                        FirstByte::FromTheStore
-                    };
+                if landing.written_until(range.start) > range.start {
+                    // The whole range: a piece resumed from an earlier run
+                    // is not marked, and the rest of its block may be.
+                    let own_until = fleet.catalog.from_the_store_until(&query.key, file, range.start, range.end);
+                    return if own_until < range.end { FirstByte::FromAPeer } else { FirstByte::FromTheStore };
                 }
             }
             // Verified and in place: whatever its source, it is the store's.
@@ -252,7 +253,8 @@ async fn first_byte_landed(
 }
 
 /// The body of an object response: `offset..end` of `file`, a chunk at a
-/// time. Of an object landing, each chunk is sent once written: the stream
+/// time. Of an object landing, each chunk is sent once written (bytes this
+/// worker reads from a peer, once the object is verified): the stream
 /// waits for the writer, up to the peer timeout per chunk, and ends with an
 /// error if the landing is abandoned (the asker then reads the store). Once
 /// the object is committed, the rest is read from the same file, renamed.
@@ -282,7 +284,12 @@ impl Following {
             match self.fleet.catalog.holding(&self.query.key, &self.query.etag) {
                 Holding::Held(_) => self.landing = false,
                 Holding::Landing(landing) if Arc::ptr_eq(&landing.file, &self.file) => {
-                    let until = landing.written_until(self.offset).min(self.end);
+                    let written = landing.written_until(self.offset).min(self.end);
+                    // Bytes this worker reads from a peer are passed on
+                    // once verified (it may start reading part of the
+                    // range from one after this request was answered).
+                    let (key, file) = (&self.query.key, &self.file);
+                    let until = self.fleet.catalog.from_the_store_until(key, file, self.offset, written);
                     if until > self.offset {
                         break until;
                     }

@@ -1099,7 +1099,9 @@ async fn the_peer_port_passes_on_only_ranges_read_from_the_store_until_the_objec
     std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, 0).unwrap();
     guard.written(0, 300);
     assert_eq!(waiting.await.unwrap().0.as_u16(), wire::SECOND_HAND);
-    assert_eq!(whole.bytes().await.unwrap(), bytes, "the whole object followed the writer");
+    // The whole object follows the writer up to the bytes read from a
+    // peer, and waits there until it is verified.
+    let whole = tokio::spawn(whole.bytes());
     assert_eq!(read_landing(addr, "bytes=150-").await.0.as_u16(), wire::SECOND_HAND);
     let (status, body) = read_landing(addr, "bytes=0-99").await;
     assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[..100].to_vec().into()));
@@ -1113,8 +1115,70 @@ async fn the_peer_port_passes_on_only_ranges_read_from_the_store_until_the_objec
 
     // Verified whole and in place, every byte is passed on, whatever its source.
     fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), true);
+    assert!(!whole.is_finished(), "bytes read from a peer were passed on before the object was verified");
     fleet.catalog.hold("p/big", path, "e1", 300);
     drop(guard);
     let (status, body) = read_landing(addr, "bytes=100-199").await;
     assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[100..200].to_vec().into()));
+    assert_eq!(whole.await.unwrap().unwrap(), bytes, "the whole object, once verified");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_resumed_from_an_earlier_run_is_passed_on_only_up_to_bytes_this_worker_reads_from_a_peer() {
+    // The first 100 bytes were written by an earlier run: not marked.
+    let LandingAtPort { fleet, addr, dir: _dir, path, bytes, file, guard } = landing_at_port(100).await;
+
+    // The rest of the block is read from a peer: a range that takes it in
+    // is refused as a whole, though its first byte is this worker's own.
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), true);
+    assert_eq!(read_landing(addr, "bytes=0-199").await.0.as_u16(), wire::SECOND_HAND);
+    assert_eq!(read_landing(addr, "bytes=50-").await.0.as_u16(), wire::SECOND_HAND);
+    let (status, body) = read_landing(addr, "bytes=0-99").await;
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[..100].to_vec().into()));
+
+    // A range answered before this worker turned to a peer for part of it:
+    // what it reads from the peer waits until the object is verified.
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), false);
+    let answered = tokio::spawn(read_landing(addr, "bytes=0-199"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fleet.catalog.reading_from_a_peer("p/big", "e1", &(100..200), true);
+    std::os::unix::fs::FileExt::write_all_at(&*file, &bytes[100..], 100).unwrap();
+    guard.written(100, 300);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!answered.is_finished(), "bytes read from a peer were passed on before the object was verified");
+    fleet.catalog.hold("p/big", path, "e1", 300);
+    drop(guard);
+    let (status, body) = answered.await.unwrap();
+    assert_eq!((status, body.unwrap()), (reqwest::StatusCode::PARTIAL_CONTENT, bytes[..200].to_vec().into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_served_as_it_lands_from_the_store_is_read_from_the_store_whatever_a_peer_says_meanwhile() {
+    use crate::store::ObjectStore as _;
+    use futures::TryStreamExt as _;
+    let (store, objects) = dataset();
+    let directory = watch::Sender::new(BTreeMap::new());
+    let (_a, fleet_a) = worker(&store, "node-a", &["node-a", "node-b"], &directory).await;
+    let (_b, fleet_b) = worker(&store, "node-b", &["node-a", "node-b"], &directory).await;
+    let (rel, data) = objects.iter().find(|(_, data)| !data.is_empty() && data.len() < (1 << 20)).unwrap();
+    let key = format!("p/{rel}");
+    let etag = store.head(&key).await.unwrap().0.etag.unwrap();
+    // node-a holds other bytes under the version's name: whoever reads
+    // from it gets them.
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, vec![0xAA; data.len()]).unwrap();
+    fleet_a.catalog.hold(&key, wrong, &etag, data.len() as u64);
+
+    // node-b's pull found no peer holding the object, so it reads it from
+    // the store and serves it as it lands; node-a's word comes after.
+    let file = Arc::new(tempfile::tempfile_in(dir.path()).unwrap());
+    let _landing = fleet_b.landing(&key, &etag, data.len() as u64, file, &[]);
+    fleet_b.ready.lock().unwrap().insert(key.clone(), "node-a".to_owned());
+
+    let peer_store = super::PeerStore::new(store.clone(), Arc::clone(&fleet_b), config().part_size);
+    let response = peer_store.get(&key, None, Some(&etag)).await.unwrap();
+    let body: Vec<bytes::Bytes> = response.body.try_collect().await.unwrap();
+    assert_eq!(body.concat(), *data, "read from the store, not from the peer");
+    assert_eq!(fleet_b.counts().bytes_from_peers, 0);
 }
