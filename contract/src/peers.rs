@@ -47,8 +47,9 @@ pub struct PeerOptions {
     /// between them (comma-separated; all of them by default). A worker
     /// that joins a running fleet is not one: the others divided the
     /// dataset among themselves before it came, so it reads from them what
-    /// they read, and from the store only what a peer that is bypassed or
-    /// has exited leaves.
+    /// they read, and from the store what it takes over of theirs (objects
+    /// they have not started) and what a peer that is bypassed or has
+    /// exited leaves.
     #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', requires = "peer_group"))]
     pub peer_owners: Vec<String>,
     /// Serve this worker's staged objects to its peers on this address
@@ -242,14 +243,16 @@ pub mod wire {
     /// version (or without a [`SPEAKER_HEADER`]: a release before versions)
     /// with 400 and its own [`Speaker`]; the asker then bypasses it and
     /// says which versions met. Version 1 had no speaker header; version 2
-    /// passed on any range it had written, whatever its source ([`SECOND_HAND`]).
-    pub const PROTOCOL: u32 = 3;
+    /// passed on any range it had written, whatever its source ([`SECOND_HAND`]);
+    /// version 3 handed nothing over to a worker that joined
+    /// ([`WaitAnswer::taken_over`]).
+    pub const PROTOCOL: u32 = 4;
     /// The header that carries a [`Speaker`].
     pub const SPEAKER_HEADER: &str = "ferry-peer";
 
     /// Who sent a request or an answer: the protocol version it speaks,
     /// its worker name, and where it serves its peers. Written
-    /// `v3 node-a@10.0.0.7:9466` (the address is left out while unknown).
+    /// `v4 node-a@10.0.0.7:9466` (the address is left out while unknown).
     ///
     /// A request is evidence that its asker was running and serving where
     /// it says: a worker that has finished waits for its peers to finish,
@@ -289,7 +292,7 @@ pub mod wire {
 
     /// A [`SPEAKER_HEADER`] value that does not read as a [`Speaker`].
     #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v3 node-a@10.0.0.7:9466")]
+    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v4 node-a@10.0.0.7:9466")]
     pub struct SpeakerError(pub String);
 
     impl std::str::FromStr for Speaker {
@@ -387,6 +390,14 @@ pub mod wire {
         /// another version): read them from the store.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub never: Vec<u32>,
+        /// Of the worker's own share, not started yet, handed over to the
+        /// asker, a worker that joined after the owners divided the
+        /// dataset: the asker reads them from the store, and the worker
+        /// reads them from the asker. So what nobody has read yet is
+        /// divided anew with whoever joins, and the store is still read
+        /// once.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub taken_over: Vec<u32>,
         /// The worker's state when it answered.
         pub state: PeerState,
     }
@@ -394,7 +405,7 @@ pub mod wire {
     impl WaitAnswer {
         /// Whether anything asked about is settled.
         pub fn settles_any(&self) -> bool {
-            !self.held.is_empty() || !self.landing.is_empty() || !self.never.is_empty()
+            !self.held.is_empty() || !self.landing.is_empty() || !self.never.is_empty() || !self.taken_over.is_empty()
         }
     }
 
@@ -486,16 +497,18 @@ mod tests {
         assert_eq!(serde_json::from_str::<wire::WaitRequest>(&json).unwrap(), request);
 
         let state = wire::PeerState { complete: false, finished: false, bytes_done: 7 };
-        let answer = wire::WaitAnswer { held: vec![1], landing: vec![2], never: vec![0], state };
+        let answer = wire::WaitAnswer { held: vec![1], landing: vec![2], never: vec![0], taken_over: vec![3], state };
         let json = serde_json::to_string(&answer).unwrap();
         assert_eq!(
             json,
-            r#"{"held":[1],"landing":[2],"never":[0],"state":{"complete":false,"finished":false,"bytesDone":7}}"#
+            r#"{"held":[1],"landing":[2],"never":[0],"takenOver":[3],"state":{"complete":false,"finished":false,"bytesDone":7}}"#
         );
         assert_eq!(serde_json::from_str::<wire::WaitAnswer>(&json).unwrap(), answer);
         assert!(answer.settles_any());
         let only_landing = wire::WaitAnswer { landing: vec![0], state, ..wire::WaitAnswer::default() };
         assert!(only_landing.settles_any(), "an object landing is read from the peer now");
+        let only_taken = wire::WaitAnswer { taken_over: vec![0], state, ..wire::WaitAnswer::default() };
+        assert!(only_taken.settles_any(), "an object taken over is read from the store now");
 
         // Nothing settled: only the state goes over the wire.
         let waiting = wire::WaitAnswer { state, ..wire::WaitAnswer::default() };

@@ -396,7 +396,7 @@ mod tests {
         // members' eyes: the late one divides with it too (and, like them,
         // bypasses it once it is gone).
         let with_gone = names(&["a", "b", "gone"]);
-        let late = options(&Worker::on_node("b"), &plan[..2], &[with_gone.clone()], None, true);
+        let late = options(&Worker::on_node("b"), &plan[..2], std::slice::from_ref(&with_gone), None, true);
         assert_eq!((late.peer_group, late.peer_owners), (with_gone, Vec::<String>::new()));
     }
 

@@ -342,7 +342,7 @@ impl Catalog {
     }
 
     /// Which of `objects` are settled (held, or never to be), by index.
-    fn settled(&self, objects: &[ObjectQuery]) -> WaitAnswer {
+    pub(crate) fn settled(&self, objects: &[ObjectQuery]) -> WaitAnswer {
         let finished = self.finished.load(Relaxed);
         let mut answer = WaitAnswer { state: self.state(), ..WaitAnswer::default() };
         let entries = self.lock();

@@ -29,10 +29,15 @@
 //! bytes a peer got wrong are caught by that peer's readers and blamed on
 //! it, not on a worker that relayed them.
 //!
+//! A worker that joins a running fleet owns nothing, but takes over, as it
+//! asks about them, the objects of its owners' shares they have not
+//! started ([`handover`]): what nobody has read yet is divided anew.
+//!
 //! A finished worker keeps serving ([`Fleet::linger`]) until every peer is
 //! complete, gone, or `--peer-linger` has passed.
 
 pub mod catalog;
+mod handover;
 mod peer_store;
 pub mod server;
 mod spill;
@@ -222,6 +227,10 @@ pub struct Fleet {
     /// Set by [`Fleet::alone`]: peers cannot find this worker, so it
     /// neither asks them nor lingers for them.
     alone: AtomicBool,
+    /// Objects of this worker's share that joiners took over.
+    handover: Mutex<handover::Handover>,
+    /// The prefix the run lists: owners are decided by keys relative to it.
+    prefix: OnceLock<String>,
 }
 
 impl Fleet {
@@ -288,12 +297,60 @@ impl Fleet {
             bytes_served: AtomicU64::new(0),
             peer_failures: AtomicU64::new(0),
             alone: AtomicBool::new(false),
+            handover: Mutex::default(),
+            prefix: OnceLock::new(),
         })))
     }
 
     /// The peer that reads `relative_key` from the store, when not this worker.
     pub fn owner_elsewhere(&self, relative_key: &str) -> Option<&str> {
         self.owners.owner(relative_key).filter(|owner| *owner != self.me)
+    }
+
+    /// The run lists `prefix` (told once, by the pull, before it asks or
+    /// serves anything).
+    pub fn listing(&self, prefix: &str) {
+        let _ = self.prefix.set(prefix.to_owned());
+    }
+
+    /// This worker is about to start `key`, of its own share: whether a
+    /// joiner took it over, so that it is read from the joiner
+    /// ([`Fleet::await_ready`]). From now on nobody may.
+    pub fn taken_over(&self, key: &str) -> bool {
+        self.lock_handover().keep(key).is_some()
+    }
+
+    /// The answer at once to `asker`'s wait for `objects` when it takes
+    /// over any of them ([`handover`]): only a worker outside the owners
+    /// (one that joined) takes any, and only of this worker's share that it
+    /// neither holds nor has started. `None`: it takes none.
+    fn hand_over(&self, asker: &str, objects: &[ObjectQuery]) -> Option<WaitAnswer> {
+        let prefix = self.prefix.get()?;
+        if asker == self.me || self.owners.members().iter().any(|m| m == asker) {
+            return None;
+        }
+        let mut answer = self.catalog.settled(objects);
+        let answered: BTreeSet<u32> = answer.held.iter().chain(&answer.landing).chain(&answer.never).copied().collect();
+        let mut handover = self.lock_handover();
+        answer.taken_over = (0u32..)
+            .zip(objects)
+            .filter(|(index, object)| {
+                let rel = crate::local::paths::relative_key(&object.key, prefix);
+                !answered.contains(index)
+                    && self.owners.owner(rel) == Some(self.me.as_str())
+                    && handover.hand_over(&self.me, &object.key, rel, asker)
+            })
+            .map(|(index, _)| index)
+            .collect();
+        drop(handover);
+        if !answer.taken_over.is_empty() {
+            tracing::debug!(joiner = asker, objects = answer.taken_over.len(), "handed over objects not started yet");
+        }
+        (!answer.taken_over.is_empty()).then_some(answer)
+    }
+
+    fn lock_handover(&self) -> std::sync::MutexGuard<'_, handover::Handover> {
+        self.handover.lock().expect("handover lock poisoned")
     }
 
     /// The peers to ask for block `block` of `key` (an object fetched in
@@ -333,7 +390,13 @@ impl Fleet {
     /// store (this worker owns it, the peer asked will not have it, or
     /// every peer it could ask was bypassed).
     pub async fn await_ready(self: &Arc<Self>, relative_key: &str, key: &str, etag: &str) -> bool {
-        for peer in self.owners.sources(relative_key, &self.me) {
+        // One of its own that a joiner took over: from the joiner alone.
+        let joiner = self.lock_handover().taken_by(key).map(str::to_owned);
+        let sources = match &joiner {
+            Some(joiner) => vec![joiner.as_str()],
+            None => self.owners.sources(relative_key, &self.me),
+        };
+        for peer in sources {
             if self.is_dropped(peer) {
                 continue;
             }
@@ -375,7 +438,9 @@ impl Fleet {
                     for held in from_peer {
                         self.waits.settle(&peer, &held.key, true);
                     }
-                    for never in answer.never.iter().filter_map(object) {
+                    // Taken over: this worker reads it from the store,
+                    // and the peer reads it from this one.
+                    for never in answer.never.iter().chain(&answer.taken_over).filter_map(object) {
                         self.waits.settle(&peer, &never.key, false);
                     }
                 }
@@ -448,6 +513,7 @@ impl Fleet {
     /// Records that `key` is staged; counts it when a peer's bytes made it.
     pub fn staged(&self, key: &str) {
         self.served_ranges.lock().expect("served lock poisoned").remove(key);
+        self.lock_handover().settled(key);
         let Some(peer) = self.ready.lock().expect("ready lock poisoned").remove(key) else { return };
         if !self.is_dropped(&peer) {
             self.objects_from_peers.fetch_add(1, Relaxed);
@@ -459,6 +525,7 @@ impl Fleet {
     /// many failures does not keep an entry for each.
     pub fn abandoned(&self, key: &str) {
         self.ready.lock().expect("ready lock poisoned").remove(key);
+        self.lock_handover().settled(key);
         self.served_ranges.lock().expect("served lock poisoned").remove(key);
     }
 

@@ -126,9 +126,18 @@ async fn state(State(fleet): State<Arc<Fleet>>) -> Response {
     axum::Json(fleet.catalog.state()).into_response()
 }
 
-async fn wait(State(fleet): State<Arc<Fleet>>, axum::Json(request): axum::Json<WaitRequest>) -> Response {
+async fn wait(
+    State(fleet): State<Arc<Fleet>>,
+    headers: HeaderMap,
+    axum::Json(request): axum::Json<WaitRequest>,
+) -> Response {
     if request.objects.len() > WAIT_MAX_OBJECTS {
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+    }
+    // A worker that joined takes over what this one has not started.
+    let asker = headers.get(SPEAKER_HEADER).and_then(|v| v.to_str().ok()?.parse::<Speaker>().ok());
+    if let Some(answer) = asker.and_then(|asker| fleet.hand_over(&asker.name, &request.objects)) {
+        return axum::Json(answer).into_response();
     }
     let _open = fleet.metrics.peer_wait_open();
     let patience = Duration::from_secs(WAIT_SECONDS);

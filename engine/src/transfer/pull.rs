@@ -179,6 +179,7 @@ pub async fn pull(
     let scratch = staging.scratch_dir();
     if let Some(fleet) = &engine.fleet {
         fleet.catalog.spill_into(scratch.join("catalog"));
+        fleet.listing(prefix);
     }
     if let Some(wanted) = &engine.config.shared_objects {
         let scope = format!("{}|{}", engine.store.describe(), wanted.endpoint.as_deref().unwrap_or("default"));
@@ -295,7 +296,10 @@ pub async fn pull(
                 to_copy.sort_by_key(|planned| from_a_peer(&engine, fleet, planned));
             }
             for planned in to_copy {
-                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(&engine, fleet, &planned)) {
+                let read_from_a_peer = |fleet: &&Arc<crate::fleet::Fleet>| {
+                    from_a_peer(&engine, fleet, &planned) || taken_over(&engine, fleet, &planned)
+                };
+                if let Some(fleet) = engine.fleet.as_ref().filter(read_from_a_peer) {
                     // Waiting for a peer holds no object slot, so this
                     // worker's own share never queues behind its peers'.
                     let waiter = object_slot(&peer_waiters, &mut tasks).await?;
@@ -419,6 +423,16 @@ fn from_a_peer(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) 
     planned.object.etag.is_some()
         && planned.object.size <= engine.config.part_size
         && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
+}
+
+/// Whether `planned`, of this worker's own share and about to start, was
+/// taken over by a worker that joined the fleet, so it is read from that
+/// worker. Asked once per object, in listing order: from then on nobody
+/// may take it over.
+fn taken_over(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
+    planned.object.etag.is_some()
+        && planned.object.size <= engine.config.part_size
+        && fleet.taken_over(&planned.object.key)
 }
 
 /// `shared` once every other reference is gone. Object tasks are joined

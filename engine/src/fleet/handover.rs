@@ -1,0 +1,143 @@
+//! A group that grows: what an owner hands over to a worker that joins a
+//! running fleet.
+//!
+//! The owners divide the dataset among themselves when they start; a
+//! worker that joins later owns nothing ([`ferry_contract::PeerOptions::peer_owners`])
+//! and asks the owners for everything. Without more, it only copies what
+//! they read and the run takes as long as it would have without it. So an
+//! owner, asked by a joiner about an object of its own share that it has
+//! not started, hands the object over when dividing it between the two
+//! gives it to the joiner ([`ferry_contract::PeerGroup::owner`] of the
+//! pair): the joiner reads it from the store, the owner reads it from the
+//! joiner (and serves it to its other peers as it would have), and the
+//! store is still read once.
+//!
+//! Whether the owner has started an object is decided under one lock with
+//! the handing over: the owner's pull calls [`Handover::keep`] for each
+//! object of its own share before it starts it, in listing order, and
+//! hands over only objects after the last one kept. Listings come sorted
+//! by key, so that is every object not yet started; an object listed out
+//! of order is kept by the owner, never read twice.
+
+use std::collections::HashMap;
+
+use ferry_contract::PeerGroup;
+
+/// The most objects one owner has handed over and not yet staged: a
+/// joiner that races far ahead of its owners does not grow this without
+/// bound (it reads the rest from them as they stage it).
+const MAX_HANDED_OVER: usize = 65_536;
+
+/// Of one worker's own share, which objects went to joiners.
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// The greatest key of its own share this worker has started (or
+    /// taken from a joiner), in its listing's order.
+    last_kept: Option<String>,
+    /// Objects handed over, by key: to the worker named.
+    handed: HashMap<String, String>,
+}
+
+impl Handover {
+    /// This worker is about to start `key`, of its own share: the joiner
+    /// it was handed over to, to read it from; otherwise nobody may take
+    /// it any more.
+    pub fn keep(&mut self, key: &str) -> Option<String> {
+        if self.last_kept.as_deref().is_none_or(|last| key > last) {
+            self.last_kept = Some(key.to_owned());
+        }
+        self.handed.get(key).cloned()
+    }
+
+    /// Whether `joiner` takes over `key` (at `relative_key`), of the share
+    /// of `me`, which does not hold it: when `me` has not started it and
+    /// dividing it between the two gives it to the joiner. Once handed
+    /// over, it stays the joiner's.
+    pub fn hand_over(&mut self, me: &str, key: &str, relative_key: &str, joiner: &str) -> bool {
+        if let Some(to) = self.handed.get(key) {
+            return to == joiner;
+        }
+        let started = self.last_kept.as_deref().is_some_and(|last| key <= last);
+        if started || self.handed.len() >= MAX_HANDED_OVER {
+            return false;
+        }
+        if PeerGroup::new([me, joiner]).owner(relative_key) != Some(joiner) {
+            return false;
+        }
+        self.handed.insert(key.to_owned(), joiner.to_owned());
+        true
+    }
+
+    /// The worker `key` was handed over to, if it was.
+    pub fn taken_by(&self, key: &str) -> Option<&str> {
+        self.handed.get(key).map(String::as_str)
+    }
+
+    /// `key` is staged, or failed for good: forgotten.
+    pub fn settled(&mut self, key: &str) {
+        self.handed.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys `p/0000` to `p/0099`, in listing order.
+    fn keys() -> Vec<String> {
+        (0..100).map(|n| format!("p/{n:04}")).collect()
+    }
+
+    fn rel(key: &str) -> &str {
+        key.strip_prefix("p/").unwrap()
+    }
+
+    #[test]
+    fn a_joiner_takes_half_of_what_the_owner_has_not_started_and_nothing_it_has() {
+        let mut handover = Handover::default();
+        let keys = keys();
+        for key in &keys[..40] {
+            assert_eq!(handover.keep(key), None);
+        }
+        let taken: Vec<&String> =
+            keys.iter().filter(|key| handover.hand_over("node-a", key, rel(key), "node-j")).collect();
+        // None of the forty started; of the sixty left, those that dividing
+        // between the two gives the joiner: about half.
+        assert!(taken.iter().all(|key| **key > keys[39]), "{taken:?}");
+        assert!((20..=40).contains(&taken.len()), "{} of 60", taken.len());
+        let pair = PeerGroup::new(["node-a", "node-j"]);
+        assert!(taken.iter().all(|key| pair.owner(rel(key)) == Some("node-j")));
+        // The owner reads each one taken from the joiner, and keeps the rest.
+        for key in &keys[40..] {
+            let from = handover.keep(key);
+            assert_eq!(from.is_some(), taken.contains(&key), "{key}");
+            assert_eq!(handover.taken_by(key), from.as_deref());
+        }
+        // Nothing more is handed over once the owner has kept it all.
+        assert!(keys.iter().all(|key| !handover.hand_over("node-a", key, rel(key), "node-j") || taken.contains(&key)));
+    }
+
+    #[test]
+    fn an_object_handed_over_stays_with_its_joiner_until_it_is_staged() {
+        let mut handover = Handover::default();
+        let key = keys().into_iter().find(|key| PeerGroup::new(["node-a", "node-j"]).owner(rel(key)) == Some("node-j"));
+        let key = key.unwrap();
+        assert!(handover.hand_over("node-a", &key, rel(&key), "node-j"));
+        assert!(handover.hand_over("node-a", &key, rel(&key), "node-j"), "asked again: still its");
+        assert!(!handover.hand_over("node-a", &key, rel(&key), "node-k"), "not another joiner's");
+        assert_eq!(handover.keep(&key).as_deref(), Some("node-j"));
+        handover.settled(&key);
+        assert_eq!(handover.taken_by(&key), None);
+        assert!(!handover.hand_over("node-a", &key, rel(&key), "node-j"), "kept by then");
+    }
+
+    #[test]
+    fn an_object_listed_out_of_order_is_never_handed_over_once_a_later_one_is_kept() {
+        let mut handover = Handover::default();
+        let keys = keys();
+        handover.keep(&keys[50]);
+        // keys[10] was not kept, but comes before one that was: it may be
+        // in flight (a listing out of order), so the owner keeps it.
+        assert!(keys[..=50].iter().all(|key| !handover.hand_over("node-a", key, rel(key), "node-j")));
+    }
+}
