@@ -14,6 +14,8 @@ and checks that every node ends byte-identical to the source.
     bench/run --fleet --smoke
     bench/run --fleet --objects 4 --object-size 64 --sizes 1,2,4,8,16 --peers-only   # the model shape
     bench/run --fleet --sizes 1,4,8 --peers-only --gone 1 --peer-timeout 5s         # a node that died
+    bench/run --fleet --sizes 2 --peers-only --join 1 --join-after 2 --objects 512 --object-size 1 --store 400
+                                                                 # a node that joins a running fleet
 """
 
 import argparse
@@ -161,27 +163,39 @@ def peer_certificates(directory, log):
 
 
 def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, peer_tls=None, gone=0,
-              peer_timeout=None):
+              peer_timeout=None, join=0, join_after=0.0):
     """One pull of the dataset onto n workers (in a group of n + `gone`,
-    the last never starting); returns wall seconds, store bytes sent, the
-    largest peak RSS, CPU seconds of all workers, and each worker's summary."""
+    the last never starting), and `join` more that join them `join_after`
+    seconds in (PeerToPeer only); returns wall seconds, store bytes sent,
+    the largest peak RSS, CPU seconds of all workers, and each worker's
+    summary."""
     links.reset()
+    peers = fanout == "PeerToPeer" and n > 1
     # Nothing listens at a gone member's port: its node died before the run.
-    members = [f"node-{i}" for i in range(n + (gone if n > 1 else 0))]
-    names = members[:n]
+    owners = [f"node-{i}" for i in range(n + (gone if peers else 0))]
+    # Joiners are not in the owners' group (their Jobs came first); their
+    # own group names everyone, the owners as --peer-owners.
+    joiners = [f"node-{i}" for i in range(len(owners), len(owners) + (join if peers else 0))]
+    members = owners + joiners
+    names = owners[:n] + joiners
     peer_ports = listen_ports(len(members))
     token = secrets.token_hex(32)
     procs = []
     started = time.monotonic()
     for i, name in enumerate(names):
+        if joiners and name == joiners[0]:
+            time.sleep(join_after)
         dest = scratch / name
         shutil.rmtree(dest, ignore_errors=True)
         summary = scratch / f"{name}.summary.json"
         measure = scratch / f"{name}.measure"
         cmd = [tool("ferry-stager"), "pull", f"s3://{BUCKET}/fleet", str(dest), "--progress", "never",
                "--summary-file", str(summary), "--worker", name]
-        if fanout == "PeerToPeer" and n > 1:
-            cmd += ["--peer-group", ",".join(members), "--peer-listen", f"127.0.0.1:{peer_ports[i]}"]
+        if peers:
+            group = members if name in joiners else owners
+            cmd += ["--peer-group", ",".join(group), "--peer-listen", f"127.0.0.1:{peer_ports[members.index(name)]}"]
+            if name in joiners:
+                cmd += ["--peer-owners", ",".join(owners)]
             cmd += [f"--peer={other}=127.0.0.1:{port}" for other, port in zip(members, peer_ports) if other != name]
             if peer_timeout:
                 cmd += ["--peer-timeout", peer_timeout]
@@ -234,6 +248,10 @@ def main():
                         help="members of each PeerToPeer group (of 2 nodes or more) that never start, as nodes whose "
                              "pods died: what they own is read by the others")
     parser.add_argument("--peer-timeout", help="--peer-timeout for every worker (default: the stager's)")
+    parser.add_argument("--join", type=int, default=0,
+                        help="workers that join each PeerToPeer fleet (of 2 nodes or more) --join-after seconds in, "
+                             "as nodes labelled into a running DataStage")
+    parser.add_argument("--join-after", type=float, default=2.0)
     parser.add_argument("--smoke", action="store_true",
                         help="seconds: 1 and 2 nodes, 2 objects of 20 MiB, once")
     parser.add_argument("--peers-only", action="store_true",
@@ -262,7 +280,7 @@ def main():
         subprocess.run([tool("ferry-stager"), "push", str(source), f"s3://{BUCKET}/fleet", "--progress", "never"],
                        env=PEER_ENV, stdout=log, stderr=log, check=True)
         dataset = tree_digest(source)
-        links = StoreLinks(minio.port, max(sizes), args.link * MIB, args.store * MIB)
+        links = StoreLinks(minio.port, max(sizes) + args.join, args.link * MIB, args.store * MIB)
         peer_tls = peer_certificates(scratch / "peer-tls", log) if args.peer_tls else None
         # No run may take more than 4× Direct's expected time at the largest N.
         timeout = 60 + 4 * max(sizes) * dataset_bytes / (min(args.link, args.store) * MIB)
@@ -272,12 +290,19 @@ def main():
                 fanouts = ["PeerToPeer"] if args.peers_only and n != sizes[0] else ["Direct", "PeerToPeer"]
                 for fanout in fanouts:
                     wall, sent, rss, cpu, summaries = run_fleet(n, fanout, links, dataset, scratch / "nodes", log, timeout,
-                                                               args.peer_link, peer_tls, args.gone, args.peer_timeout)
+                                                               args.peer_link, peer_tls, args.gone, args.peer_timeout,
+                                                               args.join, args.join_after)
                     from_peers = sum(s.get("peers", {}).get("bytes_from_peers", 0) for s in summaries)
                     results.setdefault((n, fanout), []).append(
                         {"wall": wall, "egress": sent / dataset_bytes, "rss": rss, "cpu": cpu, "from_peers": from_peers})
+                    # Joiners come last: what they read from the store they took over.
+                    joined = [s["bytes"]["transferred"] - s.get("peers", {}).get("bytes_from_peers", 0)
+                              for s in summaries[n:]]
+                    took = f", joiners read {sum(joined) / dataset_bytes:.2f}× from the store" if joined else ""
+                    seconds = "/".join(f"{s['seconds']:.1f}" for s in summaries)
                     print(f"rep {rep + 1} N={n} {fanout}: {wall:.1f} s, store sent {sent / dataset_bytes:.2f}× "
-                          f"the dataset, peak RSS {rss / MIB:.0f} MiB, CPU {cpu:.1f} s", flush=True)
+                          f"the dataset{took}, peak RSS {rss / MIB:.0f} MiB, CPU {cpu:.1f} s, "
+                          f"each worker {seconds} s", flush=True)
         table = report(results, sizes, args, dataset_bytes)
         (out / "fleet.md").write_text(table)
         (out / "fleet.json").write_text(json.dumps(
@@ -301,6 +326,8 @@ def report(results, sizes, args, dataset_bytes):
         + (" with mutual TLS" if args.peer_tls else "")
         + (f", each serving at most {args.peer_link:g} MiB/s" if args.peer_link else "")
         + (f"; {args.gone} more member(s) of each group never start" if args.gone else "")
+        + (f"; {args.join} more join(s) each PeerToPeer fleet {args.join_after:g} s in (wall: until every node, "
+           "joiners too, is done)" if args.join else "")
         + (f"; --peer-timeout {args.peer_timeout}" if args.peer_timeout else "") + "; medians of "
         f"{args.reps} run(s); wall ÷ the {sizes[0]}-node Direct time.",
         "",
