@@ -54,18 +54,23 @@ impl Handover {
     /// dividing it between the two gives it to the joiner. Once handed
     /// over, it stays the joiner's.
     pub fn hand_over(&mut self, me: &str, key: &str, relative_key: &str, joiner: &str) -> bool {
+        let takes = self.would_hand_over(me, key, relative_key, joiner);
+        if takes {
+            self.handed.entry(key.to_owned()).or_insert_with(|| joiner.to_owned());
+        }
+        takes
+    }
+
+    /// Whether [`Handover::hand_over`] would hand `key` to `joiner` now,
+    /// changing nothing.
+    pub fn would_hand_over(&self, me: &str, key: &str, relative_key: &str, joiner: &str) -> bool {
         if let Some(to) = self.handed.get(key) {
             return to == joiner;
         }
         let started = self.last_kept.as_deref().is_some_and(|last| key <= last);
-        if started || self.handed.len() >= MAX_HANDED_OVER {
-            return false;
-        }
-        if PeerGroup::new([me, joiner]).owner(relative_key) != Some(joiner) {
-            return false;
-        }
-        self.handed.insert(key.to_owned(), joiner.to_owned());
-        true
+        !started
+            && self.handed.len() < MAX_HANDED_OVER
+            && PeerGroup::new([me, joiner]).owner(relative_key) == Some(joiner)
     }
 
     /// The worker `key` was handed over to, if it was.

@@ -329,6 +329,21 @@ impl Fleet {
         if asker == self.me || self.owners.members().iter().any(|m| m == asker) {
             return None;
         }
+        let takes = |handover: &handover::Handover, object: &ObjectQuery| {
+            let rel = crate::local::paths::relative_key(&object.key, prefix);
+            self.owners.owner(rel) == Some(self.me.as_str())
+                && handover.would_hand_over(&self.me, &object.key, rel, asker)
+        };
+        // Most of what a joiner asks about is started already: the catalog
+        // is looked up (once more, besides the wait itself) only when some
+        // object could be taken over.
+        let any = {
+            let handover = self.lock_handover();
+            objects.iter().any(|object| takes(&handover, object))
+        };
+        if !any {
+            return None;
+        }
         let mut answer = self.catalog.settled(objects);
         let answered: BTreeSet<u32> = answer.held.iter().chain(&answer.landing).chain(&answer.never).copied().collect();
         let mut handover = self.lock_handover();
@@ -337,16 +352,17 @@ impl Fleet {
             .filter(|(index, object)| {
                 let rel = crate::local::paths::relative_key(&object.key, prefix);
                 !answered.contains(index)
-                    && self.owners.owner(rel) == Some(self.me.as_str())
+                    && takes(&handover, object)
                     && handover.hand_over(&self.me, &object.key, rel, asker)
             })
             .map(|(index, _)| index)
             .collect();
         drop(handover);
-        if !answer.taken_over.is_empty() {
-            tracing::debug!(joiner = asker, objects = answer.taken_over.len(), "handed over objects not started yet");
+        if answer.taken_over.is_empty() {
+            return None;
         }
-        (!answer.taken_over.is_empty()).then_some(answer)
+        tracing::debug!(joiner = asker, objects = answer.taken_over.len(), "handed over objects not started yet");
+        Some(answer)
     }
 
     fn lock_handover(&self) -> std::sync::MutexGuard<'_, handover::Handover> {

@@ -420,9 +420,13 @@ const PEER_WAITERS: usize = 2048;
 /// from the store or from the peer that owns the block, so every worker
 /// shares the reading and the serving of a large object.
 fn from_a_peer(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
-    planned.object.etag.is_some()
-        && planned.object.size <= engine.config.part_size
-        && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
+    whole_from_a_peer(engine, planned) && fleet.owner_elsewhere(planned.rel.as_str()).is_some()
+}
+
+/// Whether `planned` could be read whole from a peer: a version to ask
+/// for, and of one range (a larger object goes block by block).
+fn whole_from_a_peer(engine: &Engine, planned: &Planned) -> bool {
+    planned.object.etag.is_some() && planned.object.size <= engine.config.part_size
 }
 
 /// Whether `planned`, of this worker's own share and about to start, was
@@ -430,9 +434,7 @@ fn from_a_peer(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) 
 /// worker. Asked once per object, in listing order: from then on nobody
 /// may take it over.
 fn taken_over(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
-    planned.object.etag.is_some()
-        && planned.object.size <= engine.config.part_size
-        && fleet.taken_over(&planned.object.key)
+    whole_from_a_peer(engine, planned) && fleet.taken_over(&planned.object.key)
 }
 
 /// `shared` once every other reference is gone. Object tasks are joined
