@@ -84,7 +84,7 @@ where
 /// this protocol version, and notes who asked (see [`Speaker`]).
 async fn authorized(
     State(fleet): State<Arc<Fleet>>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let presented = request
@@ -100,6 +100,8 @@ async fn authorized(
     let mut response = match asker {
         Some(asker) if asker.compatible() => {
             fleet.asked_by(&asker);
+            // Handlers that need to know who asked read it from here.
+            request.extensions_mut().insert(asker);
             next.run(request).await
         }
         other => {
@@ -128,15 +130,14 @@ async fn state(State(fleet): State<Arc<Fleet>>) -> Response {
 
 async fn wait(
     State(fleet): State<Arc<Fleet>>,
-    headers: HeaderMap,
+    axum::Extension(asker): axum::Extension<Speaker>,
     axum::Json(request): axum::Json<WaitRequest>,
 ) -> Response {
     if request.objects.len() > WAIT_MAX_OBJECTS {
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     }
     // A worker that joined takes over what this one has not started.
-    let asker = headers.get(SPEAKER_HEADER).and_then(|v| v.to_str().ok()?.parse::<Speaker>().ok());
-    if let Some(answer) = asker.and_then(|asker| fleet.hand_over(&asker.name, &request.objects)) {
+    if let Some(answer) = fleet.hand_over(&asker.name, &request.objects) {
         return axum::Json(answer).into_response();
     }
     let _open = fleet.metrics.peer_wait_open();
