@@ -14,10 +14,14 @@
 //!
 //! Whether the owner has started an object is decided under one lock with
 //! the handing over: the owner's pull calls [`Handover::keep`] for each
-//! object of its own share before it starts it, in listing order, and
-//! hands over only objects after the last one kept. Listings come sorted
-//! by key, so that is every object not yet started; an object listed out
-//! of order is kept by the owner, never read twice.
+//! object of its own share once the object's first request has its slot
+//! (not when the object is listed or spawned: with `concurrency: auto`
+//! hundreds of objects wait for a request slot at once, and a joiner may
+//! take any of them), and hands over only objects after the greatest key
+//! kept. Listings come sorted by key and slots are given in turn, so that
+//! is about every object not yet started; an object whose turn comes after
+//! a later key's (or that was listed out of order) is kept by the owner,
+//! never read twice.
 
 use std::collections::HashMap;
 

@@ -313,9 +313,9 @@ impl Fleet {
         let _ = self.prefix.set(prefix.to_owned());
     }
 
-    /// This worker is about to start `key`, of its own share: whether a
-    /// joiner took it over, so that it is read from the joiner
-    /// ([`Fleet::await_ready`]). From now on nobody may.
+    /// The first request for `key`, of this worker's own share, has its
+    /// slot: whether a joiner took the object over, so that it is read from
+    /// the joiner ([`Fleet::await_ready`]). From now on nobody may.
     pub fn taken_over(&self, key: &str) -> bool {
         self.lock_handover().keep(key).is_some()
     }

@@ -759,29 +759,52 @@ async fn a_worker_that_cannot_find_its_peers_gives_up_on_them_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_that_joins_a_running_fleet_takes_over_what_its_owners_have_not_started_and_the_store_is_read_once() {
-    // Many small objects; the two owners read the store at 512 KiB/s, one
-    // object at a time: about four seconds each for their shares.
+    // The two owners read the store at 512 KiB/s, one object at a time:
+    // about four seconds each for their shares.
+    let one_at_a_time = TransferConfig { concurrency: 1, max_bandwidth: Some(512 << 10), ..config() };
+    a_joiner_takes_over_part_of(60, one_at_a_time).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joiner_takes_over_objects_its_owners_hold_in_their_object_window_before_their_requests_have_a_slot() {
+    // With adaptive concurrency up to 32, an owner takes 64 objects into
+    // its window at once, its whole share here, but its requests start at
+    // 8 at a time (at 512 KiB/s, again about four seconds a share): an
+    // object waiting for a request slot is not started yet.
+    let adaptive = TransferConfig { concurrency: 32, adaptive: true, max_bandwidth: Some(512 << 10), ..config() };
+    a_joiner_takes_over_part_of(120, adaptive).await;
+}
+
+/// Two owners (configured as `owners`) stage `count` objects, 3.75 MiB in
+/// all, and a third worker joins once they have read a twentieth of it: it
+/// takes over part of what they had not started, every node ends with the
+/// dataset, and the store is read exactly once.
+async fn a_joiner_takes_over_part_of(count: u32, owners: TransferConfig) {
     let store = Arc::new(MemoryStore::default());
+    // The whole listing at once: what the owners start is paced by their
+    // requests, not by pages that wait for a request slot.
+    store.list_in_pages_of(1000);
     let mut objects = BTreeMap::new();
-    for i in 0..60u32 {
-        let data = patterned(64 << 10, i % 7);
+    for i in 0..count {
+        let data = patterned((60 << 16) / count, i % 7);
         store.insert(&format!("p/obj-{i:03}"), data.clone());
         objects.insert(format!("obj-{i:03}"), data);
     }
     let directory = watch::Sender::new(BTreeMap::new());
     let pair = ["node-a", "node-b"];
-    let slow = TransferConfig { concurrency: 1, max_bandwidth: Some(512 << 10), ..config() };
-    let owners = options(&pair);
-    let owner = |me| worker_configured(&store, me, &owners, slow.clone(), &directory, std::future::pending());
+    let pair_options = options(&pair);
+    let owner = |me| worker_configured(&store, me, &pair_options, owners.clone(), &directory, std::future::pending());
     let ((engine_a, fleet_a), (engine_b, fleet_b)) = tokio::join!(owner("node-a"), owner("node-b"));
     let dirs = Arc::new([(); 3].map(|()| tempfile::tempdir().unwrap()));
     let owners = {
         let dirs = Arc::clone(&dirs);
         tokio::spawn(async move { stage_all(vec![(engine_a, fleet_a), (engine_b, fleet_b)], &dirs[..2]).await })
     };
-    // node-c joins a second later: its group names all three, but only the
-    // two that divided the dataset before it came own any of it.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // node-c joins the running fleet: its group names all three, but only
+    // the two that divided the dataset before it came own any of it.
+    while store.calls().get_bytes < total(&objects) / 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let trio = ["node-a", "node-b", "node-c"];
     let joiner = PeerOptions { peer_owners: pair.map(str::to_owned).to_vec(), ..options(&trio) };
     let (engine_c, fleet_c) = worker_with(&store, "node-c", &joiner, &directory, std::future::pending()).await;

@@ -60,6 +60,8 @@ struct State {
     get_latency: Option<std::time::Duration>,
     /// Time every 64 KiB of a GET's body takes, like a slow link.
     chunk_delay: Option<std::time::Duration>,
+    /// Keys per listing page, when not the default two.
+    page_size: Option<usize>,
 }
 
 /// An unfinished multipart upload.
@@ -112,6 +114,12 @@ impl MemoryStore {
     /// Makes every GET's body arrive 64 KiB per `delay`.
     pub fn trickle_gets(&self, delay: std::time::Duration) {
         self.state.lock().unwrap().chunk_delay = Some(delay);
+    }
+
+    /// Lists `keys` per page instead of two: a listing that keeps ahead of
+    /// the objects, as a real store's pages of a thousand do.
+    pub fn list_in_pages_of(&self, keys: usize) {
+        self.state.lock().unwrap().page_size = Some(keys.max(1));
     }
 
     /// Queues faults for the next part uploads, in order.
@@ -168,12 +176,12 @@ impl ObjectStore for MemoryStore {
             Some(token) if token.as_str() >= prefix => Bound::Excluded(token),
             _ => Bound::Included(prefix.to_owned()),
         };
-        // Two objects per page, so pagination is exercised.
+        // Two objects per page unless told otherwise, so pagination is exercised.
         let objects: Vec<ObjectMeta> = state
             .objects
             .range::<String, _>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
-            .take(2)
+            .take(state.page_size.unwrap_or(2))
             .map(|(k, (data, _))| ObjectMeta {
                 key: k.clone(),
                 size: data.len() as u64,

@@ -633,7 +633,27 @@ impl Engine {
     ///
     /// # Errors
     /// The last attempt's error.
-    pub async fn retrying<T, E, F, Fut>(&self, operation: Operation, mut attempt: F) -> Result<T, E>
+    pub async fn retrying<T, E, F, Fut>(&self, operation: Operation, attempt: F) -> Result<T, E>
+    where
+        E: Retryable + std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.retrying_from(None, operation, attempt).await
+    }
+
+    /// [`Engine::retrying`], whose first attempt runs in `taken`, a slot the
+    /// caller took before (to decide something once its request's turn had
+    /// come), when given.
+    ///
+    /// # Errors
+    /// The last attempt's error.
+    pub async fn retrying_from<T, E, F, Fut>(
+        &self,
+        mut taken: Option<RequestSlot>,
+        operation: Operation,
+        mut attempt: F,
+    ) -> Result<T, E>
     where
         E: Retryable + std::fmt::Display,
         F: FnMut() -> Fut,
@@ -649,7 +669,10 @@ impl Engine {
         let (mut attempts, mut refused) = (0, 0);
         loop {
             attempts += 1;
-            let slot = self.budget.request().await;
+            let slot = match taken.take() {
+                Some(slot) => slot,
+                None => self.budget.request().await,
+            };
             self.tally.requested();
             let started = Instant::now();
             let result = attempt().await;

@@ -33,7 +33,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
@@ -42,7 +42,8 @@ use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
 use super::{
-    Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, TransferError, VerifyMode, dooms_the_run, join_objects, object_slot,
+    Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, RequestSlot, TransferError, VerifyMode, dooms_the_run, join_objects,
+    object_slot,
 };
 use crate::fleet::LandingGuard;
 use crate::local::manifest::{ManifestCursor, ManifestEntry, ManifestWriter, Sought};
@@ -214,6 +215,7 @@ pub async fn pull(
     let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
     let peer_waiters = Arc::new(Semaphore::new(PEER_WAITERS));
     let mut tasks = ObjectTasks::new();
+    let mut turns = Turns::default();
     let mut departed = Departed::new(&scratch.join("departed.jsonl"), prefix, &engine.config.selection)
         .map_err(TransferError::Manifest)?;
     let mut out_of_order = false;
@@ -296,30 +298,42 @@ pub async fn pull(
                 to_copy.sort_by_key(|planned| from_a_peer(&engine, fleet, planned));
             }
             for planned in to_copy {
-                let read_from_a_peer = |fleet: &&Arc<crate::fleet::Fleet>| {
-                    from_a_peer(&engine, fleet, &planned) || taken_over(&engine, fleet, &planned)
-                };
-                if let Some(fleet) = engine.fleet.as_ref().filter(read_from_a_peer) {
+                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(&engine, fleet, &planned)) {
                     // Waiting for a peer holds no object slot, so this
                     // worker's own share never queues behind its peers'.
                     let waiter = object_slot(&peer_waiters, &mut tasks).await?;
                     let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
                     let (fleet, slots) = (Arc::clone(fleet), Arc::clone(&objects_in_flight));
                     tasks.spawn(async move {
-                        let etag = planned.object.etag.as_deref().unwrap_or_default();
-                        fleet.await_ready(planned.rel.as_str(), &planned.object.key, etag).await;
-                        let permit = slots.acquire_owned().await.expect("never closed");
-                        drop(waiter);
-                        let result = pull_object(&engine, &staging, &writer, planned).await;
+                        let permit = after_the_peer(&fleet, &planned, waiter, &slots).await;
+                        let result = pull_object(&engine, &staging, &writer, planned, None).await;
                         drop(permit);
                         result
                     });
                     continue;
                 }
                 let permit = object_slot(&objects_in_flight, &mut tasks).await?;
+                // An object of this worker's own share, in a fleet, starts
+                // when its first request has a slot, in listing order: until
+                // then a worker that joined the fleet may take it over.
+                let turn = (engine.fleet.is_some() && whole_from_a_peer(&engine, &planned)).then(|| turns.next());
                 let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
+                let (waiters, slots) = (Arc::clone(&peer_waiters), Arc::clone(&objects_in_flight));
                 tasks.spawn(async move {
-                    let result = pull_object(&engine, &staging, &writer, planned).await;
+                    let mut permit = permit;
+                    let mut first = None;
+                    if let (Some(fleet), Some(turn)) = (&engine.fleet, turn) {
+                        let slot = turn.request(&engine).await;
+                        if fleet.taken_over(&planned.object.key) {
+                            // Read from the joiner, once it holds it.
+                            drop((slot, permit));
+                            let waiter = waiters.acquire_owned().await.expect("never closed");
+                            permit = after_the_peer(fleet, &planned, waiter, &slots).await;
+                        } else {
+                            first = Some(slot);
+                        }
+                    }
+                    let result = pull_object(&engine, &staging, &writer, planned, first).await;
                     drop(permit);
                     result
                 });
@@ -429,12 +443,60 @@ fn whole_from_a_peer(engine: &Engine, planned: &Planned) -> bool {
     planned.object.etag.is_some() && planned.object.size <= engine.config.part_size
 }
 
-/// Whether `planned`, of this worker's own share and about to start, was
-/// taken over by a worker that joined the fleet, so it is read from that
-/// worker. Asked once per object, in listing order: from then on nobody
-/// may take it over.
-fn taken_over(engine: &Engine, fleet: &crate::fleet::Fleet, planned: &Planned) -> bool {
-    whole_from_a_peer(engine, planned) && fleet.taken_over(&planned.object.key)
+/// Hands out turns in the order objects are spawned (listing order): a
+/// request slot is taken in turn, not in the order the runtime first polls
+/// the tasks, which on several threads is any order. So every object of
+/// this worker's own share after the greatest key started is not started,
+/// which is what a worker that joins may take over ([`crate::fleet::Fleet::taken_over`]).
+#[derive(Default)]
+struct Turns {
+    /// Closed once the object spawned last has its slot.
+    last: Option<oneshot::Receiver<()>>,
+}
+
+impl Turns {
+    /// The turn of the object spawned next.
+    fn next(&mut self) -> Turn {
+        let (done, after) = oneshot::channel();
+        Turn { after: self.last.replace(after), done }
+    }
+}
+
+/// One object's turn to take its first request slot.
+struct Turn {
+    /// Closed once the object before it has its slot.
+    after: Option<oneshot::Receiver<()>>,
+    /// Dropped once this one has.
+    done: oneshot::Sender<()>,
+}
+
+impl Turn {
+    /// Waits for the object before to have its slot, then for one.
+    async fn request(self, engine: &Engine) -> RequestSlot {
+        if let Some(after) = self.after {
+            // Closed either way: taken, or that task is gone.
+            let _ = after.await;
+        }
+        let slot = engine.budget.request().await;
+        drop(self.done);
+        slot
+    }
+}
+
+/// Waits until the peer `planned` is read from holds it (or is given up
+/// on), then for an object slot, and lets the next waiter for a peer in:
+/// the slot to pull it in.
+async fn after_the_peer(
+    fleet: &Arc<crate::fleet::Fleet>,
+    planned: &Planned,
+    waiter: OwnedSemaphorePermit,
+    slots: &Arc<Semaphore>,
+) -> OwnedSemaphorePermit {
+    let etag = planned.object.etag.as_deref().unwrap_or_default();
+    fleet.await_ready(planned.rel.as_str(), &planned.object.key, etag).await;
+    let permit = Arc::clone(slots).acquire_owned().await.expect("never closed");
+    drop(waiter);
+    permit
 }
 
 /// `shared` once every other reference is gone. Object tasks are joined
@@ -528,7 +590,8 @@ fn plan_object(engine: &Engine, known: bool, prefix: &str, object: ObjectMeta) -
     }
 }
 
-/// Stages one object, retrying the whole object on a checksum mismatch.
+/// Stages one object, retrying the whole object on a checksum mismatch; its
+/// first request runs in `first`, when given.
 /// Returns `Err` only for errors that doom the whole run: the store refuses
 /// every request, or the disk is full (every other object would fail too,
 /// and the run is to say why, not list a thousand failed keys).
@@ -537,11 +600,13 @@ async fn pull_object(
     staging: &Arc<StagingArea>,
     writer: &Arc<ManifestWriter>,
     planned: Planned,
+    mut first: Option<RequestSlot>,
 ) -> Result<(), TransferError> {
     if link_shared(engine, staging, writer, &planned).await {
         return Ok(());
     }
-    let result = again_on_mismatch(engine, &planned.object.key, || download(engine, staging, writer, &planned)).await;
+    let attempt = || download(engine, staging, writer, &planned, first.take());
+    let result = again_on_mismatch(engine, &planned.object.key, attempt).await;
     let key = planned.object.key.clone();
     match result {
         Ok(verified) => {
@@ -659,12 +724,14 @@ where
     }
 }
 
-/// Downloads, verifies, commits and records one object.
+/// Downloads, verifies, commits and records one object; its first request
+/// runs in `first`, when given.
 async fn download(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
     writer: &Arc<ManifestWriter>,
     planned: &Planned,
+    mut first: Option<RequestSlot>,
 ) -> Result<Verified, ObjectError> {
     let object = &planned.object;
     let size = object.size;
@@ -679,10 +746,13 @@ async fn download(
     let ranges = plan_ranges(size, range_size);
     let key: Arc<str> = Arc::from(object.key.as_str());
     let if_match: Option<Arc<str>> = object.etag.as_deref().map(Arc::from);
-    if let [whole] = ranges.as_slice()
-        && size <= config.write_buffer
-    {
-        return download_in_memory(engine, staging, writer, planned, key, whole.clone(), if_match).await;
+    if ranges.len() > 1 {
+        // A slot taken before is for the one request of an object of one
+        // range: held while its ranges wait for slots, it could hold the last.
+        first = None;
+    }
+    if ranges.len() == 1 && size <= config.write_buffer {
+        return download_in_memory(engine, staging, writer, planned, key, if_match, first).await;
     }
 
     // A multi-range object's checksum comes from a HEAD (ranged responses do
@@ -702,7 +772,7 @@ async fn download(
                 Some(md5) => Some(Integrity::Whole(md5)),
                 // Another ETag (a GCS generation, a multipart or SSE-KMS
                 // ETag): ask for the stored checksum.
-                None => engine.retrying(Operation::Head, || engine.store.head(&key)).await?.1,
+                None => engine.retrying_from(first.take(), Operation::Head, || engine.store.head(&key)).await?.1,
             };
         }
     }
@@ -741,7 +811,8 @@ async fn download(
         [] => Vec::new(),
         [whole] => {
             let sink = Sink::File(Arc::clone(&file), None, landed.clone());
-            let fetched = fetch_range(engine, &key, whole.clone(), true, if_match, sink, wanted).await?;
+            let asking = Asking::Whole(first.take());
+            let fetched = fetch_range(engine, &key, whole.clone(), asking, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum.clone();
             }
@@ -939,12 +1010,14 @@ async fn download_in_memory(
     writer: &Arc<ManifestWriter>,
     planned: &Planned,
     key: Arc<str>,
-    whole: Range<u64>,
     if_match: Option<Arc<str>>,
+    first: Option<RequestSlot>,
 ) -> Result<Verified, ObjectError> {
     let size = planned.object.size;
+    let whole = 0..size;
     // What to compute is learnt from the response itself (a full GET carries the checksum).
-    let fetched = fetch_range(engine, &key, whole, true, if_match, Sink::Memory, Wanted::default()).await?;
+    let fetched =
+        fetch_range(engine, &key, whole, Asking::Whole(first), if_match, Sink::Memory, Wanted::default()).await?;
     let (chunks, memory) = fetched.held.expect("a memory sink holds its bytes");
     let expected = if engine.config.verify == VerifyMode::Checksum { fetched.checksum } else { None };
     let verified =
@@ -1109,7 +1182,7 @@ async fn fetch_ranges(
     let mut tasks = JoinSet::new();
     let spawn = |tasks: &mut JoinSet<_>, range: Range<u64>| {
         let (engine, key, if_match, sink) = (Arc::clone(engine), Arc::clone(key), if_match.clone(), sink.clone());
-        tasks.spawn(async move { fetch_range(&engine, &key, range, false, if_match, sink, wanted).await });
+        tasks.spawn(async move { fetch_range(&engine, &key, range, Asking::Range, if_match, sink, wanted).await });
     };
     for range in pending.by_ref().take(window) {
         spawn(&mut tasks, range);
@@ -1243,19 +1316,31 @@ fn missing_ranges(ranges: Vec<Range<u64>>, kept: &[RangeDigest]) -> Vec<Range<u6
     missing
 }
 
-/// Fetches one range (or, with `whole`, the whole object without a Range
-/// header) into `sink`, with retries.
+/// How a GET asks for its bytes.
+enum Asking {
+    /// A range of the object, with a Range header.
+    Range,
+    /// The whole object, without one (its response carries the store's
+    /// checksum); its first attempt in the slot given, when one is.
+    Whole(Option<RequestSlot>),
+}
+
+/// Fetches `range` of the object, as `asking` says, into `sink`, with retries.
 async fn fetch_range(
     engine: &Arc<Engine>,
     key: &Arc<str>,
     range: Range<u64>,
-    whole: bool,
+    asking: Asking,
     if_match: Option<Arc<str>>,
     sink: Sink,
     wanted: Wanted,
 ) -> Result<Fetched, ObjectError> {
+    let (whole, first) = match asking {
+        Asking::Range => (false, None),
+        Asking::Whole(first) => (true, first),
+    };
     engine
-        .retrying(Operation::Get, || {
+        .retrying_from(first, Operation::Get, || {
             fetch_attempt(
                 Arc::clone(engine),
                 Arc::clone(key),
