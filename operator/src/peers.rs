@@ -15,7 +15,7 @@
 //! Not here: which peer holds what, and checking what a peer serves (the
 //! stager does both, against the store's checksum).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use ferry_contract::peers::{DEFAULT_PEER_PORT, PEER_TOKEN_ENV, PEER_TOKEN_KEY, PeerOptions, tls};
@@ -152,10 +152,8 @@ pub fn options(
 ) -> PeerOptions {
     // Sorted and without duplicates: the Job's arguments do not depend on
     // the order nodes were listed in.
-    let mut names: Vec<String> = group.iter().map(|w| w.name.clone()).collect();
-    names.push(worker.name.clone());
-    names.sort();
-    names.dedup();
+    let mut names: BTreeSet<String> = group.iter().map(|w| w.name.clone()).collect();
+    names.insert(worker.name.clone());
     let naming_me = most_common(running.iter().filter(|g| g.contains(&worker.name)));
     let owners = match naming_me {
         // Its group takes in every member it divides with (one the plan
@@ -164,16 +162,14 @@ pub fn options(
         // when they are not its whole group.
         Some(dividing) => {
             names.extend(dividing.iter().cloned());
-            names.sort();
-            names.dedup();
-            if dividing == names { Vec::new() } else { dividing }
+            if names.iter().eq(&dividing) { Vec::new() } else { dividing }
         }
         None => {
             most_common(running.iter()).unwrap_or_default().into_iter().filter(|name| names.contains(name)).collect()
         }
     };
     PeerOptions {
-        peer_group: names,
+        peer_group: names.into_iter().collect(),
         peer_owners: owners,
         peer_serve_bandwidth: serve_bandwidth,
         peer_tls: tls.then(|| TLS_DIR.into()),
@@ -187,10 +183,8 @@ pub fn options(
 fn most_common<'a>(groups: impl Iterator<Item = &'a Vec<String>>) -> Option<Vec<String>> {
     let mut counts: BTreeMap<Vec<String>, usize> = BTreeMap::new();
     for group in groups {
-        let mut sorted = group.clone();
-        sorted.sort();
-        sorted.dedup();
-        *counts.entry(sorted).or_default() += 1;
+        let sorted: BTreeSet<&String> = group.iter().collect();
+        *counts.entry(sorted.into_iter().cloned().collect()).or_default() += 1;
     }
     let most = counts.values().copied().max()?;
     counts.into_iter().find(|(_, count)| *count == most).map(|(group, _)| group)
