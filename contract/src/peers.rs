@@ -245,14 +245,15 @@ pub mod wire {
     /// says which versions met. Version 1 had no speaker header; version 2
     /// passed on any range it had written, whatever its source ([`SECOND_HAND`]);
     /// version 3 handed nothing over to a worker that joined
-    /// ([`WaitAnswer::taken_over`]).
-    pub const PROTOCOL: u32 = 4;
+    /// ([`WaitAnswer::taken_over`]); version 4 handed over whole objects
+    /// only, never blocks of a large one ([`TAKEN_OVER`]).
+    pub const PROTOCOL: u32 = 5;
     /// The header that carries a [`Speaker`].
     pub const SPEAKER_HEADER: &str = "ferry-peer";
 
     /// Who sent a request or an answer: the protocol version it speaks,
     /// its worker name, and where it serves its peers. Written
-    /// `v4 node-a@10.0.0.7:9466` (the address is left out while unknown).
+    /// `v5 node-a@10.0.0.7:9466` (the address is left out while unknown).
     ///
     /// A request is evidence that its asker was running and serving where
     /// it says: a worker that has finished waits for its peers to finish,
@@ -292,7 +293,7 @@ pub mod wire {
 
     /// A [`SPEAKER_HEADER`] value that does not read as a [`Speaker`].
     #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v4 node-a@10.0.0.7:9466")]
+    #[error("invalid {SPEAKER_HEADER} header '{0}': expected vVERSION NAME[@IP:PORT], e.g. v5 node-a@10.0.0.7:9466")]
     pub struct SpeakerError(pub String);
 
     impl std::str::FromStr for Speaker {
@@ -330,8 +331,10 @@ pub mod wire {
     /// answered once its first byte is written, or 404 when that is not
     /// within the asker's `--peer-timeout` (the worker's own, which the
     /// workers of one DataStage share), or [`SECOND_HAND`] when any of it
-    /// comes from another peer. Bytes the worker turns to another peer
-    /// for after the answer started are sent once the object is verified.
+    /// comes from another peer, or [`TAKEN_OVER`] when the asker joined
+    /// the fleet and takes the block over. Bytes the worker turns to
+    /// another peer for after the answer started are sent once the object
+    /// is verified.
     pub const OBJECT_PATH: &str = "/v1/object";
     /// The answer to an [`OBJECT_PATH`] request for bytes of an object
     /// landing that the worker is reading from another peer, not from the
@@ -341,6 +344,13 @@ pub mod wire {
     /// reads the range from its next source
     /// ([`super::PeerGroup::block_sources`]) or the store.
     pub const SECOND_HAND: u16 = 409;
+    /// The answer to an [`OBJECT_PATH`] request for a range of an object
+    /// landing, from a worker that joined the fleet, when the range is a
+    /// block the worker has not started and hands over: the asker reads it
+    /// from the store itself, and the worker reads it from the asker once
+    /// it gets to that block (so the store is still read once). The asker
+    /// asks nobody else for it.
+    pub const TAKEN_OVER: u16 = 410;
     /// The longest a wait request is held before it is answered with
     /// nothing ready.
     pub const WAIT_SECONDS: u64 = 5;

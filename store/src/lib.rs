@@ -273,6 +273,16 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
         if_match: Option<&str>,
     ) -> Result<GetResponse, StoreError>;
 
+    /// Waits until a read of `range` of version `if_match` of `key` would
+    /// not wait on another reader's progress, before the read takes one of
+    /// the engine's request slots. A store that routes reads to peers waits
+    /// here for a peer to start on a block: a read that waited inside its
+    /// slot would hold the slot the peer may be waiting for on this side.
+    /// A plain store is ready at once.
+    async fn ready(&self, key: &str, range: &Range<u64>, if_match: Option<&str>) {
+        let _ = (key, range, if_match);
+    }
+
     /// The bytes this store returned for `key` did not match its checksum.
     /// A store that routes reads elsewhere (a peer) stops trusting that
     /// source; a plain store has nothing to do.

@@ -30,8 +30,13 @@
 //! it, not on a worker that relayed them.
 //!
 //! A worker that joins a running fleet owns nothing, but takes over, as it
-//! asks about them, the objects of its owners' shares they have not
-//! started ([`handover`]): what nobody has read yet is divided anew.
+//! asks about them, the objects of its owners' shares and the blocks of
+//! their large objects that they have not started ([`handover`]): what
+//! nobody has read yet is divided anew.
+//!
+//! A read of a peer's block first waits, holding no request slot, for the
+//! peer to start on it ([`PeerStore`]'s `ready`): two workers waiting in
+//! their slots for each other's blocks could hold every slot they have.
 //!
 //! A finished worker keeps serving ([`Fleet::linger`]) until every peer is
 //! complete, gone, or `--peer-linger` has passed.
@@ -75,8 +80,8 @@ use std::time::Duration;
 
 use ferry_contract::PeerCounts;
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, PROTOCOL, PeerState, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_PATH,
-    WAIT_SECONDS, WaitAnswer, WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, PeerState, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, TAKEN_OVER,
+    WAIT_PATH, WAIT_SECONDS, WaitAnswer, WaitRequest,
 };
 use ferry_contract::peers::{PEER_TOKEN_ENV, PeerGroup, PeerOptions};
 use tokio::sync::watch;
@@ -231,6 +236,23 @@ pub struct Fleet {
     handover: Mutex<handover::Handover>,
     /// The prefix the run lists: owners are decided by keys relative to it.
     prefix: OnceLock<String>,
+    /// The size of the blocks a large object is fetched in, the same on
+    /// every worker: which blocks this worker reads from the store
+    /// ([`PeerStore`]), and so may hand over.
+    block: OnceLock<u64>,
+}
+
+/// What a peer answered a request for bytes.
+#[derive(Debug)]
+pub(crate) enum PeerAnswer<T> {
+    /// The bytes.
+    Bytes(T),
+    /// It reads them from another peer itself ([`SECOND_HAND`]): read them
+    /// from the next source.
+    Elsewhere,
+    /// The asker, a worker that joined, takes this block over
+    /// ([`TAKEN_OVER`]): it reads it from the store, and nobody else.
+    TakenOver,
 }
 
 impl Fleet {
@@ -299,6 +321,7 @@ impl Fleet {
             alone: AtomicBool::new(false),
             handover: Mutex::default(),
             prefix: OnceLock::new(),
+            block: OnceLock::new(),
         })))
     }
 
@@ -363,6 +386,33 @@ impl Fleet {
         }
         tracing::debug!(joiner = asker, objects = answer.taken_over.len(), "handed over objects not started yet");
         Some(answer)
+    }
+
+    /// Whether `asker` takes over the block of `key` at `start`, which this
+    /// worker reads from the store and has not written ([`handover`]):
+    /// only a worker outside the owners (one that joined) takes any, and
+    /// only blocks this worker has not started.
+    pub(crate) fn hand_over_block(&self, asker: &str, key: &str, start: u64) -> bool {
+        let Some(block) = self.block.get() else { return false };
+        if asker == self.me || self.owners.members().iter().any(|m| m == asker) || self.is_dropped(asker) {
+            return false;
+        }
+        if !self.block_sources(key, start / block).is_empty() {
+            return false;
+        }
+        let taken = self.lock_handover().hand_over_block(key, start, asker, self.owners.members().len());
+        if taken {
+            tracing::debug!(joiner = asker, key, start, "a block not started yet is the joiner's to read");
+        }
+        taken
+    }
+
+    /// The request for the block of `key` at `start`, which this worker
+    /// reads from the store, has its slot: the joiner that took it over, to
+    /// read it from (unless that joiner has been bypassed since). From now
+    /// on nobody may take it.
+    pub(crate) fn block_taken_over(&self, key: &str, start: u64) -> Option<String> {
+        self.lock_handover().keep_block(key, start).filter(|joiner| !self.is_dropped(joiner))
     }
 
     fn lock_handover(&self) -> std::sync::MutexGuard<'_, handover::Handover> {
@@ -684,19 +734,20 @@ impl Fleet {
     }
 
     /// Asks `peer` at `addr` for the bytes of version `etag` of `key` (a
-    /// `range` of it). `None`: it reads those bytes from another peer
-    /// itself ([`SECOND_HAND`]), so they are to be read from elsewhere.
+    /// `range` of it), with `method` GET: its response, or where to read
+    /// them instead. With HEAD: the same answer without the bytes, once the
+    /// peer would send them.
     async fn fetch(
         &self,
+        method: reqwest::Method,
         peer: &str,
         addr: SocketAddr,
         key: &str,
         etag: &str,
         range: Option<&std::ops::Range<u64>>,
-    ) -> Result<Option<reqwest::Response>, (PeerFailure, String)> {
-        let mut request = self
-            .request(reqwest::Method::GET, addr, OBJECT_PATH)
-            .query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() });
+    ) -> Result<PeerAnswer<reqwest::Response>, (PeerFailure, String)> {
+        let mut request =
+            self.request(method, addr, OBJECT_PATH).query(&ObjectQuery { key: key.to_owned(), etag: etag.to_owned() });
         if let Some(range) = range {
             request = request.header(reqwest::header::RANGE, format!("bytes={}-{}", range.start, range.end - 1));
         }
@@ -719,8 +770,9 @@ impl Fleet {
                 Err(_) => return Err((PeerFailure::Unreachable, format!("it did not answer within {patience:?}"))),
             };
             match response.status().as_u16() {
-                200 | 206 => return Ok(Some(response)),
-                SECOND_HAND => return Ok(None),
+                200 | 206 => return Ok(PeerAnswer::Bytes(response)),
+                SECOND_HAND => return Ok(PeerAnswer::Elsewhere),
+                TAKEN_OVER if range.is_some() => return Ok(PeerAnswer::TakenOver),
                 // The block did not start landing there within the
                 // timeout: an owner on a slow link that is busy with its
                 // other blocks. Ask again while its run goes on and makes

@@ -3,7 +3,9 @@
 //! owns the block, or one standing in for an owner this worker bypassed
 //! ([`ferry_contract::PeerGroup::block_sources`]), everything else
 //! (listings, HEADs, part sizes, writes, blocks this worker owns, and any
-//! read no peer can serve) to the real store.
+//! read no peer can serve) to the real store. A block this worker owns
+//! that a worker which joined the fleet took over is read from that
+//! worker ([`super::handover`]).
 //!
 //! A peer's response never supplies what it is verified against: a
 //! whole-object read carries a checksum from the store, a CRC its HEAD
@@ -18,7 +20,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use super::Fleet;
+use super::{Fleet, PeerAnswer};
 use crate::metrics::PeerFailure;
 use crate::store::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
@@ -43,8 +45,13 @@ pub struct PeerStore {
 impl PeerStore {
     /// `inner` with reads routed to `fleet`'s peers; large objects are
     /// fetched in ranges of `block` bytes.
+    ///
+    /// Its fleet's server judges by the same block size which blocks this
+    /// worker reads from the store, and so may hand over to a joiner.
     pub fn new(inner: Arc<dyn ObjectStore>, fleet: Arc<Fleet>, block: u64) -> Self {
-        Self { inner, fleet, block: block.max(1) }
+        let block = block.max(1);
+        let _ = fleet.block.set(block);
+        Self { inner, fleet, block }
     }
 
     /// The response of `peer` for `key`, with its body counted and watched
@@ -56,10 +63,11 @@ impl PeerStore {
         key: &str,
         etag: &str,
         range: Option<&Range<u64>>,
-    ) -> Result<Option<GetResponse>, StoreError> {
-        let response = match self.fleet.fetch(peer, addr, key, etag, range).await {
-            Ok(Some(response)) => response,
-            Ok(None) => return Ok(None),
+    ) -> Result<PeerAnswer<GetResponse>, StoreError> {
+        let response = match self.fleet.fetch(reqwest::Method::GET, peer, addr, key, etag, range).await {
+            Ok(PeerAnswer::Bytes(response)) => response,
+            Ok(PeerAnswer::Elsewhere) => return Ok(PeerAnswer::Elsewhere),
+            Ok(PeerAnswer::TakenOver) => return Ok(PeerAnswer::TakenOver),
             Err((failure, why)) => {
                 self.fleet.drop_peer(peer, failure, &why);
                 return Err(StoreError::transient(RetryReason::ServerError, why));
@@ -102,7 +110,24 @@ impl PeerStore {
             }
         })
         .boxed();
-        Ok(Some(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body }))
+        Ok(PeerAnswer::Bytes(GetResponse { content_length, etag: Some(etag.to_owned()), checksum, body }))
+    }
+
+    /// Block `range` of `key`, one this worker reads from the store, from
+    /// the joiner that took it over, if one did ([`Fleet::block_taken_over`]).
+    /// The joiner read it from the store, so this worker passes it on as
+    /// its own. `None`: from the store (no joiner took it, or the joiner
+    /// cannot serve it).
+    async fn read_from_the_joiner(&self, key: &str, etag: &str, range: &Range<u64>) -> Option<GetResponse> {
+        let joiner = self.fleet.block_taken_over(key, range.start)?;
+        let addr = self.fleet.address(&joiner).await?;
+        match self.read_from_peer(&joiner, addr, key, etag, Some(range)).await {
+            Ok(PeerAnswer::Bytes(response)) => {
+                self.fleet.serving_range(key, &joiner);
+                Some(response)
+            }
+            _ => None,
+        }
     }
 
     /// What the store says version `etag` of `key` (`size` bytes) is
@@ -161,16 +186,25 @@ impl ObjectStore for PeerStore {
         let landing_from_the_store = range.is_none() && self.fleet.catalog.is_landing(key, etag);
         if let Some((peer, addr)) = self.fleet.source_for(key).filter(|_| !landing_from_the_store) {
             match self.read_from_peer(&peer, addr, key, etag, range.as_ref()).await {
-                Ok(Some(response)) => return Ok(response),
+                Ok(PeerAnswer::Bytes(response)) => return Ok(response),
                 // The peer is dropped, or reads it from elsewhere itself:
                 // the store.
-                Ok(None) | Err(StoreError::Transient { .. }) => {}
+                Ok(PeerAnswer::Elsewhere | PeerAnswer::TakenOver) | Err(StoreError::Transient { .. }) => {}
                 Err(other) => return Err(other),
             }
         } else if let Some(range) = &range {
             // A block of a large object: from its owner, or from a peer
             // standing in for an owner this worker bypassed.
-            for peer in self.fleet.block_sources(key, range.start / self.block) {
+            let sources = self.fleet.block_sources(key, range.start / self.block);
+            // One this worker reads from the store: from a joiner that took
+            // it over, if one did. Asked here, in the request's slot: until
+            // now a joiner could take it.
+            if sources.is_empty()
+                && let Some(response) = self.read_from_the_joiner(key, etag, range).await
+            {
+                return Ok(response);
+            }
+            for peer in sources {
                 let Some(addr) = self.fleet.address(&peer).await else {
                     // Not when it was dropped meanwhile for another reason.
                     if !self.fleet.is_dropped(&peer) {
@@ -181,13 +215,16 @@ impl ObjectStore for PeerStore {
                 let catalog = &self.fleet.catalog;
                 catalog.reading_from_a_peer(key, etag, range, true);
                 match self.read_from_peer(&peer, addr, key, etag, Some(range)).await {
-                    Ok(Some(response)) => {
+                    Ok(PeerAnswer::Bytes(response)) => {
                         self.fleet.serving_range(key, &peer);
                         return Ok(response);
                     }
+                    // This worker joined the fleet and takes the block over:
+                    // from the store, which nobody else reads it from.
+                    Ok(PeerAnswer::TakenOver) => break,
                     // It reads this block from a peer itself, or it is
                     // dropped now: the next source.
-                    Ok(None) | Err(StoreError::Transient { .. }) => {
+                    Ok(PeerAnswer::Elsewhere) | Err(StoreError::Transient { .. }) => {
                         catalog.reading_from_a_peer(key, etag, range, false)
                     }
                     Err(other) => {
@@ -201,6 +238,30 @@ impl ObjectStore for PeerStore {
             self.fleet.catalog.reading_from_a_peer(key, etag, range, false);
         }
         self.inner.get(key, range, if_match).await
+    }
+
+    /// A block of a large object that a peer serves: waits until the peer
+    /// has it landing (or says where to read it instead) before the read
+    /// takes a request slot. Both workers wait for each other's blocks: had
+    /// they waited in their slots, each could hold every slot of its own
+    /// while the block it waits for waits for one, until the peer timeout
+    /// bypassed the other and its blocks were read from the store twice.
+    /// What the answer says is asked again by the read itself, at once.
+    async fn ready(&self, key: &str, range: &Range<u64>, if_match: Option<&str>) {
+        let Some(etag) = if_match else { return };
+        if self.fleet.source_for(key).is_some() {
+            return;
+        }
+        for peer in self.fleet.block_sources(key, range.start / self.block) {
+            let Some(addr) = self.fleet.address(&peer).await else { return };
+            match self.fleet.fetch(reqwest::Method::HEAD, &peer, addr, key, etag, Some(range)).await {
+                // It reads this block from a peer itself: the next source.
+                Ok(PeerAnswer::Elsewhere) => {}
+                // It has it, it is this worker's, or the read finds out
+                // what went wrong.
+                Ok(PeerAnswer::Bytes(_) | PeerAnswer::TakenOver) | Err(_) => return,
+            }
+        }
     }
 
     fn distrust(&self, key: &str) {

@@ -20,8 +20,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ferry_contract::peers::wire::{
-    OBJECT_PATH, ObjectQuery, PROTOCOL, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, WAIT_MAX_OBJECTS, WAIT_PATH,
-    WAIT_SECONDS, WaitRequest,
+    OBJECT_PATH, ObjectQuery, PROTOCOL, SECOND_HAND, SPEAKER_HEADER, STATE_PATH, Speaker, TAKEN_OVER, WAIT_MAX_OBJECTS,
+    WAIT_PATH, WAIT_SECONDS, WaitRequest,
 };
 use futures::StreamExt as _;
 use std::os::unix::fs::FileExt as _;
@@ -145,7 +145,12 @@ async fn wait(
     axum::Json(fleet.catalog.wait_for_any(&request.objects, patience).await).into_response()
 }
 
-async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery>, headers: HeaderMap) -> Response {
+async fn object(
+    State(fleet): State<Arc<Fleet>>,
+    axum::Extension(asker): axum::Extension<Speaker>,
+    Query(query): Query<ObjectQuery>,
+    headers: HeaderMap,
+) -> Response {
     // Of an object landing, what is not written yet is sent as it is: the
     // body follows the writer (see `Following`).
     // A block of a large object is asked for as soon as the asker starts
@@ -165,11 +170,11 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
     };
     let (file, size, landing) = match holding {
         Holding::Held(held) => match tokio::task::spawn_blocking(move || std::fs::File::open(held.path)).await {
-            Ok(Ok(file)) => (Arc::new(file), held.size, false),
+            Ok(Ok(file)) => (Arc::new(file), held.size, None),
             // Removed or replaced since: the asker reads the store.
             _ => return StatusCode::NOT_FOUND.into_response(),
         },
-        Holding::Landing(landing) => (Arc::clone(&landing.file), landing.size, true),
+        Holding::Landing(landing) => (Arc::clone(&landing.file), landing.size, Some(landing)),
         // It ended without it, or holds another version.
         Holding::NotYet | Holding::Never => return StatusCode::NOT_FOUND.into_response(),
     };
@@ -179,6 +184,16 @@ async fn object(State(fleet): State<Arc<Fleet>>, Query(query): Query<ObjectQuery
         Some(None) => return StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
     };
     let (start, end) = range.unwrap_or((0, size));
+    // A block of an object landing that is not written yet, asked for by a
+    // worker that joined the fleet: it takes it over if this worker reads
+    // it from the store and has not started it (see `handover`).
+    if let Some(landing) = landing.as_ref().filter(|_| range.is_some() && start < end)
+        && landing.written_until(start) == start
+        && fleet.hand_over_block(&asker.name, &query.key, start)
+    {
+        return StatusCode::from_u16(TAKEN_OVER).expect("a valid status").into_response();
+    }
+    let landing = landing.is_some();
     // Only ranges are ever read from a peer while landing (a block of a
     // large object); a whole object's request is answered at once and its
     // body follows the writer, however long the store keeps it waiting.

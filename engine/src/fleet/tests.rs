@@ -684,7 +684,9 @@ struct LandingAtPort {
 async fn landing_at_port(written: usize) -> LandingAtPort {
     let (store, _) = dataset();
     let directory = watch::Sender::new(BTreeMap::new());
-    let (_engine, fleet) = worker(&store, "node-a", &["node-a"], &directory).await;
+    // node-b, which asks, is a member: one that joined the fleet could be
+    // handed a block not written yet instead (`wire::TAKEN_OVER`).
+    let (_engine, fleet) = worker(&store, "node-a", &["node-a", "node-b"], &directory).await;
     let addr = directory.borrow()["node-a"];
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("landing");
@@ -775,11 +777,22 @@ async fn a_joiner_takes_over_objects_its_owners_hold_in_their_object_window_befo
     a_joiner_takes_over_part_of(120, adaptive).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joiner_takes_over_blocks_of_large_objects_that_its_owners_have_not_started() {
+    // Two objects of 1.875 MiB in blocks of 64 KiB: every worker starts
+    // both at once, so a joiner can take over only blocks. The owners read
+    // theirs one at a time at 512 KiB/s, as above.
+    let in_blocks = TransferConfig { concurrency: 1, max_bandwidth: Some(512 << 10), part_size: 64 << 10, ..config() };
+    a_joiner_takes_over_part_of(2, in_blocks).await;
+}
+
 /// Two owners (configured as `owners`) stage `count` objects, 3.75 MiB in
-/// all, and a third worker joins once they have read a twentieth of it: it
-/// takes over part of what they had not started, every node ends with the
-/// dataset, and the store is read exactly once.
+/// all, and a third worker (of the same part size) joins once they have
+/// read a twentieth of it: it takes over part of what they had not
+/// started, every node ends with the dataset, and the store is read
+/// exactly once.
 async fn a_joiner_takes_over_part_of(count: u32, owners: TransferConfig) {
+    let joiner_config = TransferConfig { part_size: owners.part_size, ..config() };
     let store = Arc::new(MemoryStore::default());
     // The whole listing at once: what the owners start is paced by their
     // requests, not by pages that wait for a request slot.
@@ -807,7 +820,8 @@ async fn a_joiner_takes_over_part_of(count: u32, owners: TransferConfig) {
     }
     let trio = ["node-a", "node-b", "node-c"];
     let joiner = PeerOptions { peer_owners: pair.map(str::to_owned).to_vec(), ..options(&trio) };
-    let (engine_c, fleet_c) = worker_with(&store, "node-c", &joiner, &directory, std::future::pending()).await;
+    let (engine_c, fleet_c) =
+        worker_configured(&store, "node-c", &joiner, joiner_config, &directory, std::future::pending()).await;
     let joined = stage_all(vec![(engine_c, fleet_c)], &dirs[2..]).await.remove(0);
     let mut summaries = owners.await.unwrap();
     summaries.push(joined);
@@ -857,6 +871,37 @@ async fn a_block_owner_on_a_slow_link_that_starts_a_block_late_is_waited_for_whi
         },
     );
     for (summary, dir) in [(&a, &dir_a), (&b, &dir_b)] {
+        assert!(summary.complete && summary.peers.peer_failures == 0, "{summary:?}");
+        assert_staged(dir.path(), &objects);
+    }
+    let read = store.calls().get_bytes;
+    assert_eq!(read, total(&objects), "the store was read {read} bytes for a {} B dataset", total(&objects));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_owners_that_read_blocks_one_at_a_time_never_hold_their_slot_waiting_for_each_other() {
+    // Four objects of 16 blocks each, every worker reading one block at a
+    // time: waiting for the other's block inside that one request slot,
+    // each would sooner or later wait for a block the other cannot start
+    // (it waits, in its slot, for one of this worker's), until the peer
+    // timeout bypassed one of them.
+    let store = Arc::new(MemoryStore::default());
+    let mut objects = BTreeMap::new();
+    for i in 0..4 {
+        let data = patterned(16 << 16, i);
+        store.insert(&format!("p/shard-{i}"), data.clone());
+        objects.insert(format!("shard-{i}"), data);
+    }
+    let group = ["node-a", "node-b"];
+    let options = PeerOptions { peer_timeout: Duration::from_secs(2), ..options(&group) };
+    let one_at_a_time = TransferConfig { concurrency: 1, part_size: 64 << 10, ..config() };
+    let directory = watch::Sender::new(BTreeMap::new());
+    let worker =
+        |me| worker_configured(&store, me, &options, one_at_a_time.clone(), &directory, std::future::pending());
+    let (a, b) = tokio::join!(worker("node-a"), worker("node-b"));
+    let dirs = [(); 2].map(|()| tempfile::tempdir().unwrap());
+    let summaries = stage_all(vec![a, b], &dirs).await;
+    for (summary, dir) in summaries.iter().zip(&dirs) {
         assert!(summary.complete && summary.peers.peer_failures == 0, "{summary:?}");
         assert_staged(dir.path(), &objects);
     }

@@ -1339,6 +1339,9 @@ async fn fetch_range(
         Asking::Range => (false, None),
         Asking::Whole(first) => (true, first),
     };
+    if !whole {
+        engine.store.ready(key, &range, if_match.as_deref()).await;
+    }
     engine
         .retrying_from(first, Operation::Get, || {
             fetch_attempt(
