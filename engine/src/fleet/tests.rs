@@ -880,20 +880,21 @@ async fn a_block_owner_on_a_slow_link_that_starts_a_block_late_is_waited_for_whi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_owners_that_read_blocks_one_at_a_time_never_hold_their_slot_waiting_for_each_other() {
-    // Four objects of 16 blocks each, every worker reading one block at a
-    // time: waiting for the other's block inside that one request slot,
+    // Sixteen objects of 16 blocks each, every worker reading one block at
+    // a time: waiting for the other's block inside that one request slot,
     // each would sooner or later wait for a block the other cannot start
     // (it waits, in its slot, for one of this worker's), until the peer
     // timeout bypassed one of them.
     let store = Arc::new(MemoryStore::default());
     let mut objects = BTreeMap::new();
-    for i in 0..4 {
+    for i in 0..16 {
         let data = patterned(16 << 16, i);
         store.insert(&format!("p/shard-{i}"), data.clone());
         objects.insert(format!("shard-{i}"), data);
     }
-    let group = ["node-a", "node-b"];
-    let options = PeerOptions { peer_timeout: Duration::from_secs(2), ..options(&group) };
+    // The default 10 s peer timeout: a slow machine is not taken for a
+    // stalled peer, and the wait, once it forms, lasts until the timeout.
+    let options = options(&["node-a", "node-b"]);
     let one_at_a_time = TransferConfig { concurrency: 1, part_size: 64 << 10, ..config() };
     let directory = watch::Sender::new(BTreeMap::new());
     let worker =
