@@ -349,7 +349,7 @@ impl Fleet {
     /// neither holds nor has started. `None`: it takes none.
     fn hand_over(&self, asker: &str, objects: &[ObjectQuery]) -> Option<WaitAnswer> {
         let prefix = self.prefix.get()?;
-        if asker == self.me || self.owners.members().iter().any(|m| m == asker) {
+        if !self.joined(asker) {
             return None;
         }
         let takes = |handover: &handover::Handover, object: &ObjectQuery| {
@@ -394,7 +394,7 @@ impl Fleet {
     /// only blocks this worker has not started.
     pub(crate) fn hand_over_block(&self, asker: &str, key: &str, start: u64) -> bool {
         let Some(block) = self.block.get() else { return false };
-        if asker == self.me || self.owners.members().iter().any(|m| m == asker) || self.is_dropped(asker) {
+        if !self.joined(asker) || self.is_dropped(asker) {
             return false;
         }
         if !self.block_sources(key, start / block).is_empty() {
@@ -413,6 +413,12 @@ impl Fleet {
     /// on nobody may take it.
     pub(crate) fn block_taken_over(&self, key: &str, start: u64) -> Option<String> {
         self.lock_handover().keep_block(key, start).filter(|joiner| !self.is_dropped(joiner))
+    }
+
+    /// Whether `asker` is a worker that joined the fleet: neither this
+    /// worker nor one of the owners, so it may take things over.
+    fn joined(&self, asker: &str) -> bool {
+        asker != self.me && !self.owners.members().iter().any(|m| m == asker)
     }
 
     fn lock_handover(&self) -> std::sync::MutexGuard<'_, handover::Handover> {
