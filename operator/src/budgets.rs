@@ -12,7 +12,11 @@
 //! New workers do not wait for the loop: the controller puts the share they
 //! will have (counting them) on their command line ([`share_for_new_workers`]).
 //! Until the others hear of them, the bucket may see more than its budget
-//! for up to the loop's period plus one report interval.
+//! for up to the loop's period plus one report interval. DataStages that
+//! start together each count the others' new workers ([`StartingWorkers`]):
+//! reconciliations run at once, and each used to count only the Jobs that
+//! existed, so six of twenty DataStages created together each started their
+//! workers at the whole budget.
 //!
 //! The split is written with a field manager of its own, so the
 //! controller's status apply (which does not set `storeBudget`) leaves it
@@ -82,18 +86,84 @@ fn job_over(job: &Job) -> bool {
 /// counted from their Jobs: the operator creates those itself, so a
 /// DataStage's workers count from the moment it decides to start them,
 /// before the Job controller and the scheduler have made their pods.
+/// Workers whose Jobs are being created count as well ([`StartingWorkers`]).
 pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> BTreeMap<(String, String), u32> {
+    let starting = ctx.caches.starting.counts();
+    active_workers_with(ctx, datastages, &starting)
+}
+
+fn active_workers_with(ctx: &Context, datastages: &[Arc<DataStage>], starting: &WorkerCounts) -> WorkerCounts {
     let mut workers = BTreeMap::new();
     for ds in datastages {
         let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
         let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
         ctx.caches.created.fill_in(&namespace, &name, &mut jobs);
-        let running: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
+        let mut running: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
+        running = running.saturating_add(starting.get(&(namespace.clone(), name.clone())).copied().unwrap_or(0));
         if running > 0 {
             workers.insert((namespace, name), running);
         }
     }
     workers
+}
+
+/// Workers per DataStage (namespace, name).
+type WorkerCounts = BTreeMap<(String, String), u32>;
+
+/// Workers whose share was decided and whose Jobs are being created, per
+/// DataStage: counted with the running ones until their Jobs are recorded
+/// as created ([`crate::cache::CreatedJobs`]).
+///
+/// Deciding a share and counting the workers it was decided for happen
+/// under one lock, so DataStages that start at the same moment see each
+/// other: without it, each reconciliation counted the Jobs that existed,
+/// created its own a round trip later, and several started their workers
+/// as if they were alone against the bucket.
+#[derive(Debug, Default)]
+pub struct StartingWorkers(std::sync::Mutex<WorkerCounts>);
+
+/// `workers` of one DataStage counted as starting, until dropped.
+#[derive(Debug)]
+pub struct Starting {
+    book: Arc<StartingWorkers>,
+    datastage: (String, String),
+    workers: u32,
+}
+
+impl StartingWorkers {
+    /// The workers starting now, per DataStage.
+    pub fn counts(&self) -> WorkerCounts {
+        self.0.lock().expect("starting workers").clone()
+    }
+
+    /// Decides with `decide`, from the workers starting now, what `workers`
+    /// new workers of `datastage` get, and counts them as starting until
+    /// the returned [`Starting`] is dropped. `None` from `decide` counts
+    /// nobody.
+    pub fn reserve<T>(
+        self: &Arc<Self>,
+        datastage: (String, String),
+        workers: u32,
+        decide: impl FnOnce(&WorkerCounts) -> Option<T>,
+    ) -> Option<(T, Starting)> {
+        let mut book = self.0.lock().expect("starting workers");
+        let decided = decide(&book)?;
+        let count = book.entry(datastage.clone()).or_default();
+        *count = count.saturating_add(workers);
+        Some((decided, Starting { book: Arc::clone(self), datastage, workers }))
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let mut book = self.book.0.lock().expect("starting workers");
+        if let Some(count) = book.get_mut(&self.datastage) {
+            *count = count.saturating_sub(self.workers);
+            if *count == 0 {
+                book.remove(&self.datastage);
+            }
+        }
+    }
 }
 
 /// One budget's split.
@@ -176,14 +246,19 @@ pub fn split(
 }
 
 /// The share the workers about to start for `ds` will have: its budget
-/// split among the workers running against the bucket now and
-/// `new_workers` more. `None` when no budget covers its store.
-pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) -> Option<StoreShare> {
+/// split among the workers running or starting against the bucket now and
+/// `new_workers` more, who count as starting until the returned
+/// [`Starting`] is dropped (once their Jobs are recorded as created).
+/// `None` when no budget covers its store.
+pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) -> Option<(StoreShare, Starting)> {
     let budgets = ctx.caches.budgets.state();
     let budget = budget_for(&budgets, ds)?;
     let datastages = ctx.caches.datastages.state();
-    let split = split(&budgets, &datastages, &active_workers(ctx, &datastages));
-    Some(budget.spec.share(split.budgets[&budget.name_any()].workers + new_workers))
+    let key = (ds.namespace().unwrap_or_default(), ds.name_any());
+    ctx.caches.starting.reserve(key, new_workers, |starting| {
+        let split = split(&budgets, &datastages, &active_workers_with(ctx, &datastages, starting));
+        Some(budget.spec.share(split.budgets[&budget.name_any()].workers.saturating_add(new_workers)))
+    })
 }
 
 /// The StoreBudget status for a split.
@@ -319,6 +394,62 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"parallelism": parallelism, "template": {}},
             "status": {"conditions": conditions}}))
         .unwrap()
+    }
+
+    #[test]
+    fn datastages_that_start_at_once_count_each_others_new_workers() {
+        let budgets = vec![budget("shared", "s3://shared", None, 80)];
+        let datastages: Vec<Arc<DataStage>> =
+            (0..20).map(|i| datastage(&format!("d{i:02}"), "s3://shared/set", None, json!({}))).collect();
+        let book = Arc::new(StartingWorkers::default());
+        let (decided, all_decided) = (std::sync::Barrier::new(20), std::sync::Barrier::new(20));
+        // Twenty reconciliations decide at once and hold their count until
+        // every one has decided (their Jobs not yet created).
+        let mut shares: Vec<u32> = std::thread::scope(|scope| {
+            let threads: Vec<_> = datastages
+                .iter()
+                .map(|ds| {
+                    let (book, budgets, datastages) = (&book, &budgets, &datastages);
+                    let (decided, all_decided) = (&decided, &all_decided);
+                    scope.spawn(move || {
+                        decided.wait();
+                        let key = ("ml".to_owned(), ds.name_any());
+                        let (share, starting) = book
+                            .reserve(key, 2, |starting| {
+                                let workers = split(budgets, datastages, starting).budgets["shared"].workers;
+                                Some(budgets[0].spec.share(workers + 2))
+                            })
+                            .expect("a budget applies");
+                        all_decided.wait();
+                        drop(starting);
+                        share.requests_per_second.expect("a request rate")
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        shares.sort_unstable_by(|a, b| b.cmp(a));
+        // The k-th to decide counted the 2(k-1) workers decided before it
+        // and its own two: never more than the budget over 2k each.
+        for (k, share) in (1u32..).zip(&shares) {
+            assert!(share * 2 * k <= 80, "decision {k} of 20 gave each of 2 workers {share}/s: {shares:?}");
+        }
+        assert!(book.counts().is_empty(), "counted only until dropped: {:?}", book.counts());
+    }
+
+    #[test]
+    fn starting_workers_add_up_per_datastage_and_a_refused_decision_counts_nobody() {
+        let book = Arc::new(StartingWorkers::default());
+        let key = |name: &str| ("ml".to_owned(), name.to_owned());
+        let (_, first) = book.reserve(key("a"), 2, |_| Some(())).unwrap();
+        let (seen, second) = book.reserve(key("a"), 3, |starting| Some(starting.clone())).unwrap();
+        assert_eq!(seen, workers(&[("a", 2)]), "the second decision sees the first's workers");
+        assert!(book.reserve(key("b"), 4, |_| None::<()>).is_none());
+        assert_eq!(book.counts(), workers(&[("a", 5)]), "nobody counted for a refused decision");
+        drop(first);
+        assert_eq!(book.counts(), workers(&[("a", 3)]));
+        drop(second);
+        assert!(book.counts().is_empty());
     }
 
     #[test]

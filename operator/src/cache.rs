@@ -48,6 +48,9 @@ pub struct Caches {
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
+    /// Workers whose store budget share was decided and whose Jobs are
+    /// being created (see [`crate::budgets::StartingWorkers`]).
+    pub starting: Arc<crate::budgets::StartingWorkers>,
     /// Set once all three hold their first listing; see [`Caches::ready`].
     listed: Arc<OnceCell<()>>,
 }
@@ -184,9 +187,9 @@ pub fn new() -> (Caches, CacheWriters) {
     let (datastages, datastage_writer) = reflector::store();
     let (budgets, budget_writer) = reflector::store();
     let (quotas, quota_writer) = reflector::store();
-    let (created, listed) = (Arc::default(), Arc::default());
+    let (created, starting, listed) = (Arc::default(), Arc::default(), Arc::default());
     (
-        Caches { nodes, jobs, pods, datastages, budgets, quotas, created, listed },
+        Caches { nodes, jobs, pods, datastages, budgets, quotas, created, starting, listed },
         CacheWriters {
             nodes: node_writer,
             jobs: job_writer,

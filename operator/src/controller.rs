@@ -525,8 +525,11 @@ async fn carry_out(
             defaults.capacity_claims = capacity_claims(ds, ctx, &starting);
         }
         let new_pods = starting.len() * plan.pods_per_worker as usize;
-        defaults.store_share =
-            crate::budgets::share_for_new_workers(ctx, ds, u32::try_from(new_pods).unwrap_or(u32::MAX));
+        // The new workers count against their budget from here until their
+        // Jobs are recorded below, so DataStages starting now count them.
+        let budget_share = crate::budgets::share_for_new_workers(ctx, ds, u32::try_from(new_pods).unwrap_or(u32::MAX));
+        let (store_share, counted_until_recorded) = budget_share.unzip();
+        defaults.store_share = store_share;
         let jobs = &jobs;
         let creating = starting.iter().map(|worker| {
             let job = build_job(ds, &jobs_plan, worker, workers, run.number, &defaults);
@@ -546,6 +549,7 @@ async fn carry_out(
                 Err(error) => failed = failed.or(Some(error)),
             }
         }
+        drop(counted_until_recorded);
     }
     publish_run_started(ds, ctx, &run, room_found.as_deref()).await;
     for (job_name, worker) in created {
