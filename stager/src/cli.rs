@@ -24,6 +24,10 @@ use ferry_engine::transfer::{Engine, TransferConfig, TransferError, pull, push};
 
 use crate::progress::Progress;
 
+/// How long a budgeted worker waits for its first report's answer (and the
+/// store budget share it carries) before its first request to the store.
+const FIRST_SHARE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     match &cli.command {
@@ -246,9 +250,21 @@ async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Res
         }
         _ => None,
     };
+    let (first_answer, first_answered) = tokio::sync::oneshot::channel();
     let reporter = report_target
         .clone()
-        .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine), peering.clone())));
+        .map(|target| tokio::spawn(crate::report::report(target, Arc::clone(&engine), peering.clone(), first_answer)));
+    // A budgeted worker takes the split as it stands before its first
+    // request: the share on its command line was decided when its Job was
+    // made, and DataStages that started since may have lowered it. The
+    // first report brings it back; a slow API only delays the start.
+    let budgeted = reporter.is_some() && engine.config.store_share.is_some();
+    if budgeted && tokio::time::timeout(FIRST_SHARE_PATIENCE, first_answered).await.is_err() {
+        tracing::warn!(
+            patience = ?FIRST_SHARE_PATIENCE,
+            "no word on the store budget share from the Kubernetes API; starting with the one this worker was given"
+        );
+    }
     let mut result = match job {
         Transfer::Pull { source, destination } => match &versioned {
             // The build is a directory of its own that only this version

@@ -89,9 +89,17 @@ pub fn worker_patch(
 
 /// Reports until aborted, following the StoreBudget share each answer
 /// carries; in a fleet, also publishes this worker's peer address and
-/// learns the others' from the same DataStage.
-pub async fn report(target: ReportTarget, engine: Arc<Engine>, peering: Option<Arc<Peering>>) {
+/// learns the others' from the same DataStage. `first_answer` hears when
+/// the first report was answered (or failed); it is dropped unheard when
+/// the API cannot be reached.
+pub async fn report(
+    target: ReportTarget,
+    engine: Arc<Engine>,
+    peering: Option<Arc<Peering>>,
+    first_answer: tokio::sync::oneshot::Sender<()>,
+) {
     let Some((api, params)) = status_api(&target).await else { return };
+    let mut first_answer = Some(first_answer);
     let tally = Arc::clone(&engine.tally);
     let mut warned = false;
     let mut previous = (Instant::now(), 0u64);
@@ -122,6 +130,10 @@ pub async fn report(target: ReportTarget, engine: Arc<Engine>, peering: Option<A
                 warned = true;
             }
             Err(_) => {}
+        }
+        if let Some(first_answer) = first_answer.take() {
+            // Heard by nobody when the worker stopped waiting (or never did).
+            let _ = first_answer.send(());
         }
         let Some(peering) = peering.as_ref().filter(|_| !alone) else { continue };
         let discovered = match published {
