@@ -50,6 +50,8 @@ struct Round {
     failed: usize,
     requests: u64,
     throttled: u64,
+    /// Throttled requests per DataStage, for those that saw any.
+    throttled_by_datastage: BTreeMap<String, u64>,
 }
 
 impl Round {
@@ -151,15 +153,20 @@ impl Setup {
                     });
                 round.requests += summary.requests;
                 round.throttled += summary.throttled;
+                if summary.throttled > 0 {
+                    *round.throttled_by_datastage.entry(pod.labels()["ferry.dev/datastage"].clone()).or_default() +=
+                        summary.throttled;
+                }
             }
         }
         println!(
-            "round {name:6}: {DATASTAGES} DataStages x 2 nodes in {:5.1} s, {:3} succeeded, {:5} requests, {:5} throttled ({:.2}%)",
+            "round {name:6}: {DATASTAGES} DataStages x 2 nodes in {:5.1} s, {:3} succeeded, {:5} requests, {:5} throttled ({:.2}%) {:?}",
             round.seconds,
             round.succeeded,
             round.requests,
             round.throttled,
-            100.0 * round.throttled_fraction()
+            100.0 * round.throttled_fraction(),
+            round.throttled_by_datastage
         );
         round
     }
@@ -257,6 +264,7 @@ async fn twenty_datastages_share_a_throttling_bucket_within_a_budget_and_back_of
     // with the share of the few workers counted then (their Job's
     // --store-share), came down to the share of many.
     let started = setup.starting_shares("budget").await;
+    println!("the share each DataStage's workers started with: {started:?}");
     let came_down: Vec<&String> = followed
         .iter()
         .filter(|(ds, lowest)| started.get(*ds).is_some_and(|first| *lowest < first))
@@ -271,9 +279,11 @@ async fn twenty_datastages_share_a_throttling_bucket_within_a_budget_and_back_of
     assert!(budgeted.requests >= DATASTAGES as u64 * 2 * objects(), "{budgeted:?}");
     assert!(
         budgeted.throttled_fraction() < 0.01,
-        "under the budget the store throttled {} of {} requests",
+        "under the budget the store throttled {} of {} requests; throttled per DataStage {:?}, \
+         the share each started with {started:?}",
         budgeted.throttled,
-        budgeted.requests
+        budgeted.requests,
+        budgeted.throttled_by_datastage
     );
     setup.assert_staged("budget");
     let idle = wait_for(&setup.cluster, "the budget to show no workers", Duration::from_secs(30), || {
