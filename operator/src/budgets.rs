@@ -13,10 +13,7 @@
 //! will have (counting them) on their command line ([`share_for_new_workers`]).
 //! Until the others hear of them, the bucket may see more than its budget
 //! for up to the loop's period plus one report interval. DataStages that
-//! start together each count the others' new workers ([`StartingWorkers`]):
-//! reconciliations run at once, and each used to count only the Jobs that
-//! existed, so six of twenty DataStages created together each started their
-//! workers at the whole budget.
+//! start together each count the others' new workers ([`StartingWorkers`]).
 //!
 //! The split is written with a field manager of its own, so the
 //! controller's status apply (which does not set `storeBudget`) leaves it
@@ -87,7 +84,7 @@ fn job_over(job: &Job) -> bool {
 /// DataStage's workers count from the moment it decides to start them,
 /// before the Job controller and the scheduler have made their pods.
 /// Workers whose Jobs are being created count as well ([`StartingWorkers`]).
-pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> BTreeMap<(String, String), u32> {
+pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> WorkerCounts {
     let starting = ctx.caches.starting.counts();
     active_workers_with(ctx, datastages, &starting)
 }
@@ -95,20 +92,20 @@ pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> BTreeMap<
 fn active_workers_with(ctx: &Context, datastages: &[Arc<DataStage>], starting: &WorkerCounts) -> WorkerCounts {
     let mut workers = BTreeMap::new();
     for ds in datastages {
-        let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-        let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &namespace, &name, WORKER_LABEL);
-        ctx.caches.created.fill_in(&namespace, &name, &mut jobs);
-        let mut running: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
-        running = running.saturating_add(starting.get(&(namespace.clone(), name.clone())).copied().unwrap_or(0));
+        let key = (ds.namespace().unwrap_or_default(), ds.name_any());
+        let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &key.0, &key.1, WORKER_LABEL);
+        ctx.caches.created.fill_in(&key.0, &key.1, &mut jobs);
+        let created: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
+        let running = created.saturating_add(starting.get(&key).copied().unwrap_or(0));
         if running > 0 {
-            workers.insert((namespace, name), running);
+            workers.insert(key, running);
         }
     }
     workers
 }
 
 /// Workers per DataStage (namespace, name).
-type WorkerCounts = BTreeMap<(String, String), u32>;
+pub type WorkerCounts = BTreeMap<(String, String), u32>;
 
 /// Workers whose share was decided and whose Jobs are being created, per
 /// DataStage: counted with the running ones until their Jobs are recorded
@@ -192,11 +189,7 @@ pub struct Split {
 }
 
 /// Splits every budget among the active `workers` of each DataStage (pure).
-pub fn split(
-    budgets: &[Arc<StoreBudget>],
-    datastages: &[Arc<DataStage>],
-    workers: &BTreeMap<(String, String), u32>,
-) -> Split {
+pub fn split(budgets: &[Arc<StoreBudget>], datastages: &[Arc<DataStage>], workers: &WorkerCounts) -> Split {
     let key = |ds: &DataStage| (ds.namespace().unwrap_or_default(), ds.name_any());
     let mut out = Split::default();
     for budget in budgets {
@@ -256,9 +249,22 @@ pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) ->
     let datastages = ctx.caches.datastages.state();
     let key = (ds.namespace().unwrap_or_default(), ds.name_any());
     ctx.caches.starting.reserve(key, new_workers, |starting| {
-        let split = split(&budgets, &datastages, &active_workers_with(ctx, &datastages, starting));
-        Some(budget.spec.share(split.budgets[&budget.name_any()].workers.saturating_add(new_workers)))
+        let workers = active_workers_with(ctx, &datastages, starting);
+        Some(share_beside(&budgets, &datastages, &workers, budget, new_workers))
     })
+}
+
+/// `budget`'s share for each of `new_workers` more workers beside those
+/// `workers` counts (pure).
+fn share_beside(
+    budgets: &[Arc<StoreBudget>],
+    datastages: &[Arc<DataStage>],
+    workers: &WorkerCounts,
+    budget: &StoreBudget,
+    new_workers: u32,
+) -> StoreShare {
+    let split = split(budgets, datastages, workers);
+    budget.spec.share(split.budgets[&budget.name_any()].workers.saturating_add(new_workers))
 }
 
 /// The StoreBudget status for a split.
@@ -416,8 +422,7 @@ mod tests {
                         let key = ("ml".to_owned(), ds.name_any());
                         let (share, starting) = book
                             .reserve(key, 2, |starting| {
-                                let workers = split(budgets, datastages, starting).budgets["shared"].workers;
-                                Some(budgets[0].spec.share(workers + 2))
+                                Some(share_beside(budgets, datastages, starting, &budgets[0], 2))
                             })
                             .expect("a budget applies");
                         all_decided.wait();
