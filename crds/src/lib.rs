@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 
 pub mod budget;
+pub mod names;
+pub mod node_cache;
 pub mod plan;
 pub mod quota;
 pub mod readiness;
@@ -19,6 +21,7 @@ pub use ferry_contract::{ByteSize, CapacityReserve, StoreShare, VerifyMode};
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+pub use node_cache::{NodeCache, NodeCacheSpec, Sharing};
 pub use quota::{StagingQuota, StagingQuotaSpec, StagingQuotaStatus};
 use serde::{Deserialize, Serialize};
 
@@ -55,10 +58,10 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!has(self.schedule) || has(self.source.uri)").message("spec.schedule re-syncs a pull; a push runs once: remove schedule, or create a new DataStage per upload"))]
 #[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
-#[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
+#[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.destination.volume) || !has(self.destination.volume.persistentVolumeClaim)").message("spec.fanout PeerToPeer stages one copy per node onto a nodeCache or hostPath; a persistentVolumeClaim holds one shared copy: remove fanout or set it to Direct"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || has(self.source.uri)").message("spec.capacity is about the destination volume of a pull; a push writes to object storage: remove capacity"))]
 #[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.idleSeconds) || (has(self.capacity.eviction) && self.capacity.eviction == 'WhenSpaceIsNeeded')").message("spec.capacity.idleSeconds evicts copies no pod used for that long; it needs spec.capacity.eviction: WhenSpaceIsNeeded"))]
-#[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.eviction) || self.capacity.eviction == 'Never' || (has(self.destination.volume) && has(self.destination.volume.hostPath))").message("spec.capacity.eviction removes a node's copy of a pull onto a hostPath; a persistentVolumeClaim holds the only copy: remove eviction or set it to Never"))]
+#[x_kube(validation = Rule::new("!has(self.capacity) || !has(self.capacity.eviction) || self.capacity.eviction == 'Never' || (has(self.destination.volume) && (has(self.destination.volume.hostPath) || has(self.destination.volume.nodeCache)))").message("spec.capacity.eviction removes a node's copy of a pull onto a nodeCache or hostPath; a persistentVolumeClaim holds the only copy: remove eviction or set it to Never"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || !has(self.workers) || self.workers <= 1").message("spec.fanout PeerToPeer runs one worker pod per node: remove spec.workers (or set it to 1), or set fanout to Direct"))]
 #[x_kube(validation = Rule::new("self.source == oldSelf.source || (has(self.updateStrategy) && self.updateStrategy == 'Versioned' && has(self.source.uri))").message("spec.source is immutable unless spec.updateStrategy is Versioned (which stages the new source beside the current version and switches when every node holds it); create a new DataStage to stage other data"))]
 #[x_kube(validation = Rule::new("(has(self.updateStrategy) ? self.updateStrategy : 'InPlace') == (has(oldSelf.updateStrategy) ? oldSelf.updateStrategy : 'InPlace')").message("spec.updateStrategy is immutable: the two strategies lay the volume out differently; create a new DataStage"))]
@@ -68,7 +71,8 @@ pub struct DataStageSpec {
     /// Where the data comes from: object storage (`uri`) for a pull, a
     /// volume for a push. Immutable, except for a pull with
     /// `updateStrategy: Versioned`, which stages the new source as a new
-    /// version (its object-storage fields may change; it stays a pull). A push from a `hostPath` reads one
+    /// version (its object-storage fields may change; it stays a pull). A
+    /// push from a node-local volume (`nodeCache`, `hostPath`) reads one
     /// node's directory: `placement` must select exactly one node (the
     /// DataStage waits with reason `AmbiguousPushSource` while it selects
     /// several), so two nodes never race to write the same keys.
@@ -92,8 +96,8 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferSettings>,
 
-    /// Which nodes run workers. With a hostPath volume, workers run on every
-    /// node that matches the node selector and the required node affinity
+    /// Which nodes run workers. With a node-local volume (`nodeCache`,
+    /// `hostPath`), workers run on every node that matches the node selector and the required node affinity
     /// and whose taints the tolerations allow, staging onto each node's
     /// local disk; nodes that start matching later are staged too, and a
     /// node that stops matching keeps its data (or has it removed, with
@@ -103,7 +107,7 @@ pub struct DataStageSpec {
 
     /// Worker pods per place, each copying one shard of the dataset (an
     /// Indexed Job): for a claim, N pods fill the shared volume together;
-    /// for a hostPath, N pods on every node fill that node's directory
+    /// for a node-local volume, N pods on every node fill that node's directory
     /// together, so each node still gets the whole dataset. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
@@ -113,7 +117,7 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityPolicy>,
 
-    /// How the nodes of a pull onto hostPaths get the dataset: from each
+    /// How the nodes of a pull onto a node-local volume get the dataset: from each
     /// other (`PeerToPeer`) or each from the store (`Direct`). The schema
     /// shows [`Fanout`]'s description here, which says it all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,13 +150,26 @@ pub struct DataStageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
-    /// Stager image, overriding the operator's default.
+    /// Stager image, overriding the operator's default: honoured only for
+    /// images the cluster admin allows (the operator's `--allowed-images`,
+    /// the chart's `stager.allowedImages`), and refused at admission
+    /// otherwise. Steps that run with more rights than the transfer (the
+    /// one that readies a node directory) always run the operator's own
+    /// image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
     pub image: Option<String>,
 
-    /// Service account of the worker pods: its identity reaches the store
-    /// when no `credentials` Secret is given (IRSA, GKE Workload Identity).
+    /// A service account of this namespace: with `credentials.webIdentity`,
+    /// the account whose token the operator requests and the workers
+    /// exchange at the STS (default: `default`); with a
+    /// persistentVolumeClaim, the account the worker pods (which run in
+    /// this namespace) run as, whose identity reaches the store when no
+    /// `credentials` are given (IRSA, GKE Workload Identity). Workers of
+    /// node-local volumes run in Ferry's own namespace and never as an
+    /// account of this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
 
     /// Re-sync on this schedule, in cron syntax as a CronJob's: five fields
@@ -241,12 +258,15 @@ pub struct Location {
     pub region: Option<String>,
 
     /// How workers authenticate to the store: a Secret of keys (`name`) or
-    /// a web identity (`webIdentity`). Without it, workers use whatever
-    /// identity their service account carries (EKS's IRSA webhook, GKE
-    /// Workload Identity through `serviceAccountName`; for `az://` the
-    /// worker pods are labelled `azure.workload.identity/use: "true"` so
-    /// that Azure Workload Identity's webhook injects the service account's
-    /// federated token).
+    /// a web identity (`webIdentity`). The operator reads the Secret in the
+    /// DataStage's namespace and gives it to this DataStage's workers only.
+    /// Without it, workers of a persistentVolumeClaim use whatever identity
+    /// `serviceAccountName` carries (EKS's IRSA webhook, GKE Workload
+    /// Identity; for `az://` their pods are labelled
+    /// `azure.workload.identity/use: "true"` so that Azure Workload
+    /// Identity's webhook injects its federated token), and workers of a
+    /// node-local volume carry no identity of this namespace: only public
+    /// data, or what the admin granted Ferry's own workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
     pub credentials: Option<StoreCredentials>,
@@ -263,7 +283,8 @@ pub struct Location {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<ConfigMapKeyReference>,
 
-    /// A volume: a path on each node (`hostPath`) or a claim.
+    /// A volume: a NodeCache, a claim, or (for the cluster admin) a path
+    /// on each node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeLocation>,
 }
@@ -284,9 +305,10 @@ pub struct StoreCredentials {
     #[schemars(length(min = 1, max = 253))]
     pub name: Option<String>,
 
-    /// `s3://` only: no keys anywhere. Each worker gets a service-account
-    /// token with this audience, projected by its kubelet and renewed before
-    /// it expires, and exchanges it at the store's STS
+    /// `s3://` only: no keys anywhere. The operator requests a token of
+    /// `spec.serviceAccountName` (default `default`) for this audience
+    /// (TokenRequest), gives it to this DataStage's workers and renews it
+    /// before it expires; they exchange it at the store's STS
     /// (`AssumeRoleWithWebIdentity`) for short-lived keys, again before
     /// they expire. The store must trust the cluster's service-account
     /// issuer (its OpenID discovery document and keys).
@@ -306,14 +328,19 @@ pub struct WebIdentityCredentials {
 
     /// The audience of the token: the client id the STS's identity
     /// provider expects (for AWS IAM OIDC providers usually
-    /// `sts.amazonaws.com`). Default: `sts.amazonaws.com`.
+    /// `sts.amazonaws.com`), one of those the cluster admin allows
+    /// (`--web-identity-audiences`; refused at admission otherwise, so a
+    /// token for the API server or another service never leaves the
+    /// cluster). Default: `sts.amazonaws.com`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub audience: Option<String>,
 
     /// The STS endpoint that exchanges the token. Default: the location's
     /// `endpoint` when it has one (S3-compatible stores such as MinIO and
-    /// Ceph serve STS there), else AWS STS in the region.
+    /// Ceph serve STS there), else AWS STS in the region. It must be
+    /// `https://` unless the cluster admin allows plain HTTP
+    /// (`--allow-http-sts`): the token travels to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("webIdentity.stsEndpoint must be an http:// or https:// URL"))]
     pub sts_endpoint: Option<String>,
@@ -352,18 +379,35 @@ impl ConfigMapKeyReference {
     }
 }
 
-/// A volume: exactly one of `hostPath` or `persistentVolumeClaim`.
+/// A volume: exactly one of `nodeCache`, `persistentVolumeClaim` or
+/// `hostPath`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[x_kube(validation = Rule::new("has(self.hostPath) != has(self.persistentVolumeClaim)").message("set exactly one of volume.hostPath or volume.persistentVolumeClaim"))]
+#[x_kube(validation = Rule::new("[has(self.hostPath), has(self.persistentVolumeClaim), has(self.nodeCache)].filter(x, x).size() == 1").message("set exactly one of volume.nodeCache, volume.persistentVolumeClaim or volume.hostPath"))]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeLocation {
-    /// An absolute directory on each node, e.g. `/mnt/nvme/datasets/imagenet`.
-    /// Must be under a prefix the operator allows.
+    /// A NodeCache (`kubectl get nodecaches`): a directory on every node
+    /// that the cluster admin gave Ferry. The data lands at
+    /// `ROOT/NAMESPACE/NAME` on each node the placement selects, and pods
+    /// read it through the claim `status.claimName`, which Ferry binds in
+    /// this namespace (the webhook mounts it for pods labelled with the
+    /// DataStage). The cache's `namespaceSelector` says which namespaces
+    /// may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub node_cache: Option<String>,
+
+    /// For the cluster admin: an absolute directory on each node, e.g.
+    /// `/mnt/nvme/datasets/imagenet`, under a prefix the operator allows
+    /// (`--allowed-host-paths`), in a namespace the admin named
+    /// (`--host-path-namespaces`, the chart's `hostPaths.namespaces`);
+    /// refused at admission elsewhere. Tenants name a `nodeCache` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("volume.hostPath must be an absolute path without '..'"))]
     pub host_path: Option<String>,
 
-    /// A PersistentVolumeClaim in the DataStage's namespace.
+    /// A PersistentVolumeClaim in the DataStage's namespace. Its workers
+    /// run in this namespace (a claim can be mounted only there), as
+    /// `spec.serviceAccountName`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<ClaimLocation>,
 }
@@ -492,16 +536,17 @@ pub enum ReclaimPolicy {
     Delete,
 }
 
-/// How a pull onto the nodes' local disks (`hostPath`) gets the dataset
+/// How a pull onto the nodes' local disks (`nodeCache`, `hostPath`) gets the dataset
 /// to every node. `PeerToPeer`: the workers read the dataset from the
 /// store about once between them, each its own share, and fetch the rest
 /// from each other; every byte from a peer is verified against the store's
 /// checksum, and a peer that is slow, unreachable or serves wrong bytes is
 /// bypassed and its share read from the store, so peers can make a pull
-/// slower, never wrong or stuck. Workers serve their peers on port 9466,
-/// only to holders of a secret the operator keeps in a Secret of the
-/// DataStage's own. `Direct`: every node reads everything from the store.
-/// Default: `PeerToPeer` for a pull onto a hostPath with one pod per node
+/// slower, never wrong or stuck. Workers serve their peers on port 9466
+/// over mutual TLS, only to holders of a certificate the operator issues
+/// for the DataStage and keeps in the workers' namespace. `Direct`: every
+/// node reads everything from the store. Default: `PeerToPeer` for a pull
+/// onto a node-local volume with one pod per node
 /// (`workers` unset or 1), `Direct` otherwise; `PeerToPeer` cannot be set
 /// for a push, a persistentVolumeClaim, or `workers` > 1.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -639,6 +684,14 @@ pub struct DataStageStatus {
     /// before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub versions: Option<VersionsStatus>,
+
+    /// A pull onto a node-local volume: the PersistentVolumeClaim in this
+    /// namespace through which pods read the data (read-only; its volume
+    /// is on the nodes that hold a copy, so a pod that mounts it is placed
+    /// on one). The webhook mounts it for pods labelled with the
+    /// DataStage; the init-container form names it in the pod's volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
 
     /// While workers run against a bucket with a StoreBudget: the budget,
     /// and each worker's share of it now. The operator writes it as workers
@@ -864,10 +917,16 @@ pub fn staging_quota_crd_yaml() -> String {
     generated(&StagingQuota::crd())
 }
 
+/// The NodeCache CRD as YAML, as committed.
+pub fn node_cache_crd_yaml() -> String {
+    use kube::CustomResourceExt as _;
+    generated(&NodeCache::crd())
+}
+
 /// Every CRD this crate defines, for a harness or installer that applies them all.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt as _;
-    vec![DataStage::crd(), StoreBudget::crd(), StagingQuota::crd()]
+    vec![DataStage::crd(), StoreBudget::crd(), StagingQuota::crd(), NodeCache::crd()]
 }
 
 fn generated(
@@ -898,16 +957,24 @@ pub const STAGING_QUOTA_CRD_PATH: &str = "crds/generated/ferry.dev_stagingquotas
 pub const STAGING_QUOTA_CRD_PATHS: [&str; 2] =
     [STAGING_QUOTA_CRD_PATH, "charts/ferry/crds/ferry.dev_stagingquotas.yaml"];
 
+/// Where the generated NodeCache CRD lives, relative to the repository root.
+pub const NODE_CACHE_CRD_PATH: &str = "crds/generated/ferry.dev_nodecaches.yaml";
+
+/// Every place the NodeCache CRD is committed, as [`CRD_PATHS`].
+pub const NODE_CACHE_CRD_PATHS: [&str; 2] = [NODE_CACHE_CRD_PATH, "charts/ferry/crds/ferry.dev_nodecaches.yaml"];
+
 /// Every committed CRD file and what it must hold.
 pub fn committed_crds() -> Vec<(&'static str, String)> {
     let datastage = crd_yaml();
     let budget = store_budget_crd_yaml();
     let quota = staging_quota_crd_yaml();
+    let node_cache = node_cache_crd_yaml();
     CRD_PATHS
         .iter()
         .map(|p| (*p, datastage.clone()))
         .chain(STORE_BUDGET_CRD_PATHS.iter().map(|p| (*p, budget.clone())))
         .chain(STAGING_QUOTA_CRD_PATHS.iter().map(|p| (*p, quota.clone())))
+        .chain(NODE_CACHE_CRD_PATHS.iter().map(|p| (*p, node_cache.clone())))
         .collect()
 }
 
@@ -1018,7 +1085,7 @@ mod tests {
         for needle in [
             "rule: '!has(self.fanout) || self.fanout != ''PeerToPeer'' || has(self.source.uri)'",
             "message: 'spec.fanout PeerToPeer applies to pulls",
-            "message: 'spec.fanout PeerToPeer stages one copy per node onto a hostPath",
+            "message: 'spec.fanout PeerToPeer stages one copy per node onto a nodeCache or hostPath",
             "message: 'spec.fanout PeerToPeer runs one worker pod per node",
             "- PeerToPeer",
             "- Direct",

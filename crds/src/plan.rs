@@ -24,8 +24,12 @@ pub enum Direction {
 /// The volume side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Volume<'a> {
-    /// A directory on each node: node-local, so every matching node gets
-    /// its own workers (a pull) or one node is read (a push).
+    /// A directory Ferry lays out on each node below the named NodeCache's
+    /// root: node-local, so every matching node gets its own workers (a
+    /// pull) or one node is read (a push).
+    NodeCache(&'a str),
+    /// A directory on each node that the cluster admin named: node-local,
+    /// as a NodeCache's.
     HostPath(&'a str),
     /// A directory in a claim: shared, so one set of workers serves it.
     Claim {
@@ -64,7 +68,7 @@ pub struct Plan<'a> {
 pub enum IncompleteSpec {
     /// A side is missing.
     #[error(
-        "the spec does not name one object store and one volume (hostPath or persistentVolumeClaim); fix spec.source and spec.destination"
+        "the spec does not name one object store and one volume (nodeCache, persistentVolumeClaim or hostPath); fix spec.source and spec.destination"
     )]
     Sides,
     /// The store's URI does not parse.
@@ -73,9 +77,18 @@ pub enum IncompleteSpec {
 }
 
 impl<'a> Plan<'a> {
-    /// Whether each node gets its own workers (a hostPath is node-local).
+    /// Whether each node gets its own workers (a NodeCache's directory and
+    /// a hostPath are node-local).
     pub fn per_node(&self) -> bool {
-        matches!(self.volume, Volume::HostPath(_))
+        self.volume.node_local()
+    }
+}
+
+impl Volume<'_> {
+    /// Whether the volume is a directory on each node (a NodeCache's or a
+    /// hostPath), rather than one claim.
+    pub fn node_local(&self) -> bool {
+        matches!(self, Volume::NodeCache(_) | Volume::HostPath(_))
     }
 }
 
@@ -100,17 +113,17 @@ impl DataStageSpec {
         let uri = store.uri.as_deref().ok_or(IncompleteSpec::Sides)?;
         let location: ObjectLocation = uri.parse()?;
         let volume = volume_side.volume.as_ref().ok_or(IncompleteSpec::Sides)?;
-        let volume = match (&volume.host_path, &volume.persistent_volume_claim) {
-            (Some(path), None) => Volume::HostPath(path),
-            (None, Some(claim)) => Volume::Claim { name: &claim.claim_name, sub_path: claim.sub_path.as_deref() },
+        let volume = match (&volume.node_cache, &volume.host_path, &volume.persistent_volume_claim) {
+            (Some(cache), None, None) => Volume::NodeCache(cache),
+            (None, Some(path), None) => Volume::HostPath(path),
+            (None, None, Some(claim)) => Volume::Claim { name: &claim.claim_name, sub_path: claim.sub_path.as_deref() },
             _ => return Err(IncompleteSpec::Sides),
         };
         let pods_per_worker = self.workers.unwrap_or(1).clamp(1, 1000) as u32;
         // Peers are nodes that each hold a whole copy and one process each
         // to serve it. Admission refuses PeerToPeer anywhere else; should
         // one get through, Direct still stages the data.
-        let peers_possible =
-            direction == Direction::Pull && matches!(volume, Volume::HostPath(_)) && pods_per_worker == 1;
+        let peers_possible = direction == Direction::Pull && volume.node_local() && pods_per_worker == 1;
         let fanout = match self.fanout {
             Some(Fanout::PeerToPeer) | None if peers_possible => Fanout::PeerToPeer,
             _ => Fanout::Direct,
@@ -149,6 +162,14 @@ mod tests {
 
         let neither = spec(serde_json::json!({"source": {"uri": "s3://b/p"}, "destination": {}}));
         assert_eq!(neither.plan(), Err(IncompleteSpec::Sides));
+
+        let cache = spec(serde_json::json!({
+            "source": {"uri": "s3://b/p"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
+        let plan = cache.plan().unwrap();
+        assert_eq!((plan.volume, plan.per_node(), plan.fanout), (Volume::NodeCache("nvme"), true, Fanout::PeerToPeer));
+        let both = spec(serde_json::json!({
+            "source": {"uri": "s3://b/p"}, "destination": {"volume": {"nodeCache": "nvme", "hostPath": "/mnt/x"}}}));
+        assert_eq!(both.plan(), Err(IncompleteSpec::Sides), "admission refuses two volumes; so does the plan");
 
         // Admission refuses it; an object from before the rule still gets
         // a message that names the field, not a guessed store.

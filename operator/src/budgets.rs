@@ -32,12 +32,12 @@ use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::cache::Caches;
-use crate::controller::Context;
-use crate::jobs::WORKER_LABEL;
+use crate::context::Context;
 use crate::metrics::BudgetFigures;
+pub use crate::starting::{Starting, StartingWorkers, WorkerCounts};
 
 /// The field manager of `status.storeBudget` and of StoreBudget statuses.
-pub const FIELD_MANAGER: &str = "ferry.dev/operator-budgets";
+pub const FIELD_MANAGER: &str = ferry_crds::names::BUDGETS_MANAGER;
 
 /// How often the split is brought up to date.
 const PERIOD: Duration = Duration::from_secs(1);
@@ -85,7 +85,7 @@ fn job_over(job: &Job) -> bool {
 /// before the Job controller and the scheduler have made their pods.
 /// Workers whose Jobs are being created count as well ([`StartingWorkers`]).
 pub fn active_workers(ctx: &Context, datastages: &[Arc<DataStage>]) -> WorkerCounts {
-    let starting = ctx.caches.starting.counts();
+    let starting = ctx.starting.counts();
     active_workers_with(ctx, datastages, &starting)
 }
 
@@ -93,8 +93,9 @@ fn active_workers_with(ctx: &Context, datastages: &[Arc<DataStage>], starting: &
     let mut workers = BTreeMap::new();
     for ds in datastages {
         let key = (ds.namespace().unwrap_or_default(), ds.name_any());
-        let mut jobs = Caches::of_datastage(&ctx.caches.jobs, &key.0, &key.1, WORKER_LABEL);
-        ctx.caches.created.fill_in(&key.0, &key.1, &mut jobs);
+        let Some(home) = ctx.home(ds) else { continue };
+        let mut jobs = Caches::of_home(&ctx.caches.jobs, &home, ferry_crds::names::WORKER);
+        ctx.caches.created.fill_in(&home.datastage, &mut jobs);
         let created: u32 = jobs.iter().filter(|job| !job_over(job)).map(pods_of).sum();
         let running = created.saturating_add(starting.get(&key).copied().unwrap_or(0));
         if running > 0 {
@@ -102,65 +103,6 @@ fn active_workers_with(ctx: &Context, datastages: &[Arc<DataStage>], starting: &
         }
     }
     workers
-}
-
-/// Workers per DataStage (namespace, name).
-pub type WorkerCounts = BTreeMap<(String, String), u32>;
-
-/// Workers whose share was decided and whose Jobs are being created, per
-/// DataStage: counted with the running ones until their Jobs are recorded
-/// as created ([`crate::cache::CreatedJobs`]).
-///
-/// Deciding a share and counting the workers it was decided for happen
-/// under one lock, so DataStages that start at the same moment see each
-/// other: without it, each reconciliation counted the Jobs that existed,
-/// created its own a round trip later, and several started their workers
-/// as if they were alone against the bucket.
-#[derive(Debug, Default)]
-pub struct StartingWorkers(std::sync::Mutex<WorkerCounts>);
-
-/// `workers` of one DataStage counted as starting, until dropped.
-#[derive(Debug)]
-pub struct Starting {
-    book: Arc<StartingWorkers>,
-    datastage: (String, String),
-    workers: u32,
-}
-
-impl StartingWorkers {
-    /// The workers starting now, per DataStage.
-    pub fn counts(&self) -> WorkerCounts {
-        self.0.lock().expect("starting workers").clone()
-    }
-
-    /// Decides with `decide`, from the workers starting now, what `workers`
-    /// new workers of `datastage` get, and counts them as starting until
-    /// the returned [`Starting`] is dropped. `None` from `decide` counts
-    /// nobody.
-    pub fn reserve<T>(
-        self: &Arc<Self>,
-        datastage: (String, String),
-        workers: u32,
-        decide: impl FnOnce(&WorkerCounts) -> Option<T>,
-    ) -> Option<(T, Starting)> {
-        let mut book = self.0.lock().expect("starting workers");
-        let decided = decide(&book)?;
-        let count = book.entry(datastage.clone()).or_default();
-        *count = count.saturating_add(workers);
-        Some((decided, Starting { book: Arc::clone(self), datastage, workers }))
-    }
-}
-
-impl Drop for Starting {
-    fn drop(&mut self) {
-        let mut book = self.book.0.lock().expect("starting workers");
-        if let Some(count) = book.get_mut(&self.datastage) {
-            *count = count.saturating_sub(self.workers);
-            if *count == 0 {
-                book.remove(&self.datastage);
-            }
-        }
-    }
 }
 
 /// One budget's split.
@@ -248,7 +190,7 @@ pub fn share_for_new_workers(ctx: &Context, ds: &DataStage, new_workers: u32) ->
     let budget = budget_for(&budgets, ds)?;
     let datastages = ctx.caches.datastages.state();
     let key = (ds.namespace().unwrap_or_default(), ds.name_any());
-    ctx.caches.starting.reserve(key, new_workers, |starting| {
+    ctx.starting.reserve(key, new_workers, |starting| {
         let workers = active_workers_with(ctx, &datastages, starting);
         Some(share_beside(&budgets, &datastages, &workers, budget, new_workers))
     })

@@ -12,6 +12,10 @@
 //! status, a pod's node; for Nodes labels, taints, cordon and the Ready
 //! condition): a Job's pod template or a Node's image list would otherwise
 //! be most of the operator's memory.
+//!
+//! Jobs and Pods are watched in every namespace, or, when the operator
+//! watches one namespace, in that one and the workers' namespace: one
+//! store per watch ([`Watched`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +27,44 @@ use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::{Resource as _, ResourceExt as _};
 use tokio::sync::OnceCell;
 
+use crate::home::{DataStageKey, Home};
+
+/// The objects of one kind that one or more watches keep (a store each).
+#[derive(Clone)]
+pub struct Watched<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
+    stores: Vec<Store<K>>,
+}
+
+impl<K: kube::Resource<DynamicType = ()> + Clone + 'static> Watched<K> {
+    /// The objects of every store that `keep` keeps.
+    pub fn state_filter(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        self.stores.iter().flat_map(|store| store.state_filter(|object| keep(object))).collect()
+    }
+
+    /// Every object of every store.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.stores.iter().flat_map(Store::state).collect()
+    }
+
+    /// Objects held, over all stores.
+    pub fn len(&self) -> usize {
+        self.stores.iter().map(Store::len).sum()
+    }
+
+    /// Whether no store holds anything.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until every store holds its first listing.
+    pub async fn wait_until_ready(&self) {
+        for store in &self.stores {
+            // A writer is dropped only when the controller stops.
+            let _ = store.wait_until_ready().await;
+        }
+    }
+}
+
 /// The read side of the caches, shared by every reconciliation.
 #[derive(Clone)]
 pub struct Caches {
@@ -31,10 +73,11 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// Jobs labelled with a DataStage (workers and clean-ups): labels,
     /// owners and status.
-    pub jobs: Store<Job>,
+    pub jobs: Watched<Job>,
     /// Pods labelled with a DataStage: labels, annotations, node and status
-    /// (termination messages carry the workers' summaries).
-    pub pods: Store<Pod>,
+    /// (termination messages carry the workers' summaries); training pods
+    /// that read a DataStage carry the label too.
+    pub pods: Watched<Pod>,
     /// Every DataStage the controller watches, as its watch last saw it.
     pub datastages: Store<ferry_crds::DataStage>,
     /// Every StoreBudget (see [`crate::budgets`]). Not waited for by
@@ -45,12 +88,13 @@ pub struct Caches {
     /// [`QUOTA_LIST_PATIENCE`] by [`Caches::ready`]: a cluster without the
     /// StagingQuota CRD stages all the same, unlimited.
     pub quotas: Store<ferry_crds::StagingQuota>,
+    /// Every NodeCache: where node-local DataStages are laid out. Waited
+    /// for by [`Caches::ready`] only as long as the StagingQuotas: a
+    /// cluster without the CRD stages onto claims and hostPaths.
+    pub node_caches: Store<ferry_crds::NodeCache>,
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
-    /// Workers whose store budget share was decided and whose Jobs are
-    /// being created (see [`crate::budgets::StartingWorkers`]).
-    pub starting: Arc<crate::budgets::StartingWorkers>,
     /// Set once all three hold their first listing; see [`Caches::ready`].
     listed: Arc<OnceCell<()>>,
 }
@@ -71,8 +115,8 @@ pub struct Caches {
 #[derive(Debug, Default)]
 pub struct CreatedJobs(Mutex<CreatedJobsBook>);
 
-/// What [`CreatedJobs`] holds: per (namespace, DataStage), the Jobs created
-/// and when.
+/// What [`CreatedJobs`] holds: per DataStage (namespace and name), the
+/// Jobs created and when.
 #[derive(Debug, Default)]
 struct CreatedJobsBook {
     by_datastage: HashMap<(String, String), Vec<(Instant, Job)>>,
@@ -89,14 +133,14 @@ impl CreatedJobs {
     /// How often the Jobs of every DataStage are checked for age.
     const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-    /// Remembers `job`, just created for the DataStage its label names.
+    /// Remembers `job`, just created for the DataStage its labels name.
     pub fn record(&self, job: &Job) {
         let mut job = job.clone();
         slim_job(&mut job);
-        let key = (
-            job.metadata.namespace.clone().unwrap_or_default(),
-            job.labels().get(crate::jobs::DATASTAGE_LABEL).cloned().unwrap_or_default(),
-        );
+        let Some(datastage) = DataStageKey::from_labels(job.metadata.namespace.as_deref(), job.labels()) else {
+            return;
+        };
+        let key = (datastage.namespace, datastage.name);
         let mut book = self.0.lock().expect("created Jobs");
         book.sweep();
         let jobs = book.by_datastage.entry(key).or_default();
@@ -104,14 +148,14 @@ impl CreatedJobs {
         jobs.push((Instant::now(), job));
     }
 
-    /// Adds to `cached`, the cache's Jobs of DataStage `datastage` in
-    /// `namespace`, those created here that it does not show yet, and says
-    /// whether it added any. Forgets this DataStage's Jobs that the cache
-    /// shows, and everyone's older than [`CreatedJobs::PATIENCE`].
-    pub fn fill_in(&self, namespace: &str, datastage: &str, cached: &mut Vec<Job>) -> bool {
+    /// Adds to `cached`, the cache's Jobs of `datastage`, those created
+    /// here that it does not show yet, and says whether it added any.
+    /// Forgets this DataStage's Jobs that the cache shows, and everyone's
+    /// older than [`CreatedJobs::PATIENCE`].
+    pub fn fill_in(&self, datastage: &DataStageKey, cached: &mut Vec<Job>) -> bool {
         let mut book = self.0.lock().expect("created Jobs");
         book.sweep();
-        let key = (namespace.to_owned(), datastage.to_owned());
+        let key = (datastage.namespace.clone(), datastage.name.clone());
         let Some(jobs) = book.by_datastage.get_mut(&key) else { return false };
         jobs.retain(|(at, job)| {
             at.elapsed() < Self::PATIENCE && !cached.iter().any(|shown| shown.metadata.name == job.metadata.name)
@@ -157,16 +201,18 @@ impl CreatedJobsBook {
 pub struct CacheWriters {
     /// Fills [`Caches::nodes`].
     pub nodes: Writer<Node>,
-    /// Fills [`Caches::jobs`].
-    pub jobs: Writer<Job>,
-    /// Fills [`Caches::pods`].
-    pub pods: Writer<Pod>,
+    /// Fill [`Caches::jobs`], one per watched namespace (or one for all).
+    pub jobs: Vec<Writer<Job>>,
+    /// Fill [`Caches::pods`], likewise.
+    pub pods: Vec<Writer<Pod>>,
     /// Fills [`Caches::datastages`].
     pub datastages: Writer<ferry_crds::DataStage>,
     /// Fills [`Caches::budgets`].
     pub budgets: Writer<ferry_crds::StoreBudget>,
     /// Fills [`Caches::quotas`].
     pub quotas: Writer<ferry_crds::StagingQuota>,
+    /// Fills [`Caches::node_caches`].
+    pub node_caches: Writer<ferry_crds::NodeCache>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -179,26 +225,35 @@ impl std::fmt::Debug for Caches {
     }
 }
 
-/// Empty caches and the writers that will fill them.
-pub fn new() -> (Caches, CacheWriters) {
+/// Empty caches and the writers that will fill them, with `scopes`
+/// watches each of Jobs and Pods (at least one).
+pub fn new_with(scopes: usize) -> (Caches, CacheWriters) {
     let (nodes, node_writer) = reflector::store();
-    let (jobs, job_writer) = reflector::store();
-    let (pods, pod_writer) = reflector::store();
+    let (job_stores, job_writers): (Vec<_>, Vec<_>) = (0..scopes.max(1)).map(|_| reflector::store()).unzip();
+    let (pod_stores, pod_writers): (Vec<_>, Vec<_>) = (0..scopes.max(1)).map(|_| reflector::store()).unzip();
     let (datastages, datastage_writer) = reflector::store();
     let (budgets, budget_writer) = reflector::store();
     let (quotas, quota_writer) = reflector::store();
-    let (created, starting, listed) = (Arc::default(), Arc::default(), Arc::default());
+    let (node_caches, node_cache_writer) = reflector::store();
+    let (created, listed) = (Arc::default(), Arc::default());
+    let (jobs, pods) = (Watched { stores: job_stores }, Watched { stores: pod_stores });
     (
-        Caches { nodes, jobs, pods, datastages, budgets, quotas, created, starting, listed },
+        Caches { nodes, jobs, pods, datastages, budgets, quotas, node_caches, created, listed },
         CacheWriters {
             nodes: node_writer,
-            jobs: job_writer,
-            pods: pod_writer,
+            jobs: job_writers,
+            pods: pod_writers,
             datastages: datastage_writer,
             budgets: budget_writer,
             quotas: quota_writer,
+            node_caches: node_cache_writer,
         },
     )
+}
+
+/// Empty caches with one watch of Jobs and one of Pods.
+pub fn new() -> (Caches, CacheWriters) {
+    new_with(1)
 }
 
 /// How long [`Caches::ready`] waits for the first listing of StagingQuotas,
@@ -224,31 +279,52 @@ impl Caches {
                 // Workers started before the quotas are listed would run
                 // unlimited; a cluster without their CRD never lists them.
                 let quotas = tokio::time::timeout(QUOTA_LIST_PATIENCE, self.quotas.wait_until_ready());
+                let node_caches = tokio::time::timeout(QUOTA_LIST_PATIENCE, self.node_caches.wait_until_ready());
                 let _ = tokio::join!(
                     self.nodes.wait_until_ready(),
                     self.jobs.wait_until_ready(),
                     self.pods.wait_until_ready(),
-                    quotas
+                    quotas,
+                    node_caches
                 );
             })
             .await;
     }
 
-    /// The Jobs and Pods of DataStage `name` in `namespace` that carry
-    /// `role_label` (a worker or a clean-up).
-    pub fn of_datastage<K>(store: &Store<K>, namespace: &str, name: &str, role_label: &str) -> Vec<K>
+    /// The Jobs or Pods made for the DataStage at `home` there that carry
+    /// `role_label` (a worker, a clean-up, a version switch): never a
+    /// tenant's pod labelled alike in its own namespace when the workers
+    /// run elsewhere ([`Home::holds`]).
+    pub fn of_home<K>(watched: &Watched<K>, home: &Home, role_label: &str) -> Vec<K>
     where
         K: kube::Resource<DynamicType = ()> + Clone + 'static,
     {
-        store
+        watched
             .state_filter(|object| {
-                let labels = object.meta().labels.as_ref();
-                object.meta().namespace.as_deref() == Some(namespace)
-                    && labels.and_then(|l| l.get(crate::jobs::DATASTAGE_LABEL)).map(String::as_str) == Some(name)
-                    && labels.is_some_and(|l| l.contains_key(role_label))
+                home.holds(object.meta()) && object.meta().labels.as_ref().is_some_and(|l| l.contains_key(role_label))
             })
             .iter()
             .map(|object| (**object).clone())
+            .collect()
+    }
+
+    /// The Jobs labelled with the DataStage `key` that are not in `home`:
+    /// those of a release that ran node-local workers in the DataStage's
+    /// own namespace (the controller retires them).
+    pub fn strays(&self, home: &Home) -> Vec<Job> {
+        if !home.elsewhere() {
+            return Vec::new();
+        }
+        let key = &home.datastage;
+        self.jobs
+            .state_filter(|job| {
+                let meta = job.meta();
+                meta.namespace.as_deref() == Some(key.namespace.as_str())
+                    && meta.labels.as_ref().and_then(|l| l.get(ferry_crds::names::DATASTAGE)) == Some(&key.name)
+                    && meta.labels.as_ref().is_some_and(|l| !l.contains_key(ferry_crds::names::DATASTAGE_NAMESPACE))
+            })
+            .iter()
+            .map(|job| (**job).clone())
             .collect()
     }
 
@@ -330,12 +406,13 @@ pub fn slim_node(node: &mut Node) {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::collections::BTreeMap;
 
     #[test]
     fn created_jobs_fill_in_for_their_datastage_until_the_cache_shows_them() {
         let job = |namespace: &str, name: &str, datastage: &str| -> Job {
             serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace,
-                "labels": {crate::jobs::DATASTAGE_LABEL: datastage}},
+                "labels": {ferry_crds::names::DATASTAGE: datastage}},
                 "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}))
             .unwrap()
         };
@@ -344,18 +421,25 @@ mod tests {
         created.record(&job("team-b", "d-node-a-r1", "d"));
         created.record(&job("team-a", "e-node-a-r1", "e"));
 
+        let key = |namespace: &str, name: &str| DataStageKey {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: String::new(),
+        };
         let mut cached = Vec::new();
-        assert!(created.fill_in("team-a", "d", &mut cached), "not in the cache yet");
+        assert!(created.fill_in(&key("team-a", "d"), &mut cached), "not in the cache yet");
         assert_eq!(cached.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["d-node-a-r1"], "its own only");
         assert!(cached[0].spec.is_none(), "kept slim");
 
         // Once the cache shows it, it is forgotten; the others stay.
         let mut cached = vec![job("team-a", "d-node-a-r1", "d")];
-        assert!(!created.fill_in("team-a", "d", &mut cached));
+        assert!(!created.fill_in(&key("team-a", "d"), &mut cached));
         assert_eq!(cached.len(), 1, "not doubled");
         let mut cached = Vec::new();
-        assert!(!created.fill_in("team-a", "d", &mut cached), "forgotten");
-        assert!(created.fill_in("team-b", "d", &mut cached) && created.fill_in("team-a", "e", &mut Vec::new()));
+        assert!(!created.fill_in(&key("team-a", "d"), &mut cached), "forgotten");
+        assert!(
+            created.fill_in(&key("team-b", "d"), &mut cached) && created.fill_in(&key("team-a", "e"), &mut Vec::new())
+        );
         assert_eq!(created.len(), 2);
     }
 
@@ -363,7 +447,7 @@ mod tests {
     fn created_jobs_of_datastages_never_reconciled_again_are_swept_out_by_age() {
         let job = |name: &str, datastage: &str| -> Job {
             serde_json::from_value(json!({"metadata": {"name": name, "namespace": "team-a",
-                "labels": {crate::jobs::DATASTAGE_LABEL: datastage}}}))
+                "labels": {ferry_crds::names::DATASTAGE: datastage}}}))
             .unwrap()
         };
         let created = CreatedJobs::default();
@@ -380,7 +464,8 @@ mod tests {
             book.by_datastage.get_mut(&("team-a".into(), "gone".into())).unwrap()[0].0 = aged;
             book.last_sweep = None;
         }
-        assert!(created.fill_in("team-a", "kept", &mut Vec::new()), "another DataStage's reconcile");
+        let kept = DataStageKey { namespace: "team-a".into(), name: "kept".into(), uid: String::new() };
+        assert!(created.fill_in(&kept, &mut Vec::new()), "another DataStage's reconcile");
         assert_eq!(created.len(), 1, "the aged one is swept out; the young one stays");
         assert!(!created.is_empty());
     }
@@ -453,9 +538,10 @@ mod tests {
             assert!(!waiter.is_finished(), "nothing is listed yet");
         }
         writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-        writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-        writers.pods.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.jobs[0].apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.pods[0].apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         writers.quotas.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.node_caches.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         for waiter in waiters {
             tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
                 .await
@@ -472,8 +558,8 @@ mod tests {
             async move { caches.ready().await }
         });
         writers.nodes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-        writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-        writers.pods.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.jobs[0].apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writers.pods[0].apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         tokio::time::sleep(QUOTA_LIST_PATIENCE / 2).await;
         assert!(!waiter.is_finished(), "the quotas may still come");
         tokio::time::sleep(QUOTA_LIST_PATIENCE).await;
@@ -512,24 +598,36 @@ mod tests {
     }
 
     #[test]
-    fn a_datastages_objects_are_found_by_namespace_name_and_role() {
+    fn a_datastages_objects_are_found_in_its_home_by_its_labels_and_role() {
         let (caches, mut writers) = new();
-        let job = |ns: &str, ds: &str, role: &str| -> Job {
-            serde_json::from_value(json!({"metadata": {
-                "name": format!("{ds}-{role}"), "namespace": ns,
-                "labels": {"ferry.dev/datastage": ds, role: "x"}}}))
-            .unwrap()
+        let ds: ferry_crds::DataStage = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": "d", "namespace": "a", "uid": "u-d"},
+            "spec": {"source": {"uri": "s3://b/p"}, "destination": {"volume": {"nodeCache": "nvme"}}},
+        }))
+        .unwrap();
+        let home = Home::of(&ds, &ds.spec.plan().unwrap(), "ferry-workers", None);
+        let job = |ns: &str, name: &str, labels: BTreeMap<String, String>| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns, "labels": labels}})).unwrap()
         };
+        let ours = home.labels((ferry_crds::names::WORKER, "node-a"));
+        let mut cleanup = home.labels((ferry_crds::names::CLEANUP, "node-a"));
+        cleanup.remove(ferry_crds::names::WORKER);
+        let forged = BTreeMap::from([
+            (ferry_crds::names::DATASTAGE.to_owned(), "d".to_owned()),
+            (ferry_crds::names::WORKER.to_owned(), "node-a".to_owned()),
+        ]);
         for object in [
-            job("a", "d", "ferry.dev/worker"),
-            job("b", "d", "ferry.dev/worker"),
-            job("a", "e", "ferry.dev/worker"),
-            job("a", "d", "ferry.dev/cleanup"),
+            job("ferry-workers", "worker", ours),
+            job("ferry-workers", "cleanup", cleanup),
+            // A tenant's look-alike in its own namespace: a stray, never a worker.
+            job("a", "forged", forged),
         ] {
-            writers.jobs.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
+            writers.jobs[0].apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
         }
-        let found = Caches::of_datastage(&caches.jobs, "a", "d", crate::jobs::WORKER_LABEL);
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].metadata.name.as_deref(), Some("d-ferry.dev/worker"));
+        let found = Caches::of_home(&caches.jobs, &home, ferry_crds::names::WORKER);
+        assert_eq!(found.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["worker"]);
+        let strays = caches.strays(&home);
+        assert_eq!(strays.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["forged"]);
     }
 }

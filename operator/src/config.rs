@@ -1,31 +1,98 @@
 //! The operator's configuration: parsed once at start-up from flags (or
-//! their environment variables) and shared read-only through the context.
+//! their environment variables), checked ([`OperatorConfig::check`]) and
+//! shared read-only through the context.
+//!
+//! Everything here that widens what a DataStage's author may do is the
+//! cluster admin's to set: the namespaces that may name raw hostPaths,
+//! the images `spec.image` may name, the audiences a web identity token
+//! may be requested for, and whether its STS may be plain HTTP. The
+//! defaults grant none of it.
 
 use std::net::SocketAddr;
 
 use crate::jobs::WorkerDefaults;
 
+/// A configuration the operator refuses to start with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// An allowed hostPath prefix that is empty or relative would allow
+    /// every path (every absolute path starts with the empty prefix).
+    #[error(
+        "--allowed-host-paths has the entry '{0}', which is not an absolute directory: an empty entry (what `--allowed-host-paths=` or the chart's `allowedHostPaths: []` gives) would allow every path on the node. List absolute directories, or name no --host-path-namespaces to allow no hostPath"
+    )]
+    HostPathPrefix(String),
+    /// A namespace entry is empty.
+    #[error("--host-path-namespaces has an empty entry: name namespaces, or '*' for every namespace")]
+    HostPathNamespace,
+    /// A web-identity audience is empty.
+    #[error("--web-identity-audiences has an empty entry: name the audiences your STS accepts")]
+    Audience,
+    /// An allowed image is empty.
+    #[error("--allowed-images has an empty entry: name image references, or prefixes ending in '*'")]
+    Image,
+}
+
 /// Flags of `ferry-operator`.
 #[derive(Clone, Debug, clap::Parser)]
 #[command(name = "ferry-operator", version, about = "The DataStage controller")]
 pub struct OperatorConfig {
-    /// Image of the stager that worker Jobs run (a DataStage's `spec.image` overrides it).
+    /// Image of the stager that worker Jobs run. A DataStage's `spec.image`
+    /// replaces it in the transfer container only, and only when
+    /// `--allowed-images` allows it; the step that readies a node
+    /// directory (which runs as root) always runs this one.
     #[arg(long, env = "FERRY_STAGER_IMAGE", default_value = "ghcr.io/ferry-dev/ferry-stager:0.1.0")]
     pub stager_image: String,
 
-    /// Directories under which DataStages may use hostPath volumes,
-    /// comma-separated. A hostPath elsewhere is refused with a condition.
+    /// Images a DataStage's `spec.image` may name, comma-separated; an
+    /// entry ending in `*` allows every image that starts with what comes
+    /// before it (`registry.example/ferry/*`). Empty (the default):
+    /// `spec.image` is refused.
+    #[arg(long, env = "FERRY_ALLOWED_IMAGES", value_delimiter = ',')]
+    pub allowed_images: Vec<String>,
+
+    /// Namespace in which the workers of node-local DataStages (a
+    /// `nodeCache` or a `hostPath`) run, with the Secrets the operator
+    /// gives them. No tenant should be able to create pods there: its Pod
+    /// Security level must admit hostPath volumes (privileged). Default:
+    /// the operator's own namespace.
+    #[arg(long, env = "FERRY_WORKERS_NAMESPACE")]
+    pub workers_namespace: Option<String>,
+
+    /// Namespaces whose DataStages may name a raw `hostPath`,
+    /// comma-separated (the cluster admin's own); `*` allows every
+    /// namespace, for a cluster whose pod authors all hold node root
+    /// anyway. Default: none; tenants name a NodeCache.
+    #[arg(long, env = "FERRY_HOST_PATH_NAMESPACES", value_delimiter = ',')]
+    pub host_path_namespaces: Vec<String>,
+
+    /// Directories under which those DataStages may use hostPath volumes,
+    /// comma-separated absolute paths (an empty entry is refused at start).
+    /// A hostPath elsewhere is refused at admission.
     #[arg(long, env = "FERRY_ALLOWED_HOST_PATHS", value_delimiter = ',', default_value = "/mnt,/data,/var/lib/ferry")]
     pub allowed_host_paths: Vec<String>,
 
     /// Node directories Ferry owns whole, comma-separated (empty: none). A
-    /// pull whose hostPath lies below one mounts that directory and shares
-    /// its files with every other such pull on the node through
+    /// pull whose (admin) hostPath lies below one mounts that directory and
+    /// shares its files with every other such pull on the node through
     /// `DIR/.ferry-shared`, so DataStages of the same objects take their
     /// space once. Each must be one filesystem on every node, and only
-    /// Ferry's: its workers may write anywhere in it.
+    /// Ferry's: its workers may write anywhere in it. (NodeCaches say for
+    /// themselves whether they share.)
     #[arg(long, env = "FERRY_SHARED_HOST_PATHS", value_delimiter = ',', default_value = "/var/lib/ferry")]
     pub shared_host_paths: Vec<String>,
+
+    /// Audiences the operator requests web identity tokens for,
+    /// comma-separated: a DataStage's `credentials.webIdentity.audience`
+    /// must be one of them. The token is sent to the STS the DataStage
+    /// names, so list only the audiences of the stores your tenants use.
+    #[arg(long, env = "FERRY_WEB_IDENTITY_AUDIENCES", value_delimiter = ',', default_value = "sts.amazonaws.com")]
+    pub web_identity_audiences: Vec<String>,
+
+    /// Let web identities be exchanged at STS endpoints over plain HTTP
+    /// (a store inside the cluster without TLS). Off: an `http://` STS is
+    /// refused, as the token would cross the network in the clear.
+    #[arg(long, env = "FERRY_ALLOW_HTTP_STS")]
+    pub allow_http_sts: bool,
 
     /// Address of the health (`/healthz`, `/readyz`) and `/metrics` endpoint.
     #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -39,9 +106,11 @@ pub struct OperatorConfig {
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub leader_election_namespace: String,
 
-    /// ServiceAccount of worker pods whose DataStage names none (the Helm
-    /// chart creates `ferry-stager`, allowed to report progress). Without it
-    /// workers run as their namespace's `default` account.
+    /// ServiceAccount of worker pods: in the workers' namespace, the one
+    /// all node-local workers run as; in a DataStage's namespace, the one
+    /// a claim's workers run as when the DataStage names none (the Helm
+    /// chart creates `ferry-stager` in both, allowed to report progress).
+    /// Without it workers run as their namespace's `default` account.
     #[arg(long, env = "FERRY_STAGER_SERVICE_ACCOUNT")]
     pub stager_service_account: Option<String>,
 
@@ -104,8 +173,13 @@ impl OperatorConfig {
     pub fn test() -> Self {
         Self {
             stager_image: "ghcr.io/ferry-dev/ferry-stager:test".into(),
+            allowed_images: Vec::new(),
+            workers_namespace: Some("ferry-workers".into()),
+            host_path_namespaces: vec!["admin".into()],
             allowed_host_paths: vec!["/mnt".into(), "/data".into()],
             shared_host_paths: vec!["/var/lib/ferry".into()],
+            web_identity_audiences: vec!["sts.amazonaws.com".into()],
+            allow_http_sts: false,
             http_addr: ([127, 0, 0, 1], 0).into(),
             watch_namespace: None,
             stager_service_account: None,
@@ -134,15 +208,56 @@ impl OperatorConfig {
             shared_host_paths: self.shared_host_paths.iter().filter(|p| !p.is_empty()).cloned().collect(),
             peer_tls: true,
             peers_running: Vec::new(),
+            workers_namespace: self.workers_namespace().to_owned(),
+            anchor: None,
+            node_cache: None,
+            allowed_images: self.allowed_images.clone(),
         }
+    }
+
+    /// Refuses what would grant more than the admin meant.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag and the fix.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if let Some(bad) = self.allowed_host_paths.iter().find(|p| !p.starts_with('/') || p.contains("..")) {
+            return Err(ConfigError::HostPathPrefix(bad.clone()));
+        }
+        if self.host_path_namespaces.iter().any(|n| n.trim().is_empty()) {
+            return Err(ConfigError::HostPathNamespace);
+        }
+        if self.web_identity_audiences.iter().any(|a| a.trim().is_empty()) {
+            return Err(ConfigError::Audience);
+        }
+        if self.allowed_images.iter().any(|i| i.trim().is_empty()) {
+            return Err(ConfigError::Image);
+        }
+        Ok(())
+    }
+
+    /// The namespace the workers of node-local DataStages run in.
+    pub fn workers_namespace(&self) -> &str {
+        self.workers_namespace.as_deref().filter(|n| !n.is_empty()).unwrap_or(&self.leader_election_namespace)
     }
 
     /// Whether `path` (absolute) lies under an allowed prefix.
     pub fn host_path_allowed(&self, path: &str) -> bool {
         self.allowed_host_paths.iter().any(|prefix| {
             let prefix = prefix.trim_end_matches('/');
+            // "/" trims to "", and then every absolute path is below it: the
+            // admin allowed the whole node.
             path == prefix || path.starts_with(&format!("{prefix}/"))
         })
+    }
+
+    /// Whether DataStages of `namespace` may name a raw hostPath.
+    pub fn host_paths_allowed_in(&self, namespace: &str) -> bool {
+        self.host_path_namespaces.iter().any(|n| n == "*" || n == namespace)
+    }
+
+    /// Whether `spec.image` may be `image`.
+    pub fn image_allowed(&self, image: &str) -> bool {
+        image == self.stager_image || crate::jobs::image_allowed(&self.allowed_images, image)
     }
 }
 
@@ -157,5 +272,40 @@ mod tests {
         assert!(config.host_path_allowed("/mnt"));
         assert!(!config.host_path_allowed("/mntx/data"));
         assert!(!config.host_path_allowed("/etc"));
+    }
+
+    #[test]
+    fn an_empty_or_relative_host_path_prefix_is_refused_at_start() {
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            OperatorConfig::try_parse_from(std::iter::once("ferry-operator").chain(args.iter().copied())).unwrap()
+        };
+        assert_eq!(parse(&[]).check(), Ok(()), "the defaults start");
+        // What the chart rendered for `allowedHostPaths: []`.
+        let empty = parse(&["--allowed-host-paths="]);
+        assert_eq!(empty.allowed_host_paths, [""], "clap gives one empty entry");
+        assert_eq!(empty.check(), Err(ConfigError::HostPathPrefix(String::new())));
+        assert!(empty.check().unwrap_err().to_string().contains("would allow every path"));
+        let relative = parse(&["--allowed-host-paths=/mnt,data"]);
+        assert_eq!(relative.check(), Err(ConfigError::HostPathPrefix("data".into())));
+        assert_eq!(parse(&["--host-path-namespaces=a,,b"]).check(), Err(ConfigError::HostPathNamespace));
+        assert_eq!(parse(&["--web-identity-audiences="]).check(), Err(ConfigError::Audience));
+    }
+
+    #[test]
+    fn only_the_admins_namespaces_name_host_paths_and_only_allowed_images_run() {
+        let mut config = OperatorConfig::test();
+        assert!(config.host_paths_allowed_in("admin") && !config.host_paths_allowed_in("team-a"));
+        config.host_path_namespaces = vec!["*".into()];
+        assert!(config.host_paths_allowed_in("team-a"), "'*': a cluster without tenants");
+        assert!(config.image_allowed(&config.stager_image.clone()), "the operator's own image");
+        assert!(!config.image_allowed("evil.example/root-shell:1"));
+        config.allowed_images = vec!["registry.example/ferry/*".into(), "other.example/stager:2".into()];
+        assert!(config.image_allowed("registry.example/ferry/stager:9"));
+        assert!(!config.image_allowed("registry.example/ferryx/stager:9"));
+        assert!(config.image_allowed("other.example/stager:2") && !config.image_allowed("other.example/stager:3"));
+        assert_eq!(config.workers_namespace(), "ferry-workers");
+        config.workers_namespace = None;
+        assert_eq!(config.workers_namespace(), "default", "the operator's own namespace");
     }
 }

@@ -32,7 +32,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
-use crate::controller::Context;
+use crate::context::Context;
 use crate::versions::{POD_VERSIONS_ANNOTATION, PodVersions};
 use crate::watch_backoff::WatchBackoff;
 use crate::webhook::wiring::{DATA_READY_GATE, DataRequest, GATED_LABEL, UNMOUNTED_ANNOTATION};

@@ -4,12 +4,20 @@
 //! silently drops). No client here, so every shape is unit-tested without a
 //! cluster.
 //!
-//! A hostPath volume is node-local, so each matching node gets its own
-//! worker, pinned to the node by name. A claim is shared, so it gets one
-//! worker. Either way `spec.workers` > 1 makes the worker an Indexed Job
-//! whose pods each copy one shard (`--shards N`; the pod's index comes
-//! from the Job). With fanout PeerToPeer the node's worker also serves
-//! its peers and is told who they are ([`crate::peers`]).
+//! A node-local volume (a NodeCache's directory, an admin's hostPath) gets
+//! a worker per matching node, pinned to the node by name, in the workers'
+//! namespace ([`crate::home`]); a claim is shared, so it gets one worker,
+//! in the DataStage's namespace. Either way `spec.workers` > 1 makes the
+//! worker an Indexed Job whose pods each copy one shard (`--shards N`; the
+//! pod's index comes from the Job). With fanout PeerToPeer the node's
+//! worker also serves its peers and is told who they are
+//! ([`crate::peers`]).
+//!
+//! Nothing a DataStage says chooses what runs with more rights than its
+//! author has: the one step that runs as root always runs the operator's
+//! own image on the directory Ferry laid out, and `spec.image` reaches
+//! only the unprivileged transfer container, and only when the admin
+//! allows it.
 
 use std::collections::BTreeMap;
 
@@ -22,8 +30,9 @@ use ferry_contract::options::{
     AZURE_STORAGE_SAS_TOKEN_ENV, AZURE_TENANT_ID_ENV, DOCKER_CONFIG_ENV,
 };
 use ferry_contract::{ByteSize, ExitStatus, Scheme};
+use ferry_crds::names;
 use ferry_crds::plan::{Direction, Plan, Volume as PlanVolume};
-use ferry_crds::{DataStage, DataStageSpec, Fanout, WebIdentityCredentials};
+use ferry_crds::{DataStage, DataStageSpec, Fanout, NodeCacheSpec, Sharing, WebIdentityCredentials};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
@@ -35,23 +44,19 @@ use k8s_openapi::api::core::v1::{
     ProjectedVolumeSource, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
     ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource as _, ResourceExt as _};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt as _;
 
-/// Label on every child object: the owning DataStage's name.
-pub const DATASTAGE_LABEL: &str = "ferry.dev/datastage";
-/// Label on every child object: the worker's name.
-pub const WORKER_LABEL: &str = "ferry.dev/worker";
-/// Label on worker Jobs: the run they belong to.
-pub const RUN_LABEL: &str = "ferry.dev/run";
-/// Label on clean-up Jobs: the worker whose data they remove.
-pub const CLEANUP_LABEL: &str = "ferry.dev/cleanup";
+use crate::home::{Home, qualified_endpoint};
+pub use crate::worker::{Worker, plan_workers};
+
 /// Where the volume is mounted in worker pods.
 pub const DATA_MOUNT: &str = "/ferry/data";
-/// Where a pull below a shared host path mounts that whole directory (see
-/// [`data_layout`]).
+/// Where a pull that shares its objects mounts the node directory that
+/// holds them and its own (see [`data_layout`]).
 pub const SHARED_MOUNT: &str = "/ferry/node";
-/// The shared-objects directory, directly below a shared host path.
+/// The shared-objects directory, directly below a shared host path or a
+/// NodeCache's root (or namespace directory).
 pub const SHARED_OBJECTS_DIR: &str = ".ferry-shared";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
@@ -85,59 +90,21 @@ pub const PREPARE_CAPABILITIES: [&str; 3] = ["CHOWN", "DAC_OVERRIDE", "FOWNER"];
 /// (what a PodMonitor selects).
 pub const METRICS_PORT_NAME: &str = "metrics";
 
-/// One worker of a DataStage: one Job (of `spec.workers` pods).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Worker {
-    /// Its name: the node for per-node workers, `shared` for a claim.
-    pub name: String,
-    /// The node it is pinned to (per-node workers).
-    pub node: Option<String>,
-}
-
-impl Worker {
-    /// The worker of a node.
-    pub fn on_node(node: &str) -> Self {
-        Self { name: node.to_owned(), node: Some(node.to_owned()) }
-    }
-
-    /// The one worker of a claim.
-    pub fn shared() -> Self {
-        Self { name: "shared".to_owned(), node: None }
-    }
-}
-
-/// The workers of a plan, given the names of the nodes its placement
-/// accepts (ignored for a claim).
-pub fn plan_workers(plan: &Plan<'_>, matching_nodes: &[String]) -> Vec<Worker> {
-    if plan.per_node() { matching_nodes.iter().map(|n| Worker::on_node(n)).collect() } else { vec![Worker::shared()] }
-}
-
-/// A Kubernetes name of at most 63 characters from `base` and `suffix`:
-/// when too long, `base` is cut and a hash of all of it keeps names of
-/// different long bases apart.
-pub(crate) fn bounded_name(base: &str, suffix: &str) -> String {
-    let full = format!("{base}{suffix}");
-    if full.len() <= 63 {
-        return full;
-    }
-    let hash = ferry_contract::hash::fnv1a(base.as_bytes());
-    let keep = 63 - suffix.len() - 9;
-    format!("{}-{:08x}{suffix}", base[..keep].trim_end_matches('-'), hash as u32)
-}
-
-/// The Job name of a worker in run `run`: `<datastage>-<worker>-r<run>`.
-pub fn job_name(datastage: &str, worker: &Worker, run: i64) -> String {
-    bounded_name(&format!("{datastage}-{}", worker.name), &format!("-r{run}"))
+/// The Job name of a worker in run `run`: `<prefix>-<worker>-r<run>`,
+/// the prefix being the DataStage's name in its own namespace
+/// ([`Home::prefix`]).
+pub fn job_name(home: &Home, worker: &Worker, run: i64) -> String {
+    home.name(&worker.name, &format!("-r{run}"))
 }
 
 /// The name of the clean-up Job of a worker.
-pub fn cleanup_job_name(datastage: &str, worker: &Worker) -> String {
-    bounded_name(&format!("{datastage}-{}", worker.name), "-clean")
+pub fn cleanup_job_name(home: &Home, worker: &Worker) -> String {
+    home.name(&worker.name, "-clean")
 }
 
 /// What worker pods get from the operator's configuration unless their
 /// DataStage says otherwise.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WorkerDefaults {
     /// The stager image (`spec.image` overrides it).
     pub image: String,
@@ -169,10 +136,22 @@ pub struct WorkerDefaults {
     /// them names (a node labelled into a running DataStage) reads from
     /// them what they read (see [`crate::peers::options`]).
     pub peers_running: Vec<Vec<String>>,
+    /// The namespace the workers of node-local volumes run in.
+    pub workers_namespace: String,
+    /// The owner, in the workers' namespace, of what is made there for the
+    /// DataStage at hand: its anchor ([`crate::home`]); `None` before the
+    /// anchor exists (only in tests: the controller creates it first).
+    pub anchor: Option<OwnerReference>,
+    /// The NodeCache the DataStage names, as the controller found it.
+    pub node_cache: Option<NodeCacheSpec>,
+    /// What `spec.image` may name besides [`WorkerDefaults::image`] (the
+    /// operator's `--allowed-images`).
+    pub allowed_images: Vec<String>,
 }
 
 impl WorkerDefaults {
-    /// Defaults with only an image: no ServiceAccount, no metrics port.
+    /// Defaults with only an image: no ServiceAccount, no metrics port,
+    /// workers in the namespace `ferry-workers`.
     pub fn image(image: &str) -> Self {
         Self {
             image: image.to_owned(),
@@ -184,57 +163,121 @@ impl WorkerDefaults {
             shared_host_paths: Vec::new(),
             peer_tls: true,
             peers_running: Vec::new(),
+            workers_namespace: "ferry-workers".into(),
+            anchor: None,
+            node_cache: None,
+            allowed_images: Vec::new(),
         }
+    }
+
+    /// Where `ds`'s workers by `plan` live.
+    pub fn home(&self, ds: &DataStage, plan: &Plan<'_>) -> Home {
+        Home::of(ds, plan, &self.workers_namespace, self.anchor.clone())
+    }
+
+    /// The image of the transfer container: `spec.image` when the admin
+    /// allows it (admission refuses it otherwise; this keeps a DataStage
+    /// from before the rule on the operator's own), else the operator's.
+    pub fn transfer_image(&self, spec: &DataStageSpec) -> String {
+        spec.image
+            .clone()
+            .filter(|image| image == &self.image || image_allowed(&self.allowed_images, image))
+            .unwrap_or_else(|| self.image.clone())
     }
 }
 
-/// Where a worker's pods find its data: which host directory (or claim) is
-/// mounted, and the paths in the container of the data and, for a pull
-/// that shares, of the shared objects.
+/// Whether `allowed` (exact references, or prefixes ending in `*`) allows
+/// `image`.
+pub fn image_allowed(allowed: &[String], image: &str) -> bool {
+    allowed.iter().any(|allowed| match allowed.strip_suffix('*') {
+        Some(prefix) => image.starts_with(prefix),
+        None => image == allowed,
+    })
+}
+
+/// Where a worker's pods find its data: which node directory (or claim)
+/// is mounted where, the paths in the container of the data and, for a
+/// pull that shares, of the shared objects, and the data's directory on
+/// the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataLayout {
-    /// A shared host path mounted instead of the plan's own hostPath.
-    pub shared_root: Option<String>,
+    /// Node-local volumes: the node directory the pods mount, and where.
+    pub node_mount: Option<(String, String)>,
+    /// Node-local volumes: the data's directory on the node (what a pod
+    /// that reads it mounts, through Ferry's PersistentVolume).
+    pub node_data: Option<String>,
     /// The data directory in the container.
     pub data: String,
     /// The shared-objects directory in the container.
     pub shared_objects: Option<String>,
 }
 
-/// The layout of a worker of `plan`. A pull onto a hostPath strictly below
-/// one of `shared_host_paths` (the longest that holds it) mounts that
-/// directory at [`SHARED_MOUNT`] and links its files into the directory's
-/// [`SHARED_OBJECTS_DIR`], which every other such pull on the node shares:
-/// hard links need one mount of one filesystem, so the worker cannot mount
-/// only its own directory. Everything else mounts its own volume at
-/// [`DATA_MOUNT`] and shares nothing: a push reads a directory as it is,
-/// and a claim is one copy already.
-pub fn data_layout(plan: &Plan<'_>, shared_host_paths: &[String]) -> DataLayout {
-    let own = DataLayout { shared_root: None, data: DATA_MOUNT.into(), shared_objects: None };
-    let PlanVolume::HostPath(path) = plan.volume else { return own };
-    if plan.direction != Direction::Pull {
-        return own;
-    }
-    // The longest shared path that holds the directory (or is it).
-    let holds = |root: &&String| {
-        let root = root.trim_end_matches('/');
-        path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+/// The layout of a worker of `ds` by `plan`.
+///
+/// A NodeCache lays every DataStage out at `ROOT/NAMESPACE/NAME`. A pull
+/// that shares mounts the directory that holds both its own and the
+/// shared objects (`ROOT/NAMESPACE` when the cache shares within a
+/// namespace, `ROOT` across namespaces) at [`SHARED_MOUNT`]: hard links
+/// need one mount of one filesystem. Anything else mounts its own
+/// directory at [`DATA_MOUNT`].
+///
+/// An admin's hostPath strictly below one of `shared_host_paths` (the
+/// longest that holds it) shares through that path's [`SHARED_OBJECTS_DIR`]
+/// in the same way. A push reads a directory as it is, and a claim is one
+/// copy already: neither shares.
+pub fn data_layout(ds: &DataStage, plan: &Plan<'_>, defaults: &WorkerDefaults) -> DataLayout {
+    let own = |dir: String| DataLayout {
+        node_mount: Some((dir.clone(), DATA_MOUNT.into())),
+        node_data: Some(dir),
+        data: DATA_MOUNT.into(),
+        shared_objects: None,
     };
-    let Some(root) = shared_host_paths.iter().filter(|root| !root.is_empty()).filter(holds).max_by_key(|r| r.len())
-    else {
-        return own;
-    };
-    let root = root.trim_end_matches('/').to_owned();
-    let rel = path[root.len()..].trim_matches('/');
-    // The CEL rules refuse '..'; the shared path itself, an empty or '.'
-    // component, or a directory inside shared objects shares nothing.
-    if rel.is_empty() || rel.split('/').any(|part| matches!(part, "" | "." | ".." | SHARED_OBJECTS_DIR)) {
-        return own;
-    }
-    DataLayout {
-        shared_root: Some(if root.is_empty() { "/".into() } else { root }),
+    let shared = |mounted: String, rel: &str| DataLayout {
+        node_data: Some(format!("{}/{rel}", mounted.trim_end_matches('/'))),
+        node_mount: Some((mounted, SHARED_MOUNT.into())),
         data: format!("{SHARED_MOUNT}/{rel}"),
         shared_objects: Some(format!("{SHARED_MOUNT}/{SHARED_OBJECTS_DIR}")),
+    };
+    match plan.volume {
+        PlanVolume::Claim { .. } => {
+            DataLayout { node_mount: None, node_data: None, data: DATA_MOUNT.into(), shared_objects: None }
+        }
+        PlanVolume::NodeCache(_) => {
+            let root = defaults.node_cache.as_ref().map_or("/var/lib/ferry", NodeCacheSpec::root).trim_end_matches('/');
+            let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+            let sharing = defaults.node_cache.as_ref().map(NodeCacheSpec::sharing).unwrap_or_default();
+            match sharing {
+                _ if plan.direction == Direction::Push => own(format!("{root}/{namespace}/{name}")),
+                Sharing::None => own(format!("{root}/{namespace}/{name}")),
+                Sharing::Namespace => shared(format!("{root}/{namespace}"), &name),
+                Sharing::Cluster => {
+                    shared(if root.is_empty() { "/".into() } else { root.to_owned() }, &format!("{namespace}/{name}"))
+                }
+            }
+        }
+        PlanVolume::HostPath(path) => {
+            if plan.direction != Direction::Pull {
+                return own(path.to_owned());
+            }
+            // The longest shared path that holds the directory (or is it).
+            let holds = |root: &&String| {
+                let root = root.trim_end_matches('/');
+                path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+            };
+            let Some(root) =
+                defaults.shared_host_paths.iter().filter(|root| !root.is_empty()).filter(holds).max_by_key(|r| r.len())
+            else {
+                return own(path.to_owned());
+            };
+            let root = root.trim_end_matches('/').to_owned();
+            let rel = path[root.len()..].trim_matches('/');
+            // The CEL rules refuse '..'; the shared path itself, an empty or '.'
+            // component, or a directory inside shared objects shares nothing.
+            if rel.is_empty() || rel.split('/').any(|part| matches!(part, "" | "." | ".." | SHARED_OBJECTS_DIR)) {
+                return own(path.to_owned());
+            }
+            shared(if root.is_empty() { "/".into() } else { root }, rel)
+        }
     }
 }
 
@@ -308,6 +351,18 @@ pub fn stager_cli(
         options.peers =
             crate::peers::options(worker, group, &defaults.peers_running, serve_bandwidth, defaults.peer_tls);
     }
+    let home = defaults.home(ds, plan);
+    if home.elsewhere() {
+        // Workers in the workers' namespace resolve a Service name in
+        // their own namespace; the DataStage meant one of its.
+        let qualify = |endpoint: &mut Option<String>| {
+            if let Some(endpoint) = endpoint.as_mut() {
+                *endpoint = qualified_endpoint(endpoint, &home.datastage.namespace);
+            }
+        };
+        qualify(&mut options.endpoint_url);
+        qualify(&mut options.web_identity.sts_endpoint);
+    }
     // Running workers write their own entry of the DataStage's status.
     options.report_to = Some(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
     options.worker = Some(worker.name.clone());
@@ -323,7 +378,7 @@ pub fn stager_cli(
         // The operator switches once every worker holds the new version.
         options.versions = ds.spec.versioned().then_some(ferry_contract::VersionsMode::Build);
     }
-    let layout = data_layout(plan, &defaults.shared_host_paths);
+    let layout = data_layout(ds, plan, defaults);
     options.shared_objects = layout.shared_objects.map(Into::into);
     let location = plan.location.clone();
     let command = match plan.direction {
@@ -349,16 +404,13 @@ pub fn cleanup_cli(layout: &DataLayout) -> StagerCli {
     }
 }
 
-/// Labels of a DataStage's child objects.
-pub(crate) fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
-        (DATASTAGE_LABEL.to_owned(), ds.name_any()),
-        ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
-        ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
-        (role.0.to_owned(), role.1.to_owned()),
-    ]);
+/// Labels of a DataStage's Jobs and their pods: the home's, the stager's
+/// app name, `role`, and the run.
+pub(crate) fn labels(home: &Home, role: (&str, &str), run: Option<i64>) -> BTreeMap<String, String> {
+    let mut labels = home.labels(role);
+    labels.insert(names::STAGER_APP.0.to_owned(), names::STAGER_APP.1.to_owned());
     if let Some(run) = run {
-        labels.insert(RUN_LABEL.to_owned(), run.to_string());
+        labels.insert(names::RUN.to_owned(), run.to_string());
     }
     labels
 }
@@ -367,44 +419,62 @@ pub(crate) fn labels(ds: &DataStage, role: (&str, &str), run: Option<i64>) -> BT
 fn data_volume(plan: &Plan<'_>, layout: &DataLayout) -> (Volume, VolumeMount) {
     let mut volume = Volume { name: "data".into(), ..Volume::default() };
     let mut mount = VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), ..VolumeMount::default() };
-    match plan.volume {
-        PlanVolume::HostPath(path) => {
-            let path = match &layout.shared_root {
-                Some(root) => {
-                    mount.mount_path = SHARED_MOUNT.into();
-                    root.clone()
-                }
-                None => path.to_owned(),
-            };
-            volume.host_path = Some(HostPathVolumeSource { path, type_: Some("DirectoryOrCreate".into()) });
-        }
-        PlanVolume::Claim { name, sub_path } => {
+    match (plan.volume, &layout.node_mount) {
+        (PlanVolume::Claim { name, sub_path }, _) => {
             volume.persistent_volume_claim =
                 Some(PersistentVolumeClaimVolumeSource { claim_name: name.to_owned(), read_only: None });
             mount.sub_path = sub_path.map(str::to_owned);
         }
+        (_, Some((host_dir, mount_path))) => {
+            mount.mount_path.clone_from(mount_path);
+            volume.host_path =
+                Some(HostPathVolumeSource { path: host_dir.clone(), type_: Some("DirectoryOrCreate".into()) });
+        }
+        (_, None) => unreachable!("a node-local volume's layout mounts a node directory"),
     }
     (volume, mount)
 }
 
-/// The label that asks Azure Workload Identity's webhook to give a pod its
-/// service account's identity: a projected token and the `AZURE_*`
-/// variables the stager reads (see `ferry_store::entra`).
-pub const AZURE_WORKLOAD_IDENTITY_LABEL: &str = "azure.workload.identity/use";
-
 /// Whether the workers' own identity is the credential for an `az://`
-/// store: no Secret and not anonymous. Their pods then carry
-/// [`AZURE_WORKLOAD_IDENTITY_LABEL`]; on a cluster without the webhook the
-/// label does nothing.
-fn azure_pod_identity(plan: &Plan<'_>) -> bool {
-    plan.location.scheme == Scheme::Azure && plan.store.credentials.is_none() && plan.store.anonymous != Some(true)
+/// store: no Secret and not anonymous, and the workers run in the
+/// DataStage's namespace, as its service account (a claim's). Their pods
+/// then carry [`names::AZURE_WORKLOAD_IDENTITY`] (see `ferry_store::entra`);
+/// on a cluster without the webhook the label does nothing. Workers in the
+/// workers' namespace never ask for an identity: it would be Ferry's, not
+/// the tenant's.
+fn azure_pod_identity(plan: &Plan<'_>, home: &Home) -> bool {
+    plan.location.scheme == Scheme::Azure
+        && plan.store.credentials.is_none()
+        && plan.store.anonymous != Some(true)
+        && !home.elsewhere()
 }
 
 /// The store's credentials: environment variables (`s3://`, `az://`), and for `gs://` a key
 /// file volume. Without a Secret the pod's own identity (IRSA, GKE
-/// Workload Identity, instance role) is the credential.
-fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
+/// Workload Identity, instance role) is the credential. Workers in the
+/// workers' namespace read the copy the operator made there of the
+/// DataStage's Secret ([`crate::delivery`]), and the web identity token it
+/// requested for the DataStage's service account; a claim's workers read
+/// the Secret itself and project their own account's token.
+fn credentials(plan: &Plan<'_>, home: &Home) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
     let Some(credentials) = &plan.store.credentials else { return (Vec::new(), None) };
+    if credentials.web_identity.is_some() && home.elsewhere() {
+        let volume = Volume {
+            name: "web-identity".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(home.held(crate::delivery::WEB_IDENTITY)),
+                items: Some(vec![KeyToPath {
+                    key: WEB_IDENTITY_TOKEN_FILE.into(),
+                    path: WEB_IDENTITY_TOKEN_FILE.into(),
+                    mode: None,
+                }]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        };
+        let mount = read_only_mount(&volume, WEB_IDENTITY_MOUNT);
+        return (Vec::new(), Some((volume, mount)));
+    }
     if let Some(identity) = &credentials.web_identity {
         // The token is the only credential on the pod; the stager's flags
         // (transfer_options) say what to exchange it for.
@@ -434,6 +504,8 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
         return (Vec::new(), Some((volume, mount)));
     }
     let Some(secret) = &credentials.name else { return (Vec::new(), None) };
+    let copy = home.held(crate::delivery::CREDENTIALS);
+    let secret = if home.elsewhere() { &copy } else { secret };
     match plan.location.scheme {
         // A service-account key: Application Default Credentials read the file.
         Scheme::Gcs => {
@@ -445,7 +517,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             let volume = Volume {
                 name: "gcs-key".into(),
                 secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.clone()),
+                    secret_name: Some(secret.to_owned()),
                     items: Some(vec![KeyToPath { key: "key.json".into(), path: "key.json".into(), mode: None }]),
                     ..SecretVolumeSource::default()
                 }),
@@ -469,7 +541,7 @@ fn credentials(plan: &Plan<'_>) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) 
             let volume = Volume {
                 name: "registry-config".into(),
                 secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.clone()),
+                    secret_name: Some(secret.to_owned()),
                     items: Some(vec![KeyToPath {
                         key: ".dockerconfigjson".into(),
                         path: "config.json".into(),
@@ -520,17 +592,24 @@ fn secret_env(secret: &str, keys: &[(&str, bool)]) -> Vec<EnvVar> {
 
 /// The store's private CA, when the spec names one: the ConfigMap key as a
 /// file, and `SSL_CERT_FILE` pointing at it (the stager's TLS, every data
-/// path, trusts that bundle instead of the image's system CAs).
-fn ca_bundle(plan: &Plan<'_>) -> Option<(EnvVar, Volume, VolumeMount)> {
+/// path, trusts that bundle instead of the image's system CAs). Workers in
+/// the workers' namespace read the operator's copy of it
+/// ([`crate::delivery`]), which holds it as [`crate::delivery::CA_FILE`].
+fn ca_bundle(plan: &Plan<'_>, home: &Home) -> Option<(EnvVar, Volume, VolumeMount)> {
     let reference = plan.store.ca_bundle.as_ref()?;
-    let file = "ca.pem";
+    let file = crate::delivery::CA_FILE;
     let env =
         EnvVar { name: "SSL_CERT_FILE".into(), value: Some(format!("{CA_BUNDLE_MOUNT}/{file}")), ..EnvVar::default() };
+    let (name, key) = if home.elsewhere() {
+        (home.held(crate::delivery::CA_BUNDLE), file.to_owned())
+    } else {
+        (reference.name.clone(), reference.key_or_default().to_owned())
+    };
     let volume = Volume {
         name: "ca-bundle".into(),
         config_map: Some(ConfigMapVolumeSource {
-            name: reference.name.clone(),
-            items: Some(vec![KeyToPath { key: reference.key_or_default().into(), path: file.into(), mode: None }]),
+            name,
+            items: Some(vec![KeyToPath { key, path: file.into(), mode: None }]),
             ..ConfigMapVolumeSource::default()
         }),
         ..Volume::default()
@@ -593,13 +672,14 @@ pub fn prepare_cli(plan: &Plan<'_>, layout: &DataLayout) -> StagerCli {
     }
 }
 
-/// The init container of a hostPath worker. A kubelet creates a missing
+/// The init container of a node-local worker. A kubelet creates a missing
 /// hostPath as root (0755) and `fsGroup` does not apply to hostPaths, so
 /// the unprivileged worker could not write its first file there. This one
 /// step runs as root with [`PREPARE_CAPABILITIES`] only, hands the
 /// directory to [`WORKER_USER`] (a pull: the whole tree, its directories
 /// readable by all; a push: its state directory, the files keep their
-/// owners) and exits.
+/// owners) and exits. It runs `image`, the operator's own stager image,
+/// whatever the DataStage's `spec.image` says.
 fn prepare_container(plan: &Plan<'_>, layout: &DataLayout, image: &str, mount: VolumeMount) -> Container {
     Container {
         name: PREPARE_CONTAINER.into(),
@@ -623,16 +703,23 @@ fn prepare_container(plan: &Plan<'_>, layout: &DataLayout, image: &str, mount: V
     }
 }
 
+/// The images of a worker pod: the transfer container's, and the
+/// operator's own for the step that runs as root.
+struct Images<'a> {
+    transfer: &'a str,
+    privileged: &'a str,
+}
+
 /// A pod spec running the stager with `args` on `worker`'s node (or where
 /// the placement allows), the data volume mounted as `layout` says, locked
-/// down.
+/// down, as the service account its home calls for.
 fn stager_pod(
     ds: &DataStage,
     plan: &Plan<'_>,
-    layout: &DataLayout,
+    (layout, home): (&DataLayout, &Home),
     worker: &Worker,
-    image: &str,
-    args: Vec<String>,
+    images: &Images<'_>,
+    (args, defaults): (Vec<String>, &WorkerDefaults),
 ) -> PodSpec {
     let placement = ds.spec.placement.clone().unwrap_or_default();
     let (volume, mount) = data_volume(plan, layout);
@@ -643,13 +730,23 @@ fn stager_pod(
         Some(node) => (None, Some(Affinity { node_affinity: Some(pinned_to(node)), ..Affinity::default() })),
         None => (placement.node_selector.clone(), placement.affinity.clone()),
     };
+    // In the workers' namespace, Ferry's own account; in the DataStage's
+    // (a claim), the one the DataStage names, whose identity is its own.
+    let service_account = if home.elsewhere() {
+        defaults.service_account.clone()
+    } else {
+        ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone())
+    };
     PodSpec {
         restart_policy: Some("Never".into()),
+        service_account_name: service_account,
         node_selector,
         affinity,
         tolerations: placement.tolerations.clone(),
-        init_containers: matches!(plan.volume, PlanVolume::HostPath(_))
-            .then(|| vec![prepare_container(plan, layout, image, mount.clone())]),
+        init_containers: plan
+            .volume
+            .node_local()
+            .then(|| vec![prepare_container(plan, layout, images.privileged, mount.clone())]),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(i64::from(WORKER_USER.uid)),
@@ -661,7 +758,7 @@ fn stager_pod(
         }),
         containers: vec![Container {
             name: STAGER_CONTAINER.into(),
-            image: Some(image.to_owned()),
+            image: Some(images.transfer.to_owned()),
             args: Some(args),
             volume_mounts: Some(vec![mount]),
             termination_message_policy: Some("FallbackToLogsOnError".into()),
@@ -678,7 +775,8 @@ fn stager_pod(
     }
 }
 
-/// The worker Job for `worker` in run `run`, owned by the DataStage. With
+/// The worker Job for `worker` in run `run`, in its home ([`Home`]): owned
+/// by the DataStage in its namespace, by its anchor in the workers'. With
 /// fanout PeerToPeer its peers are `group`, the plan's workers now: a Job's
 /// pod template cannot change, so a node that joins later gets a Job with
 /// the larger group while the earlier Jobs keep theirs.
@@ -691,7 +789,9 @@ pub fn build_job(
     defaults: &WorkerDefaults,
 ) -> Job {
     let spec = &ds.spec;
-    let image = spec.image.clone().unwrap_or_else(|| defaults.image.clone());
+    let home = defaults.home(ds, plan);
+    let transfer_image = defaults.transfer_image(spec);
+    let images = Images { transfer: &transfer_image, privileged: &defaults.image };
     let peer_to_peer = plan.fanout == Fanout::PeerToPeer;
     let cli = stager_cli(ds, plan, worker, group, defaults);
     // The members its worker divides the dataset with, for a worker that
@@ -705,20 +805,20 @@ pub fn build_job(
     if peer_to_peer {
         args = crate::peers::listen_on_pod_ip(args);
     }
-    let layout = data_layout(plan, &defaults.shared_host_paths);
-    let mut pod = stager_pod(ds, plan, &layout, worker, &image, args);
-    pod.service_account_name = spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
+    let layout = data_layout(ds, plan, defaults);
+    let mut pod = stager_pod(ds, plan, (&layout, &home), worker, &images, (args, defaults));
     let container = &mut pod.containers[0];
-    let (mut env, key_file) = credentials(plan);
+    let (mut env, key_file) = credentials(plan, &home);
     env.push(node_name_env());
+    let peer_secret = crate::peers::secret_name(&home);
     if peer_to_peer {
-        env.extend(crate::peers::pod_env(ds));
+        env.extend(crate::peers::pod_env(&peer_secret));
     }
-    let ca = ca_bundle(plan);
+    let ca = ca_bundle(plan, &home);
     env.extend(ca.as_ref().map(|(ssl_cert_file, _, _)| ssl_cert_file.clone()));
     container.env = Some(env);
     container.resources = spec.resources.clone();
-    let peer_tls = (peer_to_peer && defaults.peer_tls).then(|| crate::peers::tls_volume(ds));
+    let peer_tls = (peer_to_peer && defaults.peer_tls).then(|| crate::peers::tls_volume(&peer_secret));
     for (volume, mount) in key_file.into_iter().chain(ca.map(|(_, volume, mount)| (volume, mount))).chain(peer_tls) {
         container.volume_mounts.get_or_insert_with(Vec::new).push(mount);
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
@@ -738,22 +838,17 @@ pub fn build_job(
         ports.push(crate::peers::container_port());
     }
     pod.containers[0].ports = Some(ports).filter(|p| !p.is_empty());
-    let labels = labels(ds, (WORKER_LABEL, &worker.name), Some(run));
+    let labels = labels(&home, (names::WORKER, &worker.name), Some(run));
     let mut pod_labels = labels.clone();
-    if azure_pod_identity(plan) {
-        pod_labels.insert(AZURE_WORKLOAD_IDENTITY_LABEL.to_owned(), "true".to_owned());
+    if azure_pod_identity(plan, &home) {
+        pod_labels.insert(names::AZURE_WORKLOAD_IDENTITY.to_owned(), "true".to_owned());
     }
     let pods = i32::try_from(plan.pods_per_worker).unwrap_or(1);
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&ds.name_any(), worker, run)),
-            namespace: ds.namespace(),
             labels: Some(labels.clone()),
             annotations: (!dividing.is_empty()).then(|| BTreeMap::from([crate::peers::group_annotation(&dividing)])),
-            owner_references: Some(vec![
-                ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
-            ]),
-            ..ObjectMeta::default()
+            ..home.metadata(job_name(&home, worker, run), (names::WORKER, &worker.name))
         },
         spec: Some(JobSpec {
             completion_mode: Some(if pods > 1 { "Indexed" } else { "NonIndexed" }.into()),
@@ -815,24 +910,28 @@ pub fn literal(args: Vec<String>) -> Vec<String> {
 /// Not owned by the DataStage: the garbage collector must not race it
 /// while the DataStage is going away; the operator deletes it when done.
 pub fn build_cleanup_job(ds: &DataStage, plan: &Plan<'_>, worker: &Worker, defaults: &WorkerDefaults) -> Job {
-    let layout = data_layout(plan, &defaults.shared_host_paths);
+    let layout = data_layout(ds, plan, defaults);
+    let home = defaults.home(ds, plan);
     let short = ShortJob {
-        name: cleanup_job_name(&ds.name_any(), worker),
-        labels: labels(ds, (CLEANUP_LABEL, &worker.name), None),
+        name: cleanup_job_name(&home, worker),
+        labels: labels(&home, (names::CLEANUP, &worker.name), None),
         owned: false,
     };
     short.build(ds, plan, &layout, worker, &cleanup_cli(&layout), defaults)
 }
 
 /// A short Job the operator runs on a worker's place besides the transfer
-/// (a clean-up, a version switch): the stager image on the workers' volume
-/// and node, no credentials, three retries within ten minutes.
+/// (a clean-up, a version switch): the operator's own stager image on the
+/// workers' volume and node, no credentials, three retries within ten
+/// minutes.
 pub(crate) struct ShortJob {
     /// The Job's name.
     pub name: String,
     /// The Job's and its pod's labels.
     pub labels: BTreeMap<String, String>,
-    /// Whether the DataStage owns it (its changes then wake the DataStage).
+    /// Whether the DataStage owns it (its changes then wake the
+    /// DataStage). In the workers' namespace the anchor owns every Job: it
+    /// goes only once the DataStage is gone, clean-ups done.
     pub owned: bool,
 }
 
@@ -847,15 +946,14 @@ impl ShortJob {
         cli: &StagerCli,
         defaults: &WorkerDefaults,
     ) -> Job {
-        let image = ds.spec.image.clone().unwrap_or_else(|| defaults.image.clone());
-        let mut pod = stager_pod(ds, plan, layout, worker, &image, literal(cli.to_args()));
-        pod.service_account_name = ds.spec.service_account_name.clone().or_else(|| defaults.service_account.clone());
-        let owner =
-            self.owned.then(|| ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"));
+        let home = defaults.home(ds, plan);
+        let images = Images { transfer: &defaults.image, privileged: &defaults.image };
+        let pod = stager_pod(ds, plan, (layout, &home), worker, &images, (literal(cli.to_args()), defaults));
+        let owner = if home.elsewhere() || self.owned { home.owner.clone() } else { None };
         Job {
             metadata: ObjectMeta {
                 name: Some(self.name),
-                namespace: ds.namespace(),
+                namespace: Some(home.namespace.clone()),
                 labels: Some(self.labels.clone()),
                 owner_references: owner.map(|owner| vec![owner]),
                 ..ObjectMeta::default()
@@ -899,6 +997,28 @@ mod tests {
             "include": ["*.tar"],
             "transfer": {"concurrency": 16, "verify": "Size", "partSize": "8Mi", "maxRequestRate": 250},
         }))
+    }
+
+    /// The anchor's owner reference, as the controller finds it.
+    fn anchor() -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "ml-imagenet-anchor".into(),
+            uid: "anchor-uid".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }
+    }
+
+    /// Defaults with the anchor in place, as the controller builds Jobs.
+    fn anchored(image: &str) -> WorkerDefaults {
+        WorkerDefaults { anchor: Some(anchor()), ..WorkerDefaults::image(image) }
+    }
+
+    /// What the DataStage's home calls an object it holds for the workers.
+    fn held(ds: &DataStage, what: &str) -> String {
+        WorkerDefaults::image("s:1").home(ds, &ds.spec.plan().unwrap()).held(what)
     }
 
     fn pod(job: &Job) -> PodSpec {
@@ -981,14 +1101,18 @@ mod tests {
     }
 
     #[test]
-    fn a_host_path_pull_gets_one_job_per_node_pinned_by_node_name() {
+    fn a_host_path_pull_gets_one_job_per_node_in_the_workers_namespace_pinned_by_node_name() {
         let ds = pull_to_host_path();
         let plan = ds.spec.plan().unwrap();
         let workers = plan_workers(&plan, &["a".to_owned(), "c".to_owned()]);
-        let job = build_job(&ds, &plan, &workers[1], &workers, 7, &WorkerDefaults::image("stager:1"));
-        assert_eq!(job.metadata.name.as_deref(), Some("imagenet-c-r7"));
-        assert_eq!(job.metadata.labels.as_ref().unwrap()[RUN_LABEL], "7");
-        assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].kind, "DataStage");
+        let job = build_job(&ds, &plan, &workers[1], &workers, 7, &anchored("stager:1"));
+        let name = job.metadata.name.clone().unwrap();
+        assert!(name.starts_with("ml-imagenet-") && name.ends_with("-c-r7"), "{name}");
+        assert_eq!(job.metadata.namespace.as_deref(), Some("ferry-workers"), "never the DataStage's namespace");
+        let labels = job.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[names::RUN], "7");
+        assert_eq!((labels[names::DATASTAGE_NAMESPACE].as_str(), labels[names::DATASTAGE_UID].as_str()), ("ml", "u-1"));
+        assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0], anchor(), "its anchor owns it");
         let pod = pod(&job);
         // Pinned by the node's name, not its hostname label.
         assert_eq!(pod.node_selector, None);
@@ -1013,18 +1137,26 @@ mod tests {
         assert_eq!(context.read_only_root_filesystem, Some(true));
         assert_eq!(context.capabilities.unwrap().drop.unwrap(), ["ALL"]);
         let env = container.env.clone().unwrap();
+        // The operator's copy of the Secret, next to the workers: a pod
+        // cannot read a Secret of another namespace.
+        let copy = held(&ds, crate::delivery::CREDENTIALS);
         let secret_keys: Vec<_> = env
             .iter()
             .filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
-            .filter(|r| r.name == "s3")
+            .filter(|r| r.name == copy)
             .map(|r| r.key.clone())
             .collect();
         assert_eq!(secret_keys, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]);
+        assert_eq!(pod.service_account_name, None, "Ferry's own account (none configured here), never the tenant's");
         assert_eq!(pod.volumes.clone().unwrap()[0].host_path.as_ref().unwrap().path, "/mnt/ferry/imagenet");
 
         let StagerCommand::Pull { source, destination, options } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!((source.to_string(), destination), ("s3://datasets/imagenet/".to_owned(), DATA_MOUNT.into()));
-        assert_eq!(options.endpoint_url.as_deref(), Some("http://minio:9000"));
+        assert_eq!(
+            options.endpoint_url.as_deref(),
+            Some("http://minio.ml:9000"),
+            "the Service of the DataStage's namespace"
+        );
         assert_eq!(
             (options.include.as_slice(), options.concurrency),
             (&["*.tar".to_owned()][..], Concurrency::Fixed(16))
@@ -1064,13 +1196,14 @@ mod tests {
         let from = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value_from.clone()).unwrap();
         assert_eq!(from("POD_IP").field_ref.unwrap().field_path, "status.podIP");
         let token = from(ferry_contract::peers::PEER_TOKEN_ENV).secret_key_ref.unwrap();
-        assert_eq!((token.name.as_str(), token.key.as_str()), ("imagenet-peers", "token"));
+        let peers = held(&ds, crate::peers::HOLDS_PEERS);
+        assert_eq!((token.name.as_str(), token.key.as_str()), (peers.as_str(), "token"));
         assert!(args.iter().all(|a| !a.contains("token")), "the secret is never a flag");
         // The certificate files from the same Secret, where --peer-tls says.
         let tls_dir = options.peers.peer_tls.clone().unwrap();
         let mount = container.volume_mounts.iter().flatten().find(|m| tls_dir == Path::new(&m.mount_path)).unwrap();
         let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name).unwrap();
-        assert_eq!(volume.secret.as_ref().unwrap().secret_name.as_deref(), Some("imagenet-peers"));
+        assert_eq!(volume.secret.as_ref().unwrap().secret_name.as_deref(), Some(peers.as_str()));
 
         let ports: Vec<_> =
             container.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
@@ -1210,9 +1343,17 @@ mod tests {
             "clean-up Jobs move no data: nothing to scrape"
         );
 
+        // A node-local DataStage's workers run as Ferry's own account in
+        // Ferry's namespace, whatever account it names; a claim's run in
+        // its namespace as the account it names.
         ds.spec.service_account_name = Some("trainer".into());
         let plan = ds.spec.plan().unwrap();
-        let trainer = super::tests::pod(&build_job(&ds, &plan, &worker, &[], 1, &defaults));
+        let node_local = super::tests::pod(&build_job(&ds, &plan, &worker, &[], 1, &defaults));
+        assert_eq!(node_local.service_account_name.as_deref(), Some("ferry-stager"));
+        ds.spec.destination.volume =
+            Some(serde_json::from_value(json!({"persistentVolumeClaim": {"claimName": "c"}})).unwrap());
+        let plan = ds.spec.plan().unwrap();
+        let trainer = super::tests::pod(&build_job(&ds, &plan, &Worker::shared(), &[], 1, &defaults));
         assert_eq!(trainer.service_account_name.as_deref(), Some("trainer"));
     }
 
@@ -1238,11 +1379,23 @@ mod tests {
         let plan = ds.spec.plan().unwrap();
         let worker =
             Worker { name: "node-with-a-rather-long-name-that-goes-on-and-on-and-on".into(), node: Some("n".into()) };
-        let job = build_cleanup_job(&ds, &plan, &worker, &WorkerDefaults::image("stager:1"));
+        let job = build_cleanup_job(&ds, &plan, &worker, &anchored("stager:1"));
         let name = job.metadata.name.clone().unwrap();
         assert!(name.ends_with("-clean") && name.len() <= 63, "{name}");
-        assert!(job.metadata.owner_references.is_none(), "not collected while the DataStage goes away");
-        assert_eq!(job.metadata.labels.as_ref().unwrap()[CLEANUP_LABEL], worker.name);
+        // Its anchor goes only once the DataStage is gone, clean-ups done.
+        assert_eq!(
+            job.metadata.owner_references.as_ref().unwrap()[0],
+            anchor(),
+            "not collected while the DataStage goes away"
+        );
+        assert_eq!(job.metadata.labels.as_ref().unwrap()[names::CLEANUP], worker.name);
+        let claim = datastage(json!({"source": {"uri": "s3://datasets/imagenet"},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}));
+        let claim_job = build_cleanup_job(&claim, &claim.spec.plan().unwrap(), &Worker::shared(), &anchored("s:1"));
+        assert!(
+            claim_job.metadata.owner_references.is_none(),
+            "in the DataStage's namespace: not collected while it goes"
+        );
         let pod = pod(&job);
         assert!(matches!(parsed(&pod).command, StagerCommand::Clean { .. }));
         assert!(pod.containers[0].env.clone().unwrap_or_default().is_empty(), "no store, no credentials");
@@ -1299,19 +1452,99 @@ mod tests {
         for spec in unshared {
             let ds = datastage(spec.clone());
             let plan = ds.spec.plan().unwrap();
-            let own = DataLayout { shared_root: None, data: DATA_MOUNT.into(), shared_objects: None };
-            assert_eq!(data_layout(&plan, &defaults.shared_host_paths), own, "{spec}");
+            let layout = data_layout(&ds, &plan, &defaults);
+            assert_eq!((layout.data.as_str(), layout.shared_objects), (DATA_MOUNT, None), "{spec}");
         }
-        assert_eq!(data_layout(&plan, &[]).shared_objects, None, "no shared paths, no sharing");
+        let layout = data_layout(&ds, &plan, &WorkerDefaults::image("s:1"));
+        assert_eq!(layout.shared_objects, None, "no shared paths, no sharing");
+    }
+
+    #[test]
+    fn a_node_cache_lays_a_datastage_out_by_namespace_and_name_and_shares_as_it_says() {
+        let pull = datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
+        let plan = pull.spec.plan().unwrap();
+        let with = |sharing: Option<Sharing>| WorkerDefaults {
+            node_cache: Some(NodeCacheSpec {
+                root: "/var/lib/ferry/nvme/".into(),
+                sharing,
+                ..NodeCacheSpec::default()
+            }),
+            ..WorkerDefaults::image("s:1")
+        };
+        let within = data_layout(&pull, &plan, &with(None));
+        assert_eq!(
+            within.node_mount,
+            Some(("/var/lib/ferry/nvme/ml".into(), SHARED_MOUNT.into())),
+            "its namespace only"
+        );
+        assert_eq!(within.node_data.as_deref(), Some("/var/lib/ferry/nvme/ml/imagenet"));
+        assert_eq!(
+            (within.data.as_str(), within.shared_objects.as_deref()),
+            ("/ferry/node/imagenet", Some("/ferry/node/.ferry-shared"))
+        );
+        let across = data_layout(&pull, &plan, &with(Some(Sharing::Cluster)));
+        assert_eq!(across.node_mount, Some(("/var/lib/ferry/nvme".into(), SHARED_MOUNT.into())));
+        assert_eq!(
+            (across.data.as_str(), across.node_data.as_deref()),
+            ("/ferry/node/ml/imagenet", Some("/var/lib/ferry/nvme/ml/imagenet"))
+        );
+        let alone = data_layout(&pull, &plan, &with(Some(Sharing::None)));
+        assert_eq!(
+            alone.node_mount,
+            Some(("/var/lib/ferry/nvme/ml/imagenet".into(), DATA_MOUNT.into())),
+            "its own directory"
+        );
+        assert_eq!(alone.shared_objects, None);
+        let push =
+            datastage(json!({"source": {"volume": {"nodeCache": "nvme"}}, "destination": {"uri": "s3://c/run"}}));
+        let pushed = data_layout(&push, &push.spec.plan().unwrap(), &with(None));
+        assert_eq!(
+            (pushed.node_data.as_deref(), pushed.shared_objects),
+            (Some("/var/lib/ferry/nvme/ml/imagenet"), None)
+        );
+
+        // The worker mounts what the layout says, with the root step readying it.
+        let job = build_job(&pull, &plan, &Worker::on_node("a"), &[], 1, &with(None));
+        let pod = pod(&job);
+        assert_eq!(pod.volumes.as_ref().unwrap()[0].host_path.as_ref().unwrap().path, "/var/lib/ferry/nvme/ml");
+        assert_eq!(pod.init_containers.as_ref().map(Vec::len), Some(1));
     }
 
     #[test]
     fn long_names_stay_valid_and_distinct() {
-        let long = "a".repeat(70);
-        let one = job_name(&long, &Worker::on_node("node-1"), 12);
-        let two = job_name(&long, &Worker::on_node("node-2"), 12);
+        let ds = datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
+        let mut long = ds.clone();
+        long.metadata.name = Some("a".repeat(63));
+        let home = WorkerDefaults::image("s:1").home(&long, &long.spec.plan().unwrap());
+        let one = job_name(&home, &Worker::on_node("node-1"), 12);
+        let two = job_name(&home, &Worker::on_node("node-2"), 12);
         assert!(one.len() <= 63 && two.len() <= 63 && one.ends_with("-r12"), "{one}");
         assert_ne!(one, two);
+    }
+
+    #[test]
+    fn the_root_step_runs_the_operators_image_whatever_spec_image_says_and_only_an_allowed_image_transfers() {
+        let mut ds = pull_to_host_path();
+        ds.spec.image = Some("evil.example/root-shell:1".into());
+        let plan = ds.spec.plan().unwrap();
+        let refused = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("ferry:1")));
+        assert_eq!(
+            refused.containers[0].image.as_deref(),
+            Some("ferry:1"),
+            "an image the admin did not allow never runs"
+        );
+        assert_eq!(refused.init_containers.as_ref().unwrap()[0].image.as_deref(), Some("ferry:1"));
+        let allowing =
+            WorkerDefaults { allowed_images: vec!["evil.example/*".into()], ..WorkerDefaults::image("ferry:1") };
+        let allowed = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &allowing));
+        assert_eq!(
+            allowed.containers[0].image.as_deref(),
+            Some("evil.example/root-shell:1"),
+            "the transfer, unprivileged"
+        );
+        let prepare = &allowed.init_containers.as_ref().unwrap()[0];
+        assert_eq!(prepare.image.as_deref(), Some("ferry:1"), "the step that runs as root is always the operator's");
+        assert!(prepare.command.is_none() && prepare.args.as_ref().is_some_and(|a| a.iter().any(|a| a == "prepare")));
     }
 
     /// The prepare init container's command line, parsed as the stager would.
@@ -1398,14 +1631,15 @@ mod tests {
 
     #[test]
     fn a_web_identity_projects_a_token_with_its_audience_and_tells_the_stager_what_to_exchange_it_for() {
+        let claim = json!({"persistentVolumeClaim": {"claimName": "c"}});
         let ds = datastage(json!({
             "source": {"uri": "s3://datasets/imagenet", "endpoint": "https://minio.storage:9000",
                        "credentials": {"webIdentity": {"roleArn": "arn:minio:iam:::role/datasets",
                                                        "audience": "minio", "expirationSeconds": 900}}},
-            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+            "destination": {"volume": claim},
         }));
         let plan = ds.spec.plan().unwrap();
-        let worker = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let worker = pod(&build_job(&ds, &plan, &Worker::shared(), &[], 1, &WorkerDefaults::image("stager:1")));
         let env = worker.containers[0].env.clone().unwrap();
         assert!(env.iter().all(|e| !e.name.starts_with("AWS_")), "no keys, and the flags say the rest: {env:?}");
         let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "web-identity").unwrap();
@@ -1432,10 +1666,10 @@ mod tests {
         let aws = datastage(json!({
             "source": {"uri": "s3://datasets/imagenet", "region": "eu-west-1",
                        "credentials": {"webIdentity": {"roleArn": "arn:aws:iam::123456789012:role/datasets"}}},
-            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+            "destination": {"volume": claim},
         }));
         let plan = aws.spec.plan().unwrap();
-        let worker = pod(&build_job(&aws, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let worker = pod(&build_job(&aws, &plan, &Worker::shared(), &[], 1, &WorkerDefaults::image("stager:1")));
         let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "web-identity").unwrap();
         let token = volume.projected.unwrap().sources.unwrap()[0].service_account_token.clone().unwrap();
         assert_eq!(
@@ -1444,6 +1678,23 @@ mod tests {
         );
         let StagerCommand::Pull { options, .. } = parsed(&worker).command else { panic!("a pull") };
         assert_eq!(options.web_identity.sts_endpoint, None, "AWS STS in the region");
+
+        // Workers in Ferry's namespace never project a token of their own
+        // account: they read the one the operator requested for the
+        // DataStage's account, from a Secret beside them.
+        let mut node_local = ds.clone();
+        node_local.spec.destination.volume = Some(serde_json::from_value(json!({"nodeCache": "nvme"})).unwrap());
+        let plan = node_local.spec.plan().unwrap();
+        let worker = pod(&build_job(&node_local, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1")));
+        let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "web-identity").unwrap();
+        assert!(volume.projected.is_none());
+        let secret = volume.secret.unwrap();
+        assert_eq!(secret.secret_name, Some(held(&node_local, crate::delivery::WEB_IDENTITY)));
+        let StagerCommand::Pull { options, .. } = parsed(&worker).command else { panic!("a pull") };
+        assert_eq!(
+            options.web_identity.web_identity_token_file,
+            Some(format!("{WEB_IDENTITY_MOUNT}/{WEB_IDENTITY_TOKEN_FILE}").into())
+        );
     }
 
     #[test]
@@ -1459,11 +1710,11 @@ mod tests {
         let ssl_cert_file = env.iter().find(|e| e.name == "SSL_CERT_FILE").unwrap().value.clone().unwrap();
         let volume = worker.volumes.clone().unwrap().into_iter().find(|v| v.name == "ca-bundle").unwrap();
         let config_map = volume.config_map.unwrap();
-        assert_eq!(config_map.name, "storage-ca");
+        assert_eq!(config_map.name, held(&ds, crate::delivery::CA_BUNDLE), "the operator's copy beside the workers");
         let item = &config_map.items.unwrap()[0];
         assert_eq!(
             (item.key.as_str(), format!("{CA_BUNDLE_MOUNT}/{}", item.path)),
-            ("root.pem", ssl_cert_file),
+            (crate::delivery::CA_FILE, ssl_cert_file),
             "SSL_CERT_FILE names the key's file in the mount"
         );
         let mounts = worker.containers[0].volume_mounts.clone().unwrap();
@@ -1474,12 +1725,17 @@ mod tests {
 
         let default_key = datastage(json!({
             "source": {"uri": "s3://datasets/imagenet", "caBundle": {"name": "storage-ca"}},
-            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}},
         }));
         let plan = default_key.spec.plan().unwrap();
-        let worker = pod(&build_job(&default_key, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1")));
+        let worker = pod(&build_job(&default_key, &plan, &Worker::shared(), &[], 1, &WorkerDefaults::image("s:1")));
         let volume = worker.volumes.unwrap().into_iter().find(|v| v.name == "ca-bundle").unwrap();
-        assert_eq!(volume.config_map.unwrap().items.unwrap()[0].key, "ca.crt");
+        let config_map = volume.config_map.unwrap();
+        assert_eq!(
+            (config_map.name.as_str(), config_map.items.unwrap()[0].key.as_str()),
+            ("storage-ca", "ca.crt"),
+            "a claim's workers read it themselves"
+        );
 
         let plain = pull_to_host_path();
         let plan = plain.spec.plan().unwrap();
@@ -1492,10 +1748,10 @@ mod tests {
     fn a_gcs_source_gets_its_key_file_mounted_or_goes_anonymous() {
         let ds = datastage(json!({
             "source": {"uri": "gs://datasets/imagenet", "credentials": {"name": "gcs"}},
-            "destination": {"volume": {"hostPath": "/mnt/ferry/imagenet"}},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}},
         }));
         let plan = ds.spec.plan().unwrap();
-        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let pod = pod(&build_job(&ds, &plan, &Worker::shared(), &[], 1, &WorkerDefaults::image("stager:1")));
         let env = pod.containers[0].env.clone().unwrap();
         let adc = env.iter().find(|e| e.name == "GOOGLE_APPLICATION_CREDENTIALS").unwrap();
         assert_eq!(adc.value.as_deref(), Some("/var/run/secrets/ferry/gcs/key.json"));
@@ -1540,32 +1796,41 @@ mod tests {
             (AZURE_CLIENT_ID_ENV, true),
             (AZURE_CLIENT_SECRET_ENV, true),
         ]
-        .map(|(key, optional)| (key.to_owned(), format!("azure/{key}"), Some(optional)));
-        assert_eq!(from_secret, expected);
-        let peer_tls = crate::peers::tls_volume(&ds).0.name;
+        .map(|(key, optional)| {
+            (key.to_owned(), format!("{}/{key}", held(&ds, crate::delivery::CREDENTIALS)), Some(optional))
+        });
+        assert_eq!(from_secret, expected, "from the operator's copy beside the workers");
+        let peer_tls = crate::peers::tls_volume("peers").0.name;
         let volumes: Vec<_> = pod.volumes.iter().flatten().filter(|v| v.name != peer_tls).collect();
         assert_eq!(volumes.len(), 1, "no key file: only the data volume (besides the peer certificates)");
         let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(source.scheme, Scheme::Azure);
-        assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite:10000/devstoreaccount1"));
+        assert_eq!(options.endpoint_url.as_deref(), Some("http://azurite.ml:10000/devstoreaccount1"));
     }
 
     #[test]
-    fn an_azure_source_without_a_secret_asks_for_the_pods_workload_identity() {
-        let job_for = |source: serde_json::Value| {
-            let ds = datastage(json!({"source": source, "destination": {"volume": {"hostPath": "/mnt/ferry/x"}}}));
-            build_job(&ds, &ds.spec.plan().unwrap(), &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("s:1"))
+    fn an_azure_source_without_a_secret_asks_for_the_pods_workload_identity_in_its_own_namespace_only() {
+        let claim = json!({"persistentVolumeClaim": {"claimName": "c"}});
+        let job_on = |source: serde_json::Value, volume: &serde_json::Value| {
+            let ds = datastage(json!({"source": source, "destination": {"volume": volume}}));
+            let plan = ds.spec.plan().unwrap();
+            let worker = plan_workers(&plan, &["a".to_owned()]).remove(0);
+            build_job(&ds, &plan, &worker, &[], 1, &WorkerDefaults::image("s:1"))
         };
+        let job_for = |source: serde_json::Value| job_on(source, &claim);
         let label = |job: &Job| {
             let template = job.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
-            template.labels.as_ref().unwrap().get(AZURE_WORKLOAD_IDENTITY_LABEL).cloned()
+            template.labels.as_ref().unwrap().get(names::AZURE_WORKLOAD_IDENTITY).cloned()
         };
         let keyless = job_for(json!({"uri": "az://models/llama"}));
         assert_eq!(label(&keyless).as_deref(), Some("true"), "the webhook acts on pods with the label");
         assert!(
-            !keyless.metadata.labels.as_ref().unwrap().contains_key(AZURE_WORKLOAD_IDENTITY_LABEL),
+            !keyless.metadata.labels.as_ref().unwrap().contains_key(names::AZURE_WORKLOAD_IDENTITY),
             "only the pod template carries it"
         );
+        // Workers in the workers' namespace would get Ferry's identity, not the tenant's.
+        let node_local = job_on(json!({"uri": "az://models/llama"}), &json!({"nodeCache": "nvme"}));
+        assert_eq!(label(&node_local), None);
         assert_eq!(label(&job_for(json!({"uri": "az://models/llama", "credentials": {"name": "azure"}}))), None);
         assert_eq!(label(&job_for(json!({"uri": "az://models/llama", "anonymous": true}))), None);
         assert_eq!(label(&job_for(json!({"uri": "s3://models/llama"}))), None);
@@ -1584,7 +1849,7 @@ mod tests {
         assert_eq!(config.value.as_deref(), Some(REGISTRY_CONFIG_MOUNT));
         let volume = pod.volumes.clone().unwrap().into_iter().find(|v| v.name == "registry-config").unwrap();
         let secret = volume.secret.unwrap();
-        assert_eq!(secret.secret_name.as_deref(), Some("pull-secret"));
+        assert_eq!(secret.secret_name, Some(held(&ds, crate::delivery::CREDENTIALS)), "the operator's copy");
         let item = &secret.items.unwrap()[0];
         assert_eq!((item.key.as_str(), item.path.as_str()), (".dockerconfigjson", "config.json"));
         let StagerCommand::Pull { source, .. } = parsed(&pod).command else { panic!("a pull") };

@@ -1,10 +1,17 @@
 //! The Ferry operator: watches `DataStage` resources and carries them out
 //! with `ferry-stager` Jobs.
 //!
-//! * [`config`]: flags, parsed once.
+//! * [`config`]: flags, parsed and checked once.
+//! * [`context`]: what every part shares (client, caches, what is remembered).
 //! * [`cache`]: Nodes, and DataStages' Jobs and Pods, as watches last saw them.
 //! * [`watch_backoff`]: how soon those watches try again after an error.
-//! * [`controller`]: the reconcile pipeline (validate → build → apply → status).
+//! * [`admission`]: what a DataStage may ask for, for the webhook and the controller.
+//! * [`controller`]: the reconcile pipeline (prepare → carry out → status).
+//! * [`home`]: where a DataStage's workers run, and how what is made there is named.
+//! * [`delivery`]: the credentials, CA and tokens that reach workers in Ferry's namespace.
+//! * [`volumes`]: the volume and claim through which pods read node-local data.
+//! * [`sweeper`]: what a deleted DataStage leaves outside its namespace.
+//! * [`worker`]: a DataStage's workers (one per node, or one per claim).
 //! * [`placement`]: which nodes a per-node DataStage stages onto.
 //! * [`node_wakes`]: which Node events wake DataStages (changes, deletions).
 //! * [`runs`]: which run is current (new spec, schedule) and its inputs.
@@ -12,24 +19,28 @@
 //! * [`jobs`]: pure builders of worker Jobs.
 //! * [`peers`]: what the workers of a PeerToPeer DataStage need to feed each other.
 //! * [`certs`]: the CAs and certificates the operator issues (webhook, peers).
-//! * [`budgets`]: StoreBudgets: the share of one each new worker gets.
+//! * [`budgets`] and [`starting`]: StoreBudgets: the share of one each new worker gets.
 //! * [`quotas`]: StagingQuotas: the room they leave each worker, their status.
 //! * [`disks`]: room on nodes' disks, and when a run a full disk refused starts again.
 //! * [`status`]: pure aggregation of worker results into status and conditions.
 //! * [`leader`]: Lease-based leader election, so replicas are safe.
-//! * [`webhook`]: the admission webhook that wires training pods to their data.
+//! * [`webhook`]: the admission webhooks: DataStages judged, training pods wired to their data.
 //! * [`gates`]: lifts those pods' scheduling gates once the data is ready.
 //! * [`metrics`] and [`http`]: what the operator shows of itself.
 
+pub mod admission;
 pub mod budgets;
 pub mod cache;
 pub mod certs;
 pub mod config;
+pub mod context;
 pub mod controller;
+pub mod delivery;
 pub mod disks;
 pub mod events;
 pub mod eviction;
 pub mod gates;
+pub mod home;
 pub mod http;
 pub mod jobs;
 pub mod leader;
@@ -40,10 +51,14 @@ pub mod placement;
 pub mod quotas;
 pub mod runs;
 pub mod schedule;
+pub mod starting;
 pub mod status;
+pub mod sweeper;
 pub mod versions;
+pub mod volumes;
 pub mod watch_backoff;
 pub mod webhook;
+pub mod worker;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +68,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// # Errors
 /// Fails when no client can be configured or the port cannot be bound.
 pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::error::Error>> {
+    config.check()?;
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
@@ -74,7 +90,8 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     elector.acquire().await;
     tracing::info!(identity = elector.identity(), "leading");
     let gate_pods = config.webhook_addr.is_some();
-    let (ctx, cache_writers) = controller::context(client, config, metrics);
+    let scopes = controller::watch_scopes(&config).len();
+    let (ctx, cache_writers) = context::context_with(client, config, metrics, scopes);
     let gates = async {
         if gate_pods {
             gates::run(Arc::clone(&ctx)).await;

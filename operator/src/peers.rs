@@ -1,16 +1,17 @@
 //! Fleet staging (`fanout: PeerToPeer`): what the operator gives the
 //! workers of one DataStage so that they can feed each other. A Secret per
-//! DataStage holds the shared secret and the DataStage's peer CA and
+//! DataStage, in the workers' namespace (no tenant can create or read
+//! Secrets there), holds the shared secret and the DataStage's peer CA and
 //! certificate ([`ferry_contract::peers::tls`]). It is created once and
-//! never changed: a new token or CA would lock out the workers already
-//! running, and the operator may not update Secrets in users' namespaces
-//! (it could change their credentials). So the certificate lives as long
-//! as its CA. A Secret from a release before peer TLS holds only the
-//! token: its workers talk plain HTTP with the secret until it is deleted
-//! and the operator creates a new one. A worker pod needs its own IP, the
-//! secret, the certificate files, the peer port and the `--peer-*` flags.
-//! Pure builders; the controller creates the Secret, [`crate::jobs`] puts
-//! the rest into the worker Job.
+//! never changed while workers run: a new token or CA would lock out the
+//! workers already running. So the certificate lives as long as its CA.
+//! The operator uses only a Secret it made for this very DataStage (its
+//! labels name the DataStage's namespace, name and uid), and only one that
+//! holds current certificates: anything else under that name is replaced
+//! before workers start, so the peers never talk without mutual TLS. A
+//! worker pod needs its own IP, the secret, the certificate files, the
+//! peer port and the `--peer-*` flags. Pure builders; the controller
+//! creates the Secret, [`crate::jobs`] puts the rest into the worker Job.
 //!
 //! Not here: which peer holds what, and checking what a peer serves (the
 //! stager does both, against the store's checksum).
@@ -19,18 +20,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use ferry_contract::peers::{DEFAULT_PEER_PORT, PEER_TOKEN_ENV, PEER_TOKEN_KEY, PeerOptions, tls};
-use ferry_crds::DataStage;
+use ferry_crds::names;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Secret, SecretKeySelector, SecretVolumeSource,
     Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource as _, ResourceExt as _};
+use kube::ResourceExt as _;
 
 use crate::certs::{self, Bundle, CertError, Lifetimes, Purpose};
-use crate::jobs::{DATASTAGE_LABEL, Worker, bounded_name};
+use crate::home::Home;
+use crate::jobs::Worker;
 
 /// Name of the worker container port on which a worker serves its peers.
 pub const PEER_PORT_NAME: &str = "peers";
@@ -48,9 +49,26 @@ const TLS_VOLUME: &str = "peer-tls";
 /// (see above), they outlive any DataStage they are likely to serve.
 const TLS_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86_400);
 
-/// The name of a DataStage's peer Secret: `<datastage>-peers`.
-pub fn secret_name(datastage: &str) -> String {
-    bounded_name(datastage, "-peers")
+/// What the peer Secret holds, for its [`names::HOLDS`] label.
+pub const HOLDS_PEERS: &str = "peers";
+
+/// The name of a DataStage's peer Secret in its workers' home:
+/// `<prefix>-peers`.
+pub fn secret_name(home: &Home) -> String {
+    home.held(HOLDS_PEERS)
+}
+
+/// Whether `secret`, found under the peer Secret's name, is one the
+/// operator made for this DataStage (of this uid) as its peer Secret, with
+/// certificates its workers can use at `now`. Anything else (a Secret
+/// someone else made, one left by a predecessor of the same name, one of
+/// a release before peer TLS, one whose certificates expired) is replaced
+/// before workers start.
+pub fn usable_secret(home: &Home, secret: &Secret, now: SystemTime) -> bool {
+    home.holds(&secret.metadata)
+        && secret.labels().get(names::HOLDS).map(String::as_str) == Some(HOLDS_PEERS)
+        && holds_certificates(secret.data.as_ref(), now)
+        && secret.data.as_ref().is_some_and(|data| data.get(PEER_TOKEN_KEY).is_some_and(|t| t.0.len() >= TOKEN_BYTES))
 }
 
 /// A new peer secret: 32 bytes from the thread's CSPRNG, hex-encoded.
@@ -76,23 +94,12 @@ pub fn holds_certificates(data: Option<&BTreeMap<String, ByteString>>, now: Syst
     certs::validity_of(&bundle.cert).is_ok_and(|validity| !validity.expired(now))
 }
 
-/// The peer Secret of `ds` holding `token` and the peer `certificates`,
-/// owned by the DataStage so that it goes with it.
-pub fn build_secret(ds: &DataStage, token: &str, certificates: &Bundle) -> Secret {
+/// The peer Secret of the DataStage at `home` holding `token` and the
+/// peer `certificates`, owned there (by its anchor) so that it goes with
+/// it.
+pub fn build_secret(home: &Home, token: &str, certificates: &Bundle) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(secret_name(&ds.name_any())),
-            namespace: ds.namespace(),
-            labels: Some(BTreeMap::from([
-                (DATASTAGE_LABEL.to_owned(), ds.name_any()),
-                ("app.kubernetes.io/name".to_owned(), "ferry-stager".to_owned()),
-                ("app.kubernetes.io/managed-by".to_owned(), "ferry-operator".to_owned()),
-            ])),
-            owner_references: Some(vec![
-                ds.controller_owner_ref(&()).expect("a DataStage from the API has a name and uid"),
-            ]),
-            ..ObjectMeta::default()
-        },
+        metadata: home.metadata(secret_name(home), (names::HOLDS, HOLDS_PEERS)),
         type_: Some("Opaque".into()),
         data: Some(secret_data(token, certificates)),
         ..Secret::default()
@@ -106,14 +113,14 @@ fn secret_data(token: &str, certificates: &Bundle) -> BTreeMap<String, ByteStrin
     data
 }
 
-/// The pod volume of the peer Secret's certificate files, and where the
-/// worker mounts it ([`TLS_DIR`]).
-pub fn tls_volume(ds: &DataStage) -> (Volume, VolumeMount) {
+/// The pod volume of the peer Secret `secret`'s certificate files, and
+/// where the worker mounts it ([`TLS_DIR`]).
+pub fn tls_volume(secret: &str) -> (Volume, VolumeMount) {
     let item = |key: &str| KeyToPath { key: key.to_owned(), path: key.to_owned(), mode: None };
     let volume = Volume {
         name: TLS_VOLUME.into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(secret_name(&ds.name_any())),
+            secret_name: Some(secret.to_owned()),
             items: Some(vec![item(tls::CA_FILE), item(tls::CERT_FILE), item(tls::KEY_FILE)]),
             optional: Some(false),
             ..SecretVolumeSource::default()
@@ -190,12 +197,12 @@ fn most_common<'a>(groups: impl Iterator<Item = &'a Vec<String>>) -> Option<Vec<
     counts.into_iter().find(|(_, count)| *count == most).map(|(group, _)| group)
 }
 
-/// The annotation on a PeerToPeer worker Job that records the members that
-/// divide the dataset among themselves as its worker sees them: its group,
-/// or, for one that joined a running fleet, its owners. The controller's
-/// cache keeps no pod template, so it reads them here when a node joins
-/// ([`running_groups`]).
-pub const GROUP_ANNOTATION: &str = "ferry.dev/peer-group";
+/// The annotation on a PeerToPeer worker Job ([`names::PEER_GROUP`]) that
+/// records the members that divide the dataset among themselves as its
+/// worker sees them: its group, or, for one that joined a running fleet,
+/// its owners. The controller's cache keeps no pod template, so it reads
+/// them here when a node joins ([`running_groups`]).
+pub const GROUP_ANNOTATION: &str = names::PEER_GROUP;
 
 /// The [`GROUP_ANNOTATION`] of a Job whose workers divide the dataset
 /// among `dividing` (its `--peer-owners`, or its group when it has none).
@@ -223,9 +230,9 @@ pub fn listen_on_pod_ip(mut args: Vec<String>) -> Vec<String> {
 }
 
 /// The environment a worker needs to take part: its IP (for
-/// `--peer-listen`), and the secret, from the DataStage's peer Secret:
-/// never a flag, which would show in the pod spec and in `ps`.
-pub fn pod_env(ds: &DataStage) -> Vec<EnvVar> {
+/// `--peer-listen`), and the secret, from the DataStage's peer Secret
+/// `secret`: never a flag, which would show in the pod spec and in `ps`.
+pub fn pod_env(secret: &str) -> Vec<EnvVar> {
     vec![
         EnvVar {
             name: POD_IP_ENV.into(),
@@ -239,7 +246,7 @@ pub fn pod_env(ds: &DataStage) -> Vec<EnvVar> {
             name: PEER_TOKEN_ENV.into(),
             value_from: Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
-                    name: secret_name(&ds.name_any()),
+                    name: secret.to_owned(),
                     key: PEER_TOKEN_KEY.into(),
                     optional: Some(false),
                 }),
@@ -265,13 +272,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn datastage(name: &str) -> DataStage {
-        serde_json::from_value(json!({
+    fn home(name: &str) -> Home {
+        let ds: ferry_crds::DataStage = serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",
             "metadata": {"name": name, "namespace": "ml", "uid": "u-1"},
-            "spec": {"source": {"uri": "s3://b/p"}, "destination": {"volume": {"hostPath": "/mnt/x"}}},
+            "spec": {"source": {"uri": "s3://b/p"}, "destination": {"volume": {"nodeCache": "nvme"}}},
         }))
-        .unwrap()
+        .unwrap();
+        let anchor = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "anchor".into(),
+            uid: "anchor-uid".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        Home::of(&ds, &ds.spec.plan().unwrap(), "ferry-workers", Some(anchor))
     }
 
     #[test]
@@ -283,23 +299,38 @@ mod tests {
     }
 
     #[test]
-    fn the_secret_is_the_datastages_own_and_named_after_it() {
-        let ds = datastage("imagenet");
-        let certificates = new_certificates(SystemTime::now()).unwrap();
-        let secret = build_secret(&ds, "abc", &certificates);
-        assert_eq!(secret.metadata.name.as_deref(), Some("imagenet-peers"));
-        assert_eq!(secret.metadata.namespace.as_deref(), Some("ml"));
-        assert_eq!(secret.metadata.labels.as_ref().unwrap()[DATASTAGE_LABEL], "imagenet");
+    fn the_secret_is_the_datastages_own_in_the_workers_namespace() {
+        let home = home("imagenet");
+        let now = SystemTime::now();
+        let certificates = new_certificates(now).unwrap();
+        let secret = build_secret(&home, &new_token(), &certificates);
+        let name = secret.metadata.name.clone().unwrap();
+        assert!(name.starts_with("ml-imagenet-") && name.ends_with("-peers"), "{name}");
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("ferry-workers"));
+        let labels = secret.metadata.labels.clone().unwrap();
+        assert_eq!((labels[names::DATASTAGE].as_str(), labels[names::DATASTAGE_UID].as_str()), ("imagenet", "u-1"));
         let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("DataStage", "u-1", Some(true)));
-        let data = secret.data.unwrap();
-        assert_eq!(data[PEER_TOKEN_KEY].0, b"abc");
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("ConfigMap", "anchor-uid"), "its anchor owns it");
+        assert!(usable_secret(&home, &secret, now));
+        let data = secret.data.clone().unwrap();
         // The certificates read back as they were written.
         assert_eq!(Bundle::from_secret_data(&data).unwrap(), certificates);
         assert!(certificates.ca_key.is_some(), "kept, to renew the certificate under the same CA");
 
-        let long = secret_name(&"d".repeat(70));
-        assert!(long.len() <= 63 && long.ends_with("-peers"), "{long}");
+        // Anything else under its name is replaced: one someone made with a
+        // token they know and no certificates, one of a predecessor of the
+        // same name, one whose certificates expired.
+        let mut planted = secret.clone();
+        planted.metadata.labels = None;
+        assert!(!usable_secret(&home, &planted, now));
+        let mut plain = secret.clone();
+        plain.data = Some(BTreeMap::from([(PEER_TOKEN_KEY.to_owned(), ByteString(b"known".to_vec()))]));
+        assert!(!usable_secret(&home, &plain, now));
+        let mut predecessor = secret.clone();
+        predecessor.metadata.labels.as_mut().unwrap().insert(names::DATASTAGE_UID.into(), "u-0".into());
+        assert!(!usable_secret(&home, &predecessor, now));
+        let expiry = certs::validity_of(&certificates.cert).unwrap().not_after;
+        assert!(!usable_secret(&home, &secret, expiry));
     }
 
     /// The extended key usages of the first certificate in `pem`.
@@ -331,7 +362,7 @@ mod tests {
 
     #[test]
     fn workers_mount_the_ca_certificate_and_key_but_never_the_cas_key() {
-        let (volume, mount) = tls_volume(&datastage("imagenet"));
+        let (volume, mount) = tls_volume("imagenet-peers");
         let secret = volume.secret.unwrap();
         assert_eq!(secret.secret_name.as_deref(), Some("imagenet-peers"));
         let keys: Vec<_> = secret.items.unwrap().into_iter().map(|i| i.key).collect();

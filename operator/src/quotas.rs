@@ -36,9 +36,9 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::controller::Context;
+use crate::context::Context;
 
-use crate::jobs::Worker;
+use crate::worker::Worker;
 use ferry_contract::size::human_bytes;
 
 /// What the other DataStages of a namespace hold.
@@ -278,7 +278,7 @@ pub fn quota_status<'a>(datastages: impl IntoIterator<Item = &'a DataStage> + Cl
 }
 
 /// The field manager of quota statuses.
-pub const FIELD_MANAGER: &str = "ferry.dev/operator-quotas";
+pub const FIELD_MANAGER: &str = ferry_crds::names::QUOTAS_MANAGER;
 
 /// How often quota statuses are brought up to date.
 const PERIOD: Duration = Duration::from_secs(5);

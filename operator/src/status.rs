@@ -23,8 +23,9 @@ use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt as _;
 
-use crate::jobs::{WORKER_LABEL, Worker};
 use crate::runs::Run;
+use crate::worker::Worker;
+use ferry_crds::names::WORKER as WORKER_LABEL;
 
 /// Condition types.
 pub mod types {
@@ -60,8 +61,29 @@ pub mod reasons {
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// The ConfigMap (or its key) that `caBundle` names does not exist.
     pub const CA_BUNDLE_NOT_FOUND: &str = "CABundleNotFound";
-    /// The hostPath is outside the operator's allow-list.
+    /// The hostPath is outside the operator's allow-list, or the
+    /// DataStage's namespace is not one of the admin's.
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
+    /// The NodeCache the DataStage names does not exist.
+    pub const NODE_CACHE_NOT_FOUND: &str = "NodeCacheNotFound";
+    /// The NodeCache's namespaceSelector leaves the namespace out.
+    pub const NODE_CACHE_NOT_ALLOWED: &str = "NodeCacheNotAllowed";
+    /// `spec.image` is not one the admin allows.
+    pub const IMAGE_NOT_ALLOWED: &str = "ImageNotAllowed";
+    /// The web identity's audience is not one the admin allows.
+    pub const AUDIENCE_NOT_ALLOWED: &str = "AudienceNotAllowed";
+    /// The web identity's STS is plain HTTP and the admin does not allow it.
+    pub const INSECURE_STS: &str = "InsecureSTSEndpoint";
+    /// The web identity's service account does not exist.
+    pub const SERVICE_ACCOUNT_NOT_FOUND: &str = "ServiceAccountNotFound";
+    /// The operator may not act in the DataStage's namespace (the chart
+    /// was not told of it).
+    pub const NAMESPACE_NOT_ENABLED: &str = "NamespaceNotEnabled";
+    /// A worker Job cannot create its pods (a missing service account, a
+    /// Pod Security level, a quota): the Job's own message says why.
+    pub const PODS_NOT_CREATED: &str = "WorkerPodsNotCreated";
+    /// A claim named `ferry-NAME` that Ferry did not make is in the way.
+    pub const CLAIM_NAME_TAKEN: &str = "ClaimNameTaken";
     /// The spec asks the store for something it does not support.
     pub const UNSUPPORTED_STORE: &str = "UnsupportedStore";
     /// The transfer settings cannot work for this direction (a push's parts below 5MiB).
@@ -126,6 +148,9 @@ pub struct Observed {
     /// its running pod is bound to, cannot run it now (not Ready, or
     /// deleted); `None` when it can.
     pub node_trouble: Option<String>,
+    /// Why its Job cannot create its pods, in the Job controller's words
+    /// (its `FailedCreate` Event); `None` while it can, or has.
+    pub pods_refused: Option<String>,
 }
 
 /// The phase of one worker Job.
@@ -524,6 +549,17 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
             "worker {worker}: {trouble}; its pod goes on when the node is back, or its Job starts another pod once the node is deleted"
         );
     }
+    if matches!(phase, Phase::Pending | Phase::Running)
+        && let Some((job, refused)) = inputs.observed.iter().find_map(|o| {
+            Some((o.job.as_ref().and_then(|j| j.metadata.name.clone()).unwrap_or_default(), o.pods_refused.as_deref()?))
+        })
+    {
+        // Nothing at all moves: no pod exists to say anything.
+        reason = reasons::PODS_NOT_CREATED;
+        message = format!(
+            "worker Job {job} cannot create its pods: {refused}. Once that is fixed the Job creates them (it keeps trying)"
+        );
+    }
 
     if phase == Phase::Succeeded && inputs.direction == Direction::Pull {
         match snapshots_agree(&workers) {
@@ -696,7 +732,7 @@ mod tests {
     }
 
     fn observed(name: &str, job: Option<Job>, report: Report) -> Observed {
-        Observed { worker: Worker::on_node(name), job, report, node_trouble: None }
+        Observed { worker: Worker::on_node(name), job, report, node_trouble: None, pods_refused: None }
     }
 
     fn time(s: &str) -> Time {

@@ -28,15 +28,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{DataLayout, ShortJob, Worker, WorkerDefaults, bounded_name, data_layout};
+use crate::home::Home;
+use crate::jobs::{DataLayout, ShortJob, WorkerDefaults, data_layout};
 use crate::webhook::wiring::DataRequest;
+use crate::worker::Worker;
 
 /// Label on switch and prune Jobs (value: the place they act on).
-pub const VERSIONS_LABEL: &str = "ferry.dev/versions";
+pub const VERSIONS_LABEL: &str = ferry_crds::names::VERSIONS;
 
 /// Annotation the gate sets on a pod as it lifts its gate: the version of
 /// each versioned DataStage that was current then (JSON, name → digest).
-pub const POD_VERSIONS_ANNOTATION: &str = "ferry.dev/versions";
+pub const POD_VERSIONS_ANNOTATION: &str = ferry_crds::names::POD_VERSIONS;
 
 /// The versions a pod was let through with, by DataStage name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,13 +192,14 @@ pub fn completed(status: &mut DataStageStatus, step: &Step, source: &str, now: &
 }
 
 /// The name of `step`'s Job on `worker`'s place in run `run`.
-pub fn job_name(datastage: &str, worker: &Worker, run: i64, step: &Step) -> String {
-    bounded_name(&format!("{datastage}-{}", worker.name), &format!("-r{run}-{}", step.suffix()))
+pub fn job_name(home: &Home, worker: &Worker, run: i64, step: &Step) -> String {
+    home.name(&worker.name, &format!("-r{run}-{}", step.suffix()))
 }
 
-/// The Job that carries out `step` on `worker`'s place: the stager image,
-/// the same volume and node as the workers, no credentials. Owned by the
-/// DataStage, so its changes wake it.
+/// The Job that carries out `step` on `worker`'s place: the operator's
+/// stager image, the same volume and node as the workers, no credentials,
+/// in the workers' home. Owned there (by the DataStage, or its anchor), so
+/// its changes wake it.
 pub fn build_job(
     ds: &DataStage,
     plan: &Plan<'_>,
@@ -205,11 +208,12 @@ pub fn build_job(
     step: &Step,
     defaults: &WorkerDefaults,
 ) -> Option<Job> {
-    let layout = data_layout(plan, &defaults.shared_host_paths);
+    let layout = data_layout(ds, plan, defaults);
     let cli = step.cli(&layout)?;
+    let home = defaults.home(ds, plan);
     let short = ShortJob {
-        name: job_name(&ds.name_any(), worker, run, step),
-        labels: crate::jobs::labels(ds, (VERSIONS_LABEL, &worker.name), Some(run)),
+        name: job_name(&home, worker, run, step),
+        labels: crate::jobs::labels(&home, (VERSIONS_LABEL, &worker.name), Some(run)),
         owned: true,
     };
     Some(short.build(ds, plan, &layout, worker, &cli, defaults))

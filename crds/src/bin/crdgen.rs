@@ -1,4 +1,4 @@
-//! Writes the DataStage, StoreBudget and StagingQuota CRDs to `crds/generated/` and to the Helm chart's
+//! Writes every CRD (DataStage, StoreBudget, StagingQuota, NodeCache) to `crds/generated/` and to the Helm chart's
 //! `crds/` (run from the repository root): `cargo run -p ferry-crds --bin
 //! crdgen`. A test fails when a committed copy differs from the types.
 

@@ -5,7 +5,11 @@
 //! DataStage) or as an annotation (`a,b`: several), in its own namespace.
 //! It gets, per DataStage, the volume the data is staged onto mounted
 //! read-only in every container, at `ferry.dev/mount-path` (default
-//! `/data`; with several DataStages, `<mount-path>/<name>`), and one
+//! `/data`; with several DataStages, `<mount-path>/<name>`): for
+//! node-local data the claim `ferry-NAME` Ferry binds in the namespace to
+//! its volume on the nodes ([`crate::volumes`]), never a hostPath, so the
+//! pod passes Pod Security's `restricted` level; for a claim, that claim.
+//! And one
 //! scheduling gate, `ferry.dev/data-ready`, which the operator lifts once
 //! every DataStage is ready. The label `ferry.dev/data-gated=true` lets the
 //! operator watch only the pods it gated.
@@ -21,24 +25,25 @@ use ferry_crds::plan::{Direction, Volume};
 use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
 use serde_json::{Value, json};
 
-use crate::jobs::{CLEANUP_LABEL, DATASTAGE_LABEL, WORKER_LABEL};
+use ferry_crds::names;
 
 /// Label or annotation naming the DataStage(s) a pod reads (annotation:
 /// comma-separated). The operator's own workers carry it as a label too,
-/// with [`WORKER_LABEL`]; those are never wired.
-pub const DATASTAGE_KEY: &str = DATASTAGE_LABEL;
+/// with [`names::WORKER`]; those are never wired.
+pub const DATASTAGE_KEY: &str = names::DATASTAGE;
 /// Annotation: where the data appears in the pod's containers.
-pub const MOUNT_PATH_ANNOTATION: &str = "ferry.dev/mount-path";
+pub const MOUNT_PATH_ANNOTATION: &str = names::MOUNT_PATH;
 /// Where the data appears when the pod does not say.
 pub const DEFAULT_MOUNT_PATH: &str = "/data";
 /// The scheduling gate held until the data is ready.
-pub const DATA_READY_GATE: &str = "ferry.dev/data-ready";
+pub const DATA_READY_GATE: &str = names::DATA_READY_GATE;
 /// Label on pods the webhook gated, so the operator watches only those.
-pub const GATED_LABEL: &str = "ferry.dev/data-gated";
+pub const GATED_LABEL: &str = names::GATED;
 /// Annotation naming DataStages that did not exist at admission.
-pub const UNMOUNTED_ANNOTATION: &str = "ferry.dev/unmounted";
+pub const UNMOUNTED_ANNOTATION: &str = names::UNMOUNTED;
 
 /// Why a pod cannot be admitted as it is; the message says what to fix.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -85,9 +90,7 @@ impl DataRequest {
         let labels = pod.metadata.labels.as_ref();
         let annotations = pod.metadata.annotations.as_ref();
         if labels.is_some_and(|l| {
-            l.contains_key(WORKER_LABEL)
-                || l.contains_key(CLEANUP_LABEL)
-                || l.contains_key(crate::versions::VERSIONS_LABEL)
+            l.contains_key(names::WORKER) || l.contains_key(names::CLEANUP) || l.contains_key(names::VERSIONS)
         }) {
             return Ok(None);
         }
@@ -165,12 +168,13 @@ pub fn wire(pod: &Pod, request: &DataRequest, found: &[Option<&DataStage>]) -> R
         // which the kubelet resolves as the container starts.
         let current = ds.spec.versioned().then_some(ferry_contract::versions::CURRENT_LINK);
         let (source, sub_path) = match plan.volume {
-            Volume::HostPath(path) => {
-                let path = match current {
-                    Some(link) => format!("{}/{link}", path.trim_end_matches('/')),
-                    None => path.to_owned(),
-                };
-                (json!({"hostPath": {"path": path}}), None)
+            // Node-local data: the claim Ferry binds in the pod's namespace
+            // to its volume on the nodes that hold a copy, read-only (and
+            // its volume mounts read-only whatever a pod asks). Its path is
+            // the version link for a versioned pull: no subPath.
+            Volume::HostPath(_) | Volume::NodeCache(_) => {
+                let claim = crate::volumes::claim_name(&ds.name_any());
+                (json!({"persistentVolumeClaim": {"claimName": claim, "readOnly": true}}), None)
             }
             Volume::Claim { name: claim, sub_path } => {
                 let sub_path = match (current, sub_path) {
@@ -317,11 +321,22 @@ mod tests {
                      "volumes": [{"name": "x", "emptyDir": {}}]}});
         let p = pod(pod_json.clone());
         let request = DataRequest::of(&p).unwrap().unwrap();
-        let local = stage("local", json!({"hostPath": "/mnt/local"}));
+        let local = stage("local", json!({"nodeCache": "nvme"}));
         let shared = stage("shared", json!({"persistentVolumeClaim": {"claimName": "c", "subPath": "ds"}}));
         let patch = wire(&p, &request, &[Some(&local), Some(&shared)]).unwrap();
         let out = applied(&pod_json, &patch);
-        assert_eq!(out["spec"]["volumes"][1], json!({"name": "ferry-local", "hostPath": {"path": "/mnt/local"}}));
+        // Node-local data through the claim Ferry binds: no hostPath in a
+        // tenant's pod, so Pod Security's restricted level admits it.
+        assert_eq!(
+            out["spec"]["volumes"][1],
+            json!({"name": "ferry-local", "persistentVolumeClaim": {"claimName": "ferry-local", "readOnly": true}})
+        );
+        let admin = stage("admin", json!({"hostPath": "/mnt/local"}));
+        let admins = applied(&pod_json, &wire(&p, &request, &[Some(&admin), Some(&shared)]).unwrap());
+        assert_eq!(
+            admins["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"], "ferry-admin",
+            "an admin's hostPath too"
+        );
         assert_eq!(
             out["spec"]["volumes"][2],
             json!({"name": "ferry-shared", "persistentVolumeClaim": {"claimName": "c", "readOnly": true}})
@@ -351,12 +366,14 @@ mod tests {
             ds.spec.update_strategy = Some(ferry_crds::UpdateStrategy::Versioned);
             ds
         };
-        let local = versioned(stage("local", json!({"hostPath": "/mnt/local/"})));
+        let local = versioned(stage("local", json!({"nodeCache": "nvme"})));
         let shared = versioned(stage("shared", json!({"persistentVolumeClaim": {"claimName": "c", "subPath": "ds"}})));
         let bare = versioned(stage("bare", json!({"persistentVolumeClaim": {"claimName": "c"}})));
         let out = applied(&pod_json, &wire(&p, &request, &[Some(&local), Some(&shared), Some(&bare)]).unwrap());
-        assert_eq!(out["spec"]["volumes"][0]["hostPath"]["path"], "/mnt/local/current");
+        // Ferry's volume is the link itself: no subPath.
+        assert_eq!(out["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"], "ferry-local");
         let mounts = &out["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(mounts[0].get("subPath"), None);
         assert_eq!(
             (mounts[1]["subPath"].as_str(), mounts[2]["subPath"].as_str()),
             (Some("ds/current"), Some("current"))
