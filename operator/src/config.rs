@@ -21,15 +21,6 @@ pub enum ConfigError {
         "--allowed-host-paths has the entry '{0}', which is not an absolute directory: an empty entry (what `--allowed-host-paths=` or the chart's `allowedHostPaths: []` gives) would allow every path on the node. List absolute directories, or name no --host-path-namespaces to allow no hostPath"
     )]
     HostPathPrefix(String),
-    /// A namespace entry is empty.
-    #[error("--host-path-namespaces has an empty entry: name namespaces, or '*' for every namespace")]
-    HostPathNamespace,
-    /// A web-identity audience is empty.
-    #[error("--web-identity-audiences has an empty entry: name the audiences your STS accepts")]
-    Audience,
-    /// An allowed image is empty.
-    #[error("--allowed-images has an empty entry: name image references, or prefixes ending in '*'")]
-    Image,
 }
 
 /// Flags of `ferry-operator`.
@@ -145,9 +136,14 @@ pub struct OperatorConfig {
     #[arg(long, env = "FERRY_WEBHOOK_SERVICE", default_value = "ferry-webhook")]
     pub webhook_service: String,
 
-    /// MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    /// MutatingWebhookConfiguration (pods) whose caBundle the operator keeps current.
     #[arg(long, env = "FERRY_WEBHOOK_CONFIGURATION", default_value = "ferry-pod-data")]
     pub webhook_configuration: String,
+
+    /// ValidatingWebhookConfiguration (DataStages) whose caBundle the
+    /// operator keeps current.
+    #[arg(long, env = "FERRY_WEBHOOK_VALIDATING_CONFIGURATION", default_value = "ferry-datastages")]
+    pub webhook_validating_configuration: String,
 
     /// Lifetime of the serving certificates the operator issues (renewed
     /// with a third left).
@@ -191,6 +187,7 @@ impl OperatorConfig {
             webhook_secret: "ferry-webhook-tls".into(),
             webhook_service: "ferry-webhook".into(),
             webhook_configuration: "ferry-pod-data".into(),
+            webhook_validating_configuration: "ferry-datastages".into(),
             webhook_cert_lifetime: std::time::Duration::from_secs(90 * 86_400),
             webhook_ca_lifetime: std::time::Duration::from_secs(3650 * 86_400),
         }
@@ -215,24 +212,26 @@ impl OperatorConfig {
         }
     }
 
-    /// Refuses what would grant more than the admin meant.
+    /// The configuration as the operator runs with it: lists whose empty
+    /// entries mean nothing (`--allowed-images=` allows no image) lose
+    /// them; what would grant more than the admin meant is refused.
     ///
     /// # Errors
     /// [`ConfigError`] naming the flag and the fix.
-    pub fn check(&self) -> Result<(), ConfigError> {
+    pub fn checked(mut self) -> Result<Self, ConfigError> {
+        for list in [
+            &mut self.host_path_namespaces,
+            &mut self.allowed_images,
+            &mut self.web_identity_audiences,
+            &mut self.shared_host_paths,
+        ] {
+            list.retain(|entry| !entry.trim().is_empty());
+        }
+        // An empty prefix is not "none": every absolute path starts with it.
         if let Some(bad) = self.allowed_host_paths.iter().find(|p| !p.starts_with('/') || p.contains("..")) {
             return Err(ConfigError::HostPathPrefix(bad.clone()));
         }
-        if self.host_path_namespaces.iter().any(|n| n.trim().is_empty()) {
-            return Err(ConfigError::HostPathNamespace);
-        }
-        if self.web_identity_audiences.iter().any(|a| a.trim().is_empty()) {
-            return Err(ConfigError::Audience);
-        }
-        if self.allowed_images.iter().any(|i| i.trim().is_empty()) {
-            return Err(ConfigError::Image);
-        }
-        Ok(())
+        Ok(self)
     }
 
     /// The namespace the workers of node-local DataStages run in.
@@ -280,16 +279,20 @@ mod tests {
         let parse = |args: &[&str]| {
             OperatorConfig::try_parse_from(std::iter::once("ferry-operator").chain(args.iter().copied())).unwrap()
         };
-        assert_eq!(parse(&[]).check(), Ok(()), "the defaults start");
+        assert!(parse(&[]).checked().is_ok(), "the defaults start");
         // What the chart rendered for `allowedHostPaths: []`.
         let empty = parse(&["--allowed-host-paths="]);
         assert_eq!(empty.allowed_host_paths, [""], "clap gives one empty entry");
-        assert_eq!(empty.check(), Err(ConfigError::HostPathPrefix(String::new())));
-        assert!(empty.check().unwrap_err().to_string().contains("would allow every path"));
+        let refused = empty.checked().unwrap_err();
+        assert_eq!(refused, ConfigError::HostPathPrefix(String::new()));
+        assert!(refused.to_string().contains("would allow every path"));
         let relative = parse(&["--allowed-host-paths=/mnt,data"]);
-        assert_eq!(relative.check(), Err(ConfigError::HostPathPrefix("data".into())));
-        assert_eq!(parse(&["--host-path-namespaces=a,,b"]).check(), Err(ConfigError::HostPathNamespace));
-        assert_eq!(parse(&["--web-identity-audiences="]).check(), Err(ConfigError::Audience));
+        assert_eq!(relative.checked().unwrap_err(), ConfigError::HostPathPrefix("data".into()));
+        // Elsewhere an empty list is none: no namespace, no image, no audience.
+        let none =
+            parse(&["--host-path-namespaces=", "--allowed-images=", "--web-identity-audiences="]).checked().unwrap();
+        assert!(none.host_path_namespaces.is_empty() && none.allowed_images.is_empty());
+        assert!(none.web_identity_audiences.is_empty() && !none.host_paths_allowed_in(""));
     }
 
     #[test]

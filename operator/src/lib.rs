@@ -68,7 +68,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// # Errors
 /// Fails when no client can be configured or the port cannot be bound.
 pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::error::Error>> {
-    config.check()?;
+    let config = config.checked()?;
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));

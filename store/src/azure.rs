@@ -362,6 +362,11 @@ impl ObjectStore for AzureStore {
         format!("az://{}", self.container)
     }
 
+    fn identity(&self) -> String {
+        // The endpoint names the account, by host or by path.
+        format!("az://{}", self.container_url)
+    }
+
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
         let (blobs, next) = self.list(prefix, token.as_deref(), false).await?;
         Ok(ListPage { objects: blobs, next })
@@ -654,6 +659,25 @@ fn classify(failed: &Failed, container: &str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_of_one_name_in_two_accounts_is_two_stores_to_share_between() {
+        let store = |endpoint: Option<&str>, account: &str| {
+            let options = AzureOptions {
+                endpoint_url: endpoint.map(str::to_owned),
+                credentials: AzureCredentials::Anonymous { account: Some(account.into()) },
+                connect_timeout: Duration::from_secs(1),
+                request_timeout: Duration::from_secs(1),
+            };
+            AzureStore::connect("models", &options).unwrap()
+        };
+        let (one, two) = (store(None, "teama"), store(None, "teamb"));
+        assert_eq!(one.describe(), two.describe(), "messages name the container");
+        assert_ne!(one.identity(), two.identity(), "sharing tells the accounts apart");
+        assert!(one.identity().contains("teama"), "{}", one.identity());
+        let azurite = store(Some("http://127.0.0.1:10000/devstoreaccount1"), "devstoreaccount1");
+        assert!(azurite.identity().contains("devstoreaccount1/models"), "{}", azurite.identity());
+    }
 
     #[test]
     fn credentials_prefer_a_sas_token_then_a_key_then_an_entra_identity_and_say_what_is_wrong() {

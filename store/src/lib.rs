@@ -247,6 +247,15 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     /// The bucket, as `scheme://bucket`, for messages.
     fn describe(&self) -> String;
 
+    /// What tells this store's objects from another's of the same names,
+    /// for sharing files between pulls on a node: with the endpoint the
+    /// workers reach, the bucket, or for Azure the account and container
+    /// (one container name in two accounts holds different blobs, and the
+    /// default endpoint does not say which account).
+    fn identity(&self) -> String {
+        self.describe()
+    }
+
     /// Lists one page of objects whose keys start with `prefix`.
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError>;
 

@@ -89,3 +89,13 @@ timeoutSeconds: {{ .root.Values.webhook.timeoutSeconds }}
 # the data mounted too.
 reinvocationPolicy: IfNeeded
 {{- end }}
+
+{{/* The namespace the workers of node-local DataStages run in. */}}
+{{- define "ferry.workersNamespace" -}}
+{{- default (printf "%s-workers" .Release.Name | trunc 63 | trimSuffix "-") .Values.workers.namespace -}}
+{{- end -}}
+
+{{/* The operator's ServiceAccount as the API server names its user. */}}
+{{- define "ferry.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "ferry.operatorServiceAccount" .) -}}
+{{- end -}}

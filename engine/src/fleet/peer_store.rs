@@ -161,6 +161,10 @@ impl ObjectStore for PeerStore {
         self.inner.describe()
     }
 
+    fn identity(&self) -> String {
+        self.inner.identity()
+    }
+
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
         self.inner.list_page(prefix, token).await
     }

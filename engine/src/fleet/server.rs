@@ -9,7 +9,10 @@
 //! holds (verified and renamed into place) or has landing (the ranges
 //! written so far, of those read from the store) are served, at the
 //! version asked for.
-//! Served bytes are paced by `--peer-serve-bandwidth`.
+//! Served bytes are paced by `--peer-serve-bandwidth`. At most
+//! [`MAX_CONNECTIONS`] connections are open at once; more are closed as
+//! they come, so a flood of connections costs a task and a descriptor
+//! each only up to the cap, and the peers refused read from the store.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +36,106 @@ use super::tls::TlsListener;
 /// Bytes read from disk per chunk of a response.
 const CHUNK: usize = 256 * 1024;
 
+/// Connections the peer port holds open at once. A fleet's peers keep a
+/// few each (their clients pool them); a fleet of 256 nodes with two each
+/// stays below it.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// A connection that holds one of the port's permits while it is open.
+pub struct Permitted<S> {
+    stream: S,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<S> Permitted<S> {
+    /// `stream`, holding `permit` until it is dropped.
+    pub fn new(stream: S, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self { stream, _permit: permit }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Permitted<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Permitted<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The peer port without TLS, capped as [`TlsListener`] is.
+struct CappedTcp {
+    tcp: tokio::net::TcpListener,
+    open: Arc<tokio::sync::Semaphore>,
+    refused: Arc<Fleet>,
+}
+
+impl axum::serve::Listener for CappedTcp {
+    type Io = Permitted<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, from) = match self.tcp.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::debug!(%error, "peer port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match Arc::clone(&self.open).try_acquire_owned() {
+                Ok(permit) => return (Permitted::new(stream, permit), from),
+                Err(_) => {
+                    tracing::debug!(%from, "peer port: too many connections open; closing this one");
+                    self.refused.refused();
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 /// Starts serving on `addr` until `shutdown` completes (a worker's process
 /// serves until it exits: `std::future::pending()`); returns the address
 /// bound (a port of 0 picks one).
@@ -43,6 +146,19 @@ pub async fn serve(
     fleet: Arc<Fleet>,
     addr: SocketAddr,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<SocketAddr> {
+    serve_capped(fleet, addr, shutdown, MAX_CONNECTIONS).await
+}
+
+/// [`serve`] with at most `cap` connections open at once.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn serve_capped(
+    fleet: Arc<Fleet>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    cap: usize,
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -56,13 +172,14 @@ pub async fn serve(
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&fleet), authorized));
     let tls = fleet.tls.as_ref().map(|tls| Arc::clone(&tls.server));
     let app = app.with_state(fleet.clone());
+    let open = Arc::new(tokio::sync::Semaphore::new(cap));
     match tls {
         Some(config) => {
             let refused = Arc::clone(&fleet);
-            let listener = TlsListener::new(listener, config, move |_| refused.refused())?;
+            let listener = TlsListener::new(listener, config, open, move |_| refused.refused())?;
             spawn_serving(listener, app, shutdown);
         }
-        None => spawn_serving(listener, app, shutdown),
+        None => spawn_serving(CappedTcp { tcp: listener, open, refused: Arc::clone(&fleet) }, app, shutdown),
     }
     Ok(bound)
 }

@@ -275,6 +275,58 @@ async fn a_tls_peer_port_answers_only_clients_with_a_certificate_of_its_ca_and_t
     assert!(super::tls::is_tls_failure(&error), "{error:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_connections_to_the_peer_port_is_capped_and_serving_resumes_once_it_ends() {
+    let ca = ferry_testkit::PeerCa::new();
+    let dir = tempfile::tempdir().unwrap();
+    ca.write_peer_dir(dir.path());
+    let options = PeerOptions { peer_tls: Some(dir.path().to_path_buf()), ..options(&["node-a"]) };
+    let metrics = Arc::new(Metrics::new());
+    let fleet =
+        Fleet::new("node-a", &options, Some(TOKEN.into()), watch::Sender::new(BTreeMap::new()).subscribe(), metrics)
+            .unwrap()
+            .expect("a group");
+    // A small cap, so the test holds few descriptors; the port's is
+    // server::MAX_CONNECTIONS.
+    const CAP: usize = 16;
+    let addr = server::serve_capped(Arc::clone(&fleet), "127.0.0.1:0".parse().unwrap(), std::future::pending(), CAP)
+        .await
+        .unwrap();
+    // Connections that never handshake, as a tenant's flood would open.
+    let mut flood = Vec::new();
+    for _ in 0..CAP {
+        flood.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Past the cap a connection is closed at once: its read ends without a
+    // byte, rather than the port holding a task and a handshake for it.
+    let refused_before = refused_at(&fleet);
+    let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut over, &mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0) | Err(_))), "the connection over the cap was held open: {read:?}");
+    assert!(refused_at(&fleet) > refused_before, "the refusal is counted");
+    // Once the flood's connections close, a member is served again.
+    drop(flood);
+    let member = PeerTls::load(dir.path()).unwrap();
+    let member = reqwest::Client::builder().no_proxy().tls_backend_preconfigured(member.client).build().unwrap();
+    let speaker = wire::Speaker::new("node-b", None).to_string();
+    let mut status = None;
+    for _ in 0..100 {
+        let answer = member
+            .get(format!("https://{addr}{}", wire::STATE_PATH))
+            .bearer_auth(TOKEN)
+            .header(wire::SPEAKER_HEADER, &speaker)
+            .send()
+            .await;
+        if let Ok(answer) = answer {
+            status = Some(answer.status());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, Some(reqwest::StatusCode::OK));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_with_certificates_of_different_cas_bypass_each_other_at_once() {
     let (store, objects) = dataset();

@@ -7,7 +7,8 @@
 //! dialled.
 //!
 //! Handshakes run off the accept loop ([`TlsListener`]), so a client that
-//! stalls mid-handshake delays nobody else.
+//! stalls mid-handshake delays nobody else; how many connections are open
+//! at once, handshaking or served, is capped ([`super::server::Permitted`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -21,8 +22,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::server::TlsStream;
+
+use super::server::Permitted;
 
 /// How long a client has to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -180,9 +183,10 @@ pub fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
 
 /// The peer port's listener under TLS: accepts connections and hands on
 /// those whose handshake succeeded; `refused` is called for each that
-/// failed (no certificate, another CA's, not TLS at all).
+/// failed (no certificate, another CA's, not TLS at all) and for each
+/// closed at once because `open` had no permit left.
 pub struct TlsListener {
-    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    handshaken: mpsc::Receiver<(Permitted<TlsStream<TcpStream>>, SocketAddr)>,
     local: SocketAddr,
 }
 
@@ -195,6 +199,7 @@ impl TlsListener {
     pub fn new(
         tcp: TcpListener,
         config: Arc<ServerConfig>,
+        open: Arc<Semaphore>,
         refused: impl Fn(&std::io::Error) + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
@@ -216,11 +221,20 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // A flood of connections (a handshake task each) is closed at
+                // once past the cap: the peers that belong wait in no queue
+                // behind it, and a peer that is refused reads from the store.
+                let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+                    tracing::debug!(%from, "peer port: too many connections open; closing this one");
+                    refused(&std::io::Error::other("too many connections"));
+                    drop(stream);
+                    continue;
+                };
                 let (acceptor, sender, refused) = (acceptor.clone(), sender.clone(), Arc::clone(&refused));
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
-                            let _ = sender.send((tls, from)).await;
+                            let _ = sender.send((Permitted::new(tls, permit), from)).await;
                         }
                         Ok(Err(error)) => {
                             tracing::debug!(%from, %error, "peer port: TLS handshake refused");
@@ -236,7 +250,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Permitted<TlsStream<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -183,7 +183,7 @@ pub async fn pull(
         fleet.listing(prefix);
     }
     if let Some(wanted) = &engine.config.shared_objects {
-        let scope = format!("{}|{}", engine.store.describe(), wanted.endpoint.as_deref().unwrap_or("default"));
+        let scope = format!("{}|{}", engine.store.identity(), wanted.endpoint.as_deref().unwrap_or("default"));
         let (dir, root) = (wanted.dir.clone(), destination.to_path_buf());
         let opened = tokio::task::spawn_blocking(move || SharedObjects::open(&dir, scope, &root))
             .await

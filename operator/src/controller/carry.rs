@@ -395,6 +395,15 @@ async fn start_workers(
         }
     }
     drop(counted_until_recorded);
+    // The chart grants Job creation only where Ferry is enabled: a claim
+    // DataStage in another namespace says so instead of retrying silently.
+    if let Some(Error::Kube(kube::Error::Api(status))) = &started.failed
+        && status.code == 403
+        && started.created.is_empty()
+    {
+        let refused = crate::delivery::not_permitted("create worker Jobs", &home.prefix, &home.namespace);
+        return Ok(Started::Stopped(write_blocked(ds, ctx, Blocked::waiting(refused.reason, refused.message)).await?));
+    }
     Ok(Started::Done(started))
 }
 

@@ -1,6 +1,8 @@
-//! The pod-wiring admission webhook: training pods that name a DataStage
-//! get its volume mounted and a scheduling gate at admission, so they need
-//! no init container and no Role of their own.
+//! The admission webhooks: training pods that name a DataStage get its
+//! volume mounted and a scheduling gate at admission, so they need no init
+//! container and no Role of their own; DataStages are judged
+//! ([`crate::admission`]) so that what the admin does not allow is refused
+//! at `kubectl apply`.
 //!
 //! * [`wiring`]: what a pod asks for and the patch it gets (pure).
 //! * [`server`]: the HTTPS endpoint the API server calls.
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
@@ -75,7 +77,8 @@ pub async fn start(
     metrics: Arc<Metrics>,
 ) -> std::io::Result<std::net::SocketAddr> {
     let certificate = Arc::new(ServingCertificate::default());
-    let bound = server::serve(addr, Arc::clone(&certificate), client.clone(), Arc::clone(&metrics)).await?;
+    let shared = (Arc::clone(&metrics), Arc::new(config.clone()));
+    let bound = server::serve(addr, Arc::clone(&certificate), client.clone(), shared).await?;
     tokio::spawn(keep_certificates(client, config.clone(), certificate, metrics));
     Ok(bound)
 }
@@ -186,38 +189,62 @@ async fn store(
     }
 }
 
-/// Sets `caBundle` on this operator's webhooks in the configuration (those
-/// calling its Service); a configuration not installed is not an error
-/// (the chart may have the webhook off).
+/// Sets `caBundle` on this operator's webhooks (those calling its Service)
+/// in both configurations, the pods' and the DataStages'; a configuration
+/// not installed is not an error (the chart may have the webhook off).
 async fn publish_ca_bundle(
     client: &kube::Client,
     config: &OperatorConfig,
     ca_bundle: &str,
 ) -> Result<(), WebhookError> {
-    let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let Some(mut configuration) = api.get_opt(&config.webhook_configuration).await? else {
-        tracing::debug!(name = %config.webhook_configuration, "no webhook configuration to publish the CA in");
-        return Ok(());
-    };
     let wanted = ByteString(ca_bundle.as_bytes().to_vec());
-    let mut changed = false;
-    for webhook in configuration.webhooks.iter_mut().flatten() {
-        let ours = webhook
-            .client_config
-            .service
-            .as_ref()
-            .is_some_and(|s| s.name == config.webhook_service && s.namespace == config.leader_election_namespace);
-        if ours && webhook.client_config.ca_bundle.as_ref() != Some(&wanted) {
-            webhook.client_config.ca_bundle = Some(wanted.clone());
-            changed = true;
+    let ours = |service: Option<&k8s_openapi::api::admissionregistration::v1::ServiceReference>| {
+        service.is_some_and(|s| s.name == config.webhook_service && s.namespace == config.leader_election_namespace)
+    };
+    let pods = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    if let Some(mut configuration) = pods.get_opt(&config.webhook_configuration).await? {
+        let mut changed = false;
+        for webhook in configuration.webhooks.iter_mut().flatten() {
+            if ours(webhook.client_config.service.as_ref()) && webhook.client_config.ca_bundle.as_ref() != Some(&wanted)
+            {
+                webhook.client_config.ca_bundle = Some(wanted.clone());
+                changed = true;
+            }
         }
+        if changed {
+            replace(&pods, &config.webhook_configuration, &configuration).await?;
+        }
+    } else {
+        tracing::debug!(name = %config.webhook_configuration, "no pod webhook configuration to publish the CA in");
     }
-    if changed {
-        match api.replace(&config.webhook_configuration, &PostParams::default(), &configuration).await {
-            Ok(_) => tracing::info!(name = %config.webhook_configuration, "published the webhook CA bundle"),
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => return Err(error.into()),
+    let datastages = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    if let Some(mut configuration) = datastages.get_opt(&config.webhook_validating_configuration).await? {
+        let mut changed = false;
+        for webhook in configuration.webhooks.iter_mut().flatten() {
+            if ours(webhook.client_config.service.as_ref()) && webhook.client_config.ca_bundle.as_ref() != Some(&wanted)
+            {
+                webhook.client_config.ca_bundle = Some(wanted.clone());
+                changed = true;
+            }
         }
+        if changed {
+            replace(&datastages, &config.webhook_validating_configuration, &configuration).await?;
+        }
+    } else {
+        tracing::debug!(name = %config.webhook_validating_configuration, "no DataStage webhook configuration to publish the CA in");
+    }
+    Ok(())
+}
+
+/// Replaces a webhook configuration; another replica's write first is fine.
+async fn replace<K>(api: &Api<K>, name: &str, configuration: &K) -> Result<(), WebhookError>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.replace(name, &PostParams::default(), configuration).await {
+        Ok(_) => tracing::info!(%name, "published the webhook CA bundle"),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => return Err(error.into()),
     }
     Ok(())
 }

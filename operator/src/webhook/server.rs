@@ -1,5 +1,8 @@
 //! The webhook's HTTPS endpoint: `POST /mutate-pods` answers the API
-//! server's AdmissionReviews with the patch [`super::wiring`] builds.
+//! server's AdmissionReviews of pods with the patch [`super::wiring`]
+//! builds; `POST /validate-datastages` judges DataStages as the controller
+//! would ([`crate::admission`]), so that what the admin does not allow is
+//! refused at `kubectl apply` with the message that says who may.
 //!
 //! The certificate is swapped in place ([`ServingCertificate`]): a renewal
 //! reaches new connections at once, without a restart or a dropped request.
@@ -21,8 +24,10 @@ use super::wiring::{DataRequest, wire};
 use crate::certs::{Bundle, CertError};
 use crate::metrics::Metrics;
 
-/// The path the webhook configuration names.
+/// The path the pod webhook configuration names.
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+/// The path the DataStage webhook configuration names.
+pub const VALIDATE_DATASTAGES_PATH: &str = "/validate-datastages";
 
 /// The certificate the server presents, replaceable while it serves.
 #[derive(Debug, Default)]
@@ -69,6 +74,7 @@ impl ResolvesServerCert for ServingCertificate {
 struct Handler {
     client: kube::Client,
     metrics: Arc<Metrics>,
+    config: Arc<crate::config::OperatorConfig>,
 }
 
 /// Binds `addr` and serves admissions over TLS with `certificate` until
@@ -80,7 +86,7 @@ pub async fn serve(
     addr: std::net::SocketAddr,
     certificate: Arc<ServingCertificate>,
     client: kube::Client,
-    metrics: Arc<Metrics>,
+    (metrics, config): (Arc<Metrics>, Arc<crate::config::OperatorConfig>),
 ) -> std::io::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -92,7 +98,10 @@ pub async fn serve(
         .with_cert_resolver(certificate);
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let app = axum::Router::new().route(MUTATE_PODS_PATH, post(mutate_pods)).with_state(Handler { client, metrics });
+    let app = axum::Router::new()
+        .route(MUTATE_PODS_PATH, post(mutate_pods))
+        .route(VALIDATE_DATASTAGES_PATH, post(validate_datastages))
+        .with_state(Handler { client, metrics, config });
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = match listener.accept().await {
@@ -164,4 +173,64 @@ async fn admit(client: &kube::Client, request: &AdmissionRequest<Pod>) -> Result
     })?;
     let found: Vec<Option<&DataStage>> = found.iter().map(Option::as_ref).collect();
     wire(pod, &data, &found).map(Some).map_err(|e| e.to_string())
+}
+
+async fn validate_datastages(
+    State(handler): State<Handler>,
+    Json(review): Json<AdmissionReview<DataStage>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DataStage> = match review.try_into() {
+        Ok(request) => request,
+        Err(error) => {
+            handler.metrics.webhook_admission("invalid");
+            return Json(AdmissionResponse::invalid(error.to_string()).into_review());
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    let (outcome, response) = match judge(&handler, &request).await {
+        Ok(()) => ("allowed", response),
+        Err(message) => ("denied", response.deny(message)),
+    };
+    handler.metrics.webhook_admission(outcome);
+    let name = request.object.as_ref().map(kube::ResourceExt::name_any);
+    tracing::info!(namespace = ?request.namespace, datastage = ?name, outcome, "DataStage admission");
+    Json(response.into_review())
+}
+
+/// Whether the DataStage in `request` may be created (or its spec changed
+/// to what it asks), by [`crate::admission::validate`]; why not otherwise.
+async fn judge(handler: &Handler, request: &AdmissionRequest<DataStage>) -> Result<(), String> {
+    let Some(ds) = request.object.as_ref() else { return Ok(()) };
+    // Metadata and status changes (a finalizer going) are never refused:
+    // a DataStage made before a rule must stay deletable.
+    if request.old_object.as_ref().is_some_and(|old| old.spec == ds.spec) {
+        return Ok(());
+    }
+    let Ok(plan) = ds.spec.plan() else { return Ok(()) };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let mut ds = ds.clone();
+    ds.metadata.namespace = Some(namespace.clone());
+    let node_cache = match plan.volume {
+        ferry_crds::plan::Volume::NodeCache(name) => {
+            let caches = kube::Api::<ferry_crds::NodeCache>::all(handler.client.clone());
+            caches
+                .get_opt(name)
+                .await
+                .map_err(|e| format!("cannot read NodeCache {name} to judge this DataStage: {e}"))?
+        }
+        _ => None,
+    };
+    let labels = match &node_cache {
+        Some(cache) if cache.spec.namespace_selector.is_some() => {
+            let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(handler.client.clone());
+            let found = namespaces
+                .get_metadata(&namespace)
+                .await
+                .map_err(|e| format!("cannot read namespace {namespace} to judge this DataStage: {e}"))?;
+            Some(found.metadata.labels.unwrap_or_default())
+        }
+        _ => None,
+    };
+    let facts = crate::admission::Facts { node_cache: node_cache.as_ref(), namespace_labels: labels.as_ref() };
+    crate::admission::validate(&ds, &plan, &handler.config, &facts).map(|_| ()).map_err(|invalid| invalid.message)
 }

@@ -21,6 +21,10 @@ use control_plane::{ControlPlane, ControlPlaneError};
 /// The nodes every cluster has, with the label `ferry.dev/e2e-node=<name>`.
 pub const NODES: [&str; 2] = ["node-a", "node-b"];
 
+/// The namespace the operator started by [`start_operator`] runs the
+/// workers of node-local DataStages in ([`install_crd`] creates it).
+pub const WORKERS_NS: &str = "ferry-workers";
+
 /// A binary of this workspace, built in the same profile as the running
 /// executable (`target/<profile>/<name>`; tests run from `target/<profile>/deps`).
 pub fn workspace_binary(name: &str) -> PathBuf {
@@ -442,12 +446,117 @@ where
     }
 }
 
-/// Applies the generated CRDs (DataStage, StoreBudget) and waits until
-/// the API server serves them (condition Established).
+/// Applies the generated CRDs (DataStage, StoreBudget, StagingQuota,
+/// NodeCache) and waits until the API server serves them (condition
+/// Established); then readies what an operator of [`start_operator`]
+/// needs: the workers' namespace, whose accounts may report the progress
+/// of any DataStage (as the chart's stager ClusterRole allows), and a
+/// NodeCache `e2e` at `/mnt/ferry-cache`.
 ///
 /// # Panics
 /// When the API server refuses a CRD or does not establish it in 30 s.
 pub async fn install_crd(cluster: &Cluster) {
+    install_crds_only(cluster).await;
+    create_namespace(cluster, WORKERS_NS, &[("pod-security.kubernetes.io/enforce", "privileged")]).await;
+    let client = cluster.client().await.expect("client");
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Patch, PatchParams};
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({"metadata": {"name": "ferry-e2e-stager"},
+        "rules": [{"apiGroups": ["ferry.dev"], "resources": ["datastages"], "verbs": ["get"]},
+                  {"apiGroups": ["ferry.dev"], "resources": ["datastages/status"], "verbs": ["patch"]}]}))
+    .expect("a ClusterRole");
+    let binding: ClusterRoleBinding =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "ferry-e2e-stager"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": WORKERS_NS}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ferry-e2e-stager"}}))
+        .expect("a ClusterRoleBinding");
+    let apply = PatchParams::apply("ferry.dev/e2e-tests");
+    kube::Api::<ClusterRole>::all(client.clone())
+        .patch("ferry-e2e-stager", &apply, &Patch::Apply(&role))
+        .await
+        .expect("ClusterRole");
+    kube::Api::<ClusterRoleBinding>::all(client.clone())
+        .patch("ferry-e2e-stager", &apply, &Patch::Apply(&binding))
+        .await
+        .expect("ClusterRoleBinding");
+    let cache: ferry_crds::NodeCache = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "NodeCache", "metadata": {"name": NODE_CACHE},
+        "spec": {"root": NODE_CACHE_ROOT}}))
+    .expect("a NodeCache");
+    kube::Api::<ferry_crds::NodeCache>::all(client)
+        .patch(NODE_CACHE, &apply, &Patch::Apply(&cache))
+        .await
+        .expect("NodeCache");
+}
+
+/// The NodeCache [`install_crd`] makes.
+pub const NODE_CACHE: &str = "e2e";
+/// Its root on every node.
+pub const NODE_CACHE_ROOT: &str = "/mnt/ferry-cache";
+
+/// Where a DataStage `name` of `namespace` lands on `node` in the
+/// [`NODE_CACHE`]: `ROOT/NAMESPACE/NAME`.
+pub fn cache_dir(cluster: &Cluster, node: &str, namespace: &str, name: &str) -> Option<PathBuf> {
+    Some(cluster.node_dir(node)?.join(NODE_CACHE_ROOT.trim_start_matches('/')).join(namespace).join(name))
+}
+
+/// The Jobs made for DataStage `name` of `namespace` with `role_label`,
+/// wherever its workers run (the workers' namespace for node-local
+/// volumes, its own for a claim), found by their labels.
+///
+/// # Panics
+/// When the API server cannot be asked.
+pub async fn datastage_jobs(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    role_label: &str,
+) -> Vec<k8s_openapi::api::batch::v1::Job> {
+    datastage_objects(client, namespace, name, role_label).await
+}
+
+/// The pods made for DataStage `name` of `namespace` with `role_label`,
+/// as [`datastage_jobs`].
+///
+/// # Panics
+/// When the API server cannot be asked.
+pub async fn datastage_pods(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    role_label: &str,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    datastage_objects(client, namespace, name, role_label).await
+}
+
+async fn datastage_objects<K>(client: &kube::Client, namespace: &str, name: &str, role_label: &str) -> Vec<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    use ferry_crds::names;
+    use kube::api::ListParams;
+    let labelled = |extra: &str| format!("{}={name},{role_label}{extra}", names::DATASTAGE);
+    let elsewhere = kube::Api::<K>::namespaced(client.clone(), WORKERS_NS)
+        .list(&ListParams::default().labels(&labelled(&format!(",{}={namespace}", names::DATASTAGE_NAMESPACE))))
+        .await
+        .expect("list in the workers' namespace")
+        .items;
+    let own = kube::Api::<K>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&labelled(&format!(",!{}", names::DATASTAGE_NAMESPACE))))
+        .await
+        .expect("list in the DataStage's namespace")
+        .items;
+    elsewhere.into_iter().chain(own).collect()
+}
+
+/// Applies the generated CRDs only, and waits until they are served.
+///
+/// # Panics
+/// As [`install_crd`].
+pub async fn install_crds_only(cluster: &Cluster) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Patch, PatchParams};
     let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(cluster.client().await.expect("client"));
@@ -467,9 +576,11 @@ pub async fn install_crd(cluster: &Cluster) {
     }
 }
 
-/// Workers run as the namespace's default ServiceAccount; lets it do what
-/// the chart's stager Role allows: write its progress (and read back its
-/// StoreBudget share) and, in a fleet, read its peers' addresses.
+/// Workers of a claim run as their namespace's default ServiceAccount
+/// (those of node-local volumes run in [`WORKERS_NS`], see
+/// [`install_crd`]); lets it do what the chart's stager Role allows: write
+/// its progress (and read back its StoreBudget share) and, in a fleet,
+/// read its peers' addresses.
 ///
 /// # Panics
 /// When the Role or RoleBinding cannot be created.
@@ -580,7 +691,13 @@ pub fn start_operator_with(
         .env("FERRY_LEASE_DURATION", "4s")
         .env("FERRY_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("FERRY_STAGER_IMAGE", image("ferry-stager"))
+        .env("FERRY_WORKERS_NAMESPACE", WORKERS_NS)
+        // The tests of the operator's logic stage onto hostPaths from
+        // namespaces of their own; the tenant boundary has tests of its own.
+        .env("FERRY_HOST_PATH_NAMESPACES", "*")
         .env("FERRY_ALLOWED_HOST_PATHS", "/mnt/ferry")
+        // The stores the tests start speak plain HTTP.
+        .env("FERRY_ALLOW_HTTP_STS", "true")
         // Every pull below it shares its objects, as the chart's default
         // directory does: the tests stage the same dataset many times.
         .env("FERRY_SHARED_HOST_PATHS", "/mnt/ferry")
@@ -594,4 +711,24 @@ pub fn start_operator_with(
     let operator = process::ManagedProcess::spawn(name, command, &log_dir.join(format!("{name}.log")))
         .expect("start ferry-operator");
     (operator, format!("http://127.0.0.1:{port}"))
+}
+
+/// The Job of DataStage `name`'s worker `worker` in run `run`, wherever
+/// its workers run ([`datastage_jobs`]).
+///
+/// # Panics
+/// When the API server cannot be asked.
+pub async fn worker_job(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    worker: &str,
+    run: i64,
+) -> Option<k8s_openapi::api::batch::v1::Job> {
+    use ferry_crds::names;
+    use kube::ResourceExt as _;
+    let run = run.to_string();
+    datastage_jobs(client, namespace, name, names::WORKER).await.into_iter().find(|job| {
+        job.labels().get(names::WORKER) == Some(&worker.to_owned()) && job.labels().get(names::RUN) == Some(&run)
+    })
 }

@@ -125,7 +125,7 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         &raw,
         "claim-eviction",
         claim.clone(),
-        "spec.capacity.eviction removes a node's copy of a pull onto a hostPath",
+        "spec.capacity.eviction removes a node's copy of a pull onto a nodeCache or hostPath",
     )
     .await;
     claim["capacity"] = json!({"eviction": "Never"});

@@ -142,8 +142,11 @@ impl Setup {
             failed: finished.iter().filter(|p| **p == Phase::Failed).count(),
             ..Round::default()
         };
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
-        let workers = pods.list(&ListParams::default().labels("ferry.dev/worker")).await.unwrap().items;
+        // Node-local workers run in the workers' namespace, labelled with
+        // their DataStage's namespace.
+        let of_namespace = format!("ferry.dev/worker,{}={NAMESPACE}", ferry_crds::names::DATASTAGE_NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ferry_e2e::WORKERS_NS);
+        let workers = pods.list(&ListParams::default().labels(&of_namespace)).await.unwrap().items;
         for pod in workers.iter().filter(|p| p.labels()["ferry.dev/datastage"].starts_with(&format!("{name}-"))) {
             let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
             for terminated in statuses.iter().filter_map(|c| c.state.as_ref()?.terminated.as_ref()) {
@@ -184,9 +187,10 @@ impl Setup {
     /// The requests per second each of the round's DataStages' workers
     /// started with: the `--store-share` of its worker Jobs.
     async fn starting_shares(&self, name: &str) -> BTreeMap<String, u32> {
-        let jobs: Api<Job> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), ferry_e2e::WORKERS_NS);
+        let of_namespace = format!("ferry.dev/worker,{}={NAMESPACE}", ferry_crds::names::DATASTAGE_NAMESPACE);
         let mut started = BTreeMap::new();
-        for job in jobs.list(&ListParams::default().labels("ferry.dev/worker")).await.unwrap().items {
+        for job in jobs.list(&ListParams::default().labels(&of_namespace)).await.unwrap().items {
             let datastage = job.labels()["ferry.dev/datastage"].clone();
             if !datastage.starts_with(&format!("{name}-")) {
                 continue;

@@ -267,7 +267,7 @@ fn the_webhook_never_sees_ferrys_own_worker_and_clean_up_pods() {
     assert_eq!(webhooks.len(), 2, "both the label and the annotation webhook");
     for webhook in webhooks {
         let expressions = &webhook["objectSelector"]["matchExpressions"];
-        for label in [ferry_operator::jobs::WORKER_LABEL, ferry_operator::jobs::CLEANUP_LABEL] {
+        for label in [ferry_crds::names::WORKER, ferry_crds::names::CLEANUP] {
             assert!(
                 expressions.as_array().unwrap().contains(&json!({"key": label, "operator": "DoesNotExist"})),
                 "{} sends pods labelled {label}: {expressions}",

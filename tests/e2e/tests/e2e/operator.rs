@@ -7,8 +7,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use ferry_crds::names;
 use ferry_crds::{DataStage, Phase};
-use ferry_e2e::{Cluster, create_namespace, install_crd, let_workers_report, object_store, start_operator, wait_for};
+use ferry_e2e::{
+    Cluster, create_namespace, datastage_jobs, datastage_pods, install_crd, let_workers_report, object_store,
+    start_operator, wait_for, worker_job,
+};
 use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use k8s_openapi::api::core::v1::Secret;
@@ -217,7 +221,6 @@ async fn a_pull_stages_the_dataset_onto_every_node_and_reports_ready() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
-    use k8s_openapi::api::batch::v1::Job;
     let setup = setup("problems").await;
     setup.create_secret().await;
     let wrong = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wrong"},
@@ -255,7 +258,6 @@ async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
         setup.apply_spec(name, spec).await;
     }
     let client = setup.cluster.client().await.unwrap();
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "problems");
     for (name, _, reason, words) in cases {
         let status = setup.wait_status(name, "Failed", |s| s.phase == Some(Phase::Failed)).await;
         let failed = condition(&status, "Failed").unwrap();
@@ -264,7 +266,12 @@ async fn store_problems_fail_with_a_specific_reason_an_event_and_no_retries() {
         let events = event_reasons(&client, "problems", name).await;
         assert!(events.contains(&("Warning".to_owned(), reason.to_owned())), "{name}: {events:?}");
         // Retrying cannot fix credentials or a bucket: one pod, not backoffLimit + 1.
-        let job = jobs.get(&format!("{name}-node-a-r1")).await.unwrap();
+        let job = worker_job(&client, "problems", name, "node-a", 1).await.unwrap();
+        assert_eq!(
+            job.metadata.namespace.as_deref(),
+            Some(ferry_e2e::WORKERS_NS),
+            "node-local workers run in Ferry's namespace"
+        );
         assert_eq!(job.status.and_then(|s| s.failed), Some(1), "{name}: the Job failed after one pod");
     }
     setup.cluster.stop().await;
@@ -316,15 +323,18 @@ async fn deleting_a_datastage_collects_its_jobs_and_reclaim_delete_removes_the_s
     }
 
     let client = setup.cluster.client().await.unwrap();
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "reclaim");
     for name in ["kept", "wiped"] {
         setup.datastages.delete(name, &Default::default()).await.unwrap();
     }
+    // Jobs in the workers' namespace have no owner there but their
+    // DataStage's anchor, which the operator removes once it is gone.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ferry_e2e::WORKERS_NS);
     wait_for(&setup.cluster, "both DataStages and all their Jobs to be gone", Duration::from_secs(120), || {
         let (datastages, jobs) = (setup.datastages.clone(), jobs.clone());
         async move {
             let left = datastages.list(&Default::default()).await.ok()?.items.len();
-            let jobs = jobs.list(&Default::default()).await.ok()?.items.len();
+            let selector = format!("{}=reclaim", names::DATASTAGE_NAMESPACE);
+            let jobs = jobs.list(&kube::api::ListParams::default().labels(&selector)).await.ok()?.items.len();
             (left == 0 && jobs == 0).then_some(())
         }
     })
@@ -369,11 +379,10 @@ async fn an_operator_killed_mid_transfer_is_replaced_without_duplicate_jobs() {
         .await;
     setup.wait_status("slow", "Running", |s| s.phase == Some(Phase::Running)).await;
     let client = setup.cluster.client().await.unwrap();
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "restart");
     let uids = |jobs: Vec<Job>| -> BTreeMap<String, String> {
         jobs.into_iter().map(|j| (j.metadata.name.unwrap(), j.metadata.uid.unwrap())).collect()
     };
-    let before = uids(jobs.list(&Default::default()).await.unwrap().items);
+    let before = uids(datastage_jobs(&client, "restart", "slow", names::WORKER).await);
     assert_eq!(before.len(), 2);
 
     setup.operator.signal_group(rustix::process::Signal::KILL);
@@ -383,8 +392,12 @@ async fn an_operator_killed_mid_transfer_is_replaced_without_duplicate_jobs() {
     let status =
         setup.wait_status("slow", "Succeeded under the new operator", |s| s.phase == Some(Phase::Succeeded)).await;
 
-    assert_eq!(uids(jobs.list(&Default::default()).await.unwrap().items), before, "the same Jobs, no new ones");
-    let pods = Api::<Pod>::namespaced(client, "restart").list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        uids(datastage_jobs(&client, "restart", "slow", names::WORKER).await),
+        before,
+        "the same Jobs, no new ones"
+    );
+    let pods: Vec<Pod> = datastage_pods(&client, "restart", "slow", names::WORKER).await;
     assert_eq!(pods.len(), 2, "each worker ran once");
     assert_eq!(status.totals.unwrap().bytes_done as usize, 2 * setup.files.values().map(Vec::len).sum::<usize>());
     if let Some(a) = setup.cluster.node_dir("node-a") {
@@ -901,7 +914,7 @@ async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_
     setup.apply("first", "/mnt/ferry/first").await;
     setup.wait_status("first", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
     staged_on_every_node("first");
-    let job = Api::<Job>::namespaced(client.clone(), "quota").get("first-node-a-r1").await.unwrap();
+    let job = worker_job(&client, "quota", "first", "node-a", 1).await.unwrap();
     let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap_or_default();
     assert!(args.iter().any(|arg| arg == "--dataset-quota=20MiB"), "{args:?}");
     // The quota's status shows what the namespace holds (`kubectl get squota`).
@@ -950,11 +963,8 @@ async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_
     let message = quota_hold(&held).unwrap();
     assert!(message.contains("hold 26.9 MiB on node node-"), "{message}");
     assert!(message.contains("which leaves 0 B"), "{message}");
-    let third_jobs = Api::<Job>::namespaced(client.clone(), "quota")
-        .list(&kube::api::ListParams::default().labels("ferry.dev/datastage=third"))
-        .await
-        .unwrap();
-    assert!(third_jobs.items.is_empty(), "no worker starts: {:?}", third_jobs.items.len());
+    let third_jobs = datastage_jobs(&client, "quota", "third", names::WORKER).await;
+    assert!(third_jobs.is_empty(), "no worker starts: {:?}", third_jobs.len());
     let events = event_reasons(&client, "quota", "third").await;
     assert!(events.iter().any(|(kind, reason)| kind == "Warning" && reason == "QuotaExceeded"), "{events:?}");
     wait_for(&setup.cluster, "the quota's status to count the waiting DataStage", Duration::from_secs(30), || {
@@ -1168,8 +1178,8 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
 
     setup.apply("first", "/mnt/ferry/first").await;
     setup.wait_status("first", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
-    let jobs = Api::<Job>::namespaced(client, "leader").list(&Default::default()).await.unwrap();
-    assert_eq!(jobs.items.len(), 2, "one Job per node, not one per replica");
+    let jobs = datastage_jobs(&client, "leader", "first", names::WORKER).await;
+    assert_eq!(jobs.len(), 2, "one Job per node, not one per replica");
 
     // Kill the leader; the standby takes the expired Lease.
     if first_leader.starts_with("operator-1-") {
@@ -1232,13 +1242,8 @@ async fn label_node(client: &kube::Client, name: &str, labels: serde_json::Value
 
 /// Names of the DataStage's worker Jobs that exist now.
 async fn worker_jobs(client: &kube::Client, namespace: &str, name: &str) -> Vec<String> {
-    use k8s_openapi::api::batch::v1::Job;
-    let selector = format!("ferry.dev/datastage={name},ferry.dev/worker");
-    let jobs = Api::<Job>::namespaced(client.clone(), namespace)
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await
-        .unwrap();
-    jobs.items.into_iter().filter(|j| j.metadata.deletion_timestamp.is_none()).filter_map(|j| j.metadata.name).collect()
+    let jobs = datastage_jobs(client, namespace, name, names::WORKER).await;
+    jobs.into_iter().filter(|j| j.metadata.deletion_timestamp.is_none()).filter_map(|j| j.metadata.name).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1494,7 +1499,12 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
     let serving =
         setup.wait_status("fleet", "serving peers", |s| s.workers.iter().any(|w| w.peer_address.is_some())).await;
     let address = serving.workers.iter().find_map(|w| w.peer_address.clone()).unwrap();
-    let peer_secret = setup.secrets.get("fleet-peers").await.unwrap().data.unwrap();
+    let kube_client = setup.cluster.client().await.unwrap();
+    let peer_secrets: Api<Secret> = Api::namespaced(kube_client, ferry_e2e::WORKERS_NS);
+    let selector = format!("{}=fleet,{}=peers", names::DATASTAGE, names::HOLDS);
+    let listed = peer_secrets.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap().items;
+    assert_eq!(listed.len(), 1, "one peer Secret, in the workers' namespace, where no tenant reads it");
+    let peer_secret = listed[0].data.clone().unwrap();
     let text = |key: &str| String::from_utf8(peer_secret[key].0.clone()).unwrap();
     use ferry_contract::peers::{PEER_TOKEN_KEY, tls, wire};
     let state = |scheme: &str, client: &reqwest::Client| {
@@ -1632,12 +1642,8 @@ async fn a_node_labelled_into_a_running_datastage_is_fed_by_its_peer_and_the_sto
         .await;
     assert_eq!(status.run, copying.run, "node-b joined the run node-a was in: {status:?}");
     // node-b's Job names node-a as the one that reads from the store.
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "fleetjoin");
-    let args: Vec<Vec<String>> = jobs
-        .list(&Default::default())
+    let args: Vec<Vec<String>> = datastage_jobs(&client, "fleetjoin", "join", names::WORKER)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter_map(|job| job.spec?.template.spec?.containers.into_iter().next()?.args)
         .collect();

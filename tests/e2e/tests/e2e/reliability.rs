@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_contract::Reason;
+use ferry_crds::names::DATASTAGE as DATASTAGE_LABEL;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
 use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
-use ferry_operator::jobs::DATASTAGE_LABEL;
+use ferry_operator::home::DataStageKey;
 use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -111,13 +112,12 @@ impl Bench {
     /// Waits until a worker pod of DataStage `name` runs in `namespace`,
     /// and returns that pod's name.
     async fn wait_worker_running(&self, namespace: &str, name: &str) -> String {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let selector = format!("{DATASTAGE_LABEL}={name}");
         wait_for(&self.cluster, &format!("a worker of {namespace}/{name} running"), Duration::from_secs(120), || {
-            let (pods, selector) = (pods.clone(), selector.clone());
+            let client = self.client.clone();
             async move {
-                let listed = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
-                listed.items.iter().find(|p| is_running(p)).map(|p| p.name_any())
+                let pods: Vec<Pod> =
+                    ferry_e2e::datastage_pods(&client, namespace, name, ferry_crds::names::WORKER).await;
+                pods.iter().find(|p| is_running(p)).map(|p| p.name_any())
             }
         })
         .await
@@ -181,14 +181,13 @@ impl Bench {
 
     /// The Jobs and pods of a DataStage in a line each, for failure reports.
     async fn children(&self, namespace: &str, name: &str) -> String {
-        let selector = ListParams::default().labels(&format!("{DATASTAGE_LABEL}={name}"));
-        let jobs = Api::<Job>::namespaced(self.client.clone(), namespace).list(&selector).await;
-        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace).list(&selector).await;
+        let jobs: Vec<Job> = ferry_e2e::datastage_jobs(&self.client, namespace, name, DATASTAGE_LABEL).await;
+        let pods: Vec<Pod> = ferry_e2e::datastage_pods(&self.client, namespace, name, DATASTAGE_LABEL).await;
         let mut lines = Vec::new();
-        for job in jobs.map(|l| l.items).unwrap_or_default() {
+        for job in jobs {
             lines.push(format!("  job {}: {}", job.name_any(), json!(job.status)));
         }
-        for pod in pods.map(|l| l.items).unwrap_or_default() {
+        for pod in pods {
             let status = pod.status.as_ref();
             lines.push(format!(
                 "  pod {}: phase {:?}, deleting {}, finalizers {:?}, containers {}",
@@ -218,8 +217,10 @@ impl Bench {
         let jobs = Api::<Job>::all(self.client.clone()).list(&ListParams::default().labels(DATASTAGE_LABEL)).await;
         let mut jobs_per_stage: HashMap<(String, String), usize> = HashMap::new();
         for job in jobs.unwrap().items {
-            let stage = job.labels().get(DATASTAGE_LABEL).cloned().unwrap_or_default();
-            *jobs_per_stage.entry((job.namespace().unwrap_or_default(), stage)).or_default() += 1;
+            let Some(stage) = DataStageKey::from_labels(job.metadata.namespace.as_deref(), job.labels()) else {
+                continue;
+            };
+            *jobs_per_stage.entry((stage.namespace, stage.name)).or_default() += 1;
         }
         for ds in finished {
             let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
@@ -330,9 +331,9 @@ fn watch_job_creation(client: kube::Client) -> Arc<Mutex<HashMap<(String, String
             .default_backoff()
             .applied_objects();
         jobs.try_for_each(|job| {
-            let key =
-                (job.namespace().unwrap_or_default(), job.labels().get(DATASTAGE_LABEL).cloned().unwrap_or_default());
-            record.lock().unwrap().entry(key).or_insert_with(Instant::now);
+            if let Some(stage) = DataStageKey::from_labels(job.metadata.namespace.as_deref(), job.labels()) {
+                record.lock().unwrap().entry((stage.namespace, stage.name)).or_insert_with(Instant::now);
+            }
             async { Ok(()) }
         })
         .await
@@ -530,11 +531,12 @@ async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_
         api.create(&PostParams::default(), ds).await.unwrap();
     }
     // Both copy onto node-b (and the spread one onto node-a too) when it dies.
-    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "gone");
+    let of_gone = ListParams::default().labels(&format!("{}=gone", ferry_crds::names::DATASTAGE_NAMESPACE));
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), ferry_e2e::WORKERS_NS);
     wait_for(&bench.cluster, "three workers running", Duration::from_secs(120), || {
-        let pods = pods.clone();
+        let (pods, of_gone) = (pods.clone(), of_gone.clone());
         async move {
-            let listed = pods.list(&ListParams::default().labels(DATASTAGE_LABEL)).await.ok()?;
+            let listed = pods.list(&of_gone).await.ok()?;
             (listed.items.iter().filter(|p| is_running(p)).count() == 3).then_some(())
         }
     })
@@ -568,11 +570,11 @@ async fn a_node_deleted_for_good_stops_matching_and_a_node_registering_again_is_
     assert!(spread_on_a == bench.files, "node-a holds the dataset byte for byte");
     let spread_finished = deleted.elapsed();
     // Nothing is left running or waiting for a node that does not exist.
-    let jobs: Api<Job> = Api::namespaced(bench.client.clone(), "gone");
+    let jobs: Api<Job> = Api::namespaced(bench.client.clone(), ferry_e2e::WORKERS_NS);
     let left_for_b = wait_for(&bench.cluster, "no Job left for node-b", Duration::from_secs(60), || {
-        let jobs = jobs.clone();
+        let (jobs, of_gone) = (jobs.clone(), of_gone.clone());
         async move {
-            let listed = jobs.list(&ListParams::default().labels(DATASTAGE_LABEL)).await.ok()?;
+            let listed = jobs.list(&of_gone).await.ok()?;
             let for_b: Vec<String> =
                 listed.items.iter().map(|j| j.name_any()).filter(|n| n.contains("node-b")).collect();
             for_b.is_empty().then_some(for_b)
@@ -710,7 +712,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     // 4. A running worker's pod deleted: its Job starts another.
     stages.extend(create(&bench, wave(&bench, 7)).await);
     let victim = bench.wait_worker_running("faults-a", "wave7-0").await;
-    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), "faults-a");
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), ferry_e2e::WORKERS_NS);
     pods.delete(&victim, &DeleteParams::default()).await.unwrap();
     log.push(format!("worker pod {victim} deleted"));
 

@@ -135,6 +135,10 @@ async fn may(client: &kube::Client, q: &Question) -> bool {
 
 const OPERATOR: &str = "ferry-system:ferry";
 const STAGER: &str = "ml:ferry-stager";
+/// The account every node-local worker runs as, in the workers' namespace.
+const WORKERS_STAGER: &str = "ferry-workers:ferry-stager";
+/// The chart's workers' namespace (release `ferry`).
+const WORKERS_NS: &str = "ferry-workers";
 const WORKER_DEFAULT: &str = "ml:default";
 const TRAINER: &str = "ml:trainer";
 
@@ -203,36 +207,93 @@ fn matrix() -> Vec<Question> {
             "the chart grants nothing to `default`",
         ),
         q(WORKER_DEFAULT, "patch", "datastages.ferry.dev/status", DATA_NS, "demo", false, "likewise"),
+        // The workers of node-local volumes report to DataStages of every
+        // namespace, from the one namespace no tenant can run a pod in.
+        q(
+            WORKERS_STAGER,
+            "patch",
+            "datastages.ferry.dev/status",
+            DATA_NS,
+            "demo",
+            true,
+            "a node-local worker's progress",
+        ),
+        q(
+            WORKERS_STAGER,
+            "patch",
+            "datastages.ferry.dev/status",
+            OTHER_NS,
+            "demo",
+            true,
+            "whatever namespace it serves",
+        ),
+        q(WORKERS_STAGER, "get", "secrets", WORKERS_NS, "", false, "its credentials come from the kubelet"),
+        q(TRAINER, "create", "pods", WORKERS_NS, "", false, "no tenant runs a pod beside Ferry's workers"),
+        q(TRAINER, "get", "secrets", WORKERS_NS, "", false, "nor reads what the operator copied there"),
+        q(STAGER, "create", "pods", WORKERS_NS, "", false, "not even Ferry's account of a tenant namespace"),
         // The operator: exactly what its code uses.
         q(OPERATOR, "watch", "datastages.ferry.dev", "", "", true, "the controller watches every namespace"),
         q(OPERATOR, "patch", "datastages.ferry.dev/status", DATA_NS, "", true, "it writes the status"),
-        q(OPERATOR, "create", "jobs.batch", DATA_NS, "", true, "worker Jobs"),
-        q(OPERATOR, "get", "secrets", DATA_NS, "s3", true, "whether a credentials Secret exists"),
-        q(OPERATOR, "create", "secrets", DATA_NS, "", true, "a fleet's peer Secret"),
+        q(OPERATOR, "create", "jobs.batch", WORKERS_NS, "", true, "node-local workers"),
+        q(OPERATOR, "create", "jobs.batch", DATA_NS, "", true, "a claim's workers"),
+        q(OPERATOR, "create", "jobs.batch", OTHER_NS, "", false, "Jobs only where Ferry is enabled"),
+        q(OPERATOR, "create", "jobs.batch", "kube-system", "", false, "no Jobs cluster-wide any more"),
+        q(OPERATOR, "get", "secrets", DATA_NS, "s3", true, "the credentials Secret, copied for its workers"),
+        q(OPERATOR, "create", "secrets", WORKERS_NS, "", true, "copies, tokens and peer Secrets beside the workers"),
+        q(OPERATOR, "create", "secrets", DATA_NS, "", false, "nothing written into a tenant's Secrets"),
         q(OPERATOR, "list", "secrets", DATA_NS, "", false, "it looks Secrets up by name"),
         q(OPERATOR, "update", "secrets", DATA_NS, "s3", false, "it never changes a user's Secret"),
         q(OPERATOR, "get", "secrets", OTHER_NS, "s3", false, "Secrets only where DataStages are declared"),
         q(OPERATOR, "get", "secrets", "kube-system", "", false, "Secrets only where DataStages are declared"),
         q(OPERATOR, "watch", "secrets", "", "", false, "no Secret cluster-wide"),
+        q(
+            OPERATOR,
+            "create",
+            "serviceaccounts/token",
+            DATA_NS,
+            "default",
+            true,
+            "a web identity's token, for an allowed audience",
+        ),
+        q(
+            OPERATOR,
+            "create",
+            "serviceaccounts/token",
+            OTHER_NS,
+            "default",
+            false,
+            "tokens only where Ferry is enabled",
+        ),
+        q(OPERATOR, "create", "serviceaccounts/token", "kube-system", "", false, "never a system account's"),
+        q(
+            OPERATOR,
+            "create",
+            "persistentvolumeclaims",
+            DATA_NS,
+            "",
+            true,
+            "the claim pods read node-local data through",
+        ),
+        q(OPERATOR, "create", "persistentvolumeclaims", OTHER_NS, "", false, "only where Ferry is enabled"),
+        q(OPERATOR, "create", "persistentvolumes", "", "", true, "the volume of that claim"),
         q(OPERATOR, "create", "pods", DATA_NS, "", false, "its pods come from Jobs"),
         q(OPERATOR, "delete", "pods", DATA_NS, "", false, "the Job controller deletes pods"),
         q(OPERATOR, "create", "pods/exec", DATA_NS, "", false, "never a shell"),
-        q(OPERATOR, "create", "serviceaccounts/token", DATA_NS, "ferry-stager", false, "no tokens"),
         q(OPERATOR, "impersonate", "serviceaccounts", "", "", false, "no impersonation"),
         q(OPERATOR, "create", "rolebindings.rbac.authorization.k8s.io", DATA_NS, "", false, "no RBAC"),
         q(OPERATOR, "bind", "clusterroles.rbac.authorization.k8s.io", "", "cluster-admin", false, "no RBAC"),
         q(OPERATOR, "delete", "datastages.ferry.dev", DATA_NS, "", false, "the user's objects"),
-        q(OPERATOR, "patch", "nodes", "", "node-a", false, "it reads nodes only"),
-        // Known breadth, kept visible: the chart's ClusterRole lets the
-        // operator create Jobs in every namespace, kube-system included,
-        // and a Job's pod may name any ServiceAccount and mount any Secret
-        // of its namespace, so the operator's token is as strong as
-        // reading every Secret. `watchNamespace` narrows it to one.
-        q(OPERATOR, "create", "jobs.batch", "kube-system", "", true, "cluster-wide Jobs (see the report)"),
+        q(OPERATOR, "patch", "nodes", "", "node-a", true, "the label that says a node holds a copy"),
+        q(OPERATOR, "delete", "nodes", "", "node-a", false, "it only labels nodes"),
     ];
     for account in [STAGER, WORKER_DEFAULT, TRAINER] {
         questions.extend(workload_questions(account));
     }
+    // The workers' account may read and report to DataStages anywhere (it
+    // serves them all); everything else a workload must not do, it must not.
+    questions.extend(
+        workload_questions(WORKERS_STAGER).into_iter().filter(|q| !q.resource.starts_with("datastages.ferry.dev")),
+    );
     questions
 }
 
@@ -240,7 +301,7 @@ fn matrix() -> Vec<Question> {
 async fn the_identities_ferry_runs_as_can_do_what_their_job_needs_and_nothing_across_namespaces() {
     let cluster = Cluster::start().await.expect("cluster");
     install_crd(&cluster).await;
-    for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS] {
+    for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS, WORKERS_NS] {
         create_namespace(&cluster, namespace, &[]).await;
     }
     let client = cluster.client().await.unwrap();
