@@ -75,10 +75,12 @@ pub async fn run(config: config::OperatorConfig) -> Result<(), Box<dyn std::erro
     let bound = http::serve(config.http_addr, Arc::clone(&metrics), Arc::clone(&ready)).await?;
     tracing::info!(%bound, stager_image = %config.stager_image, "ferry-operator started");
     if let Some(addr) = config.webhook_addr {
-        let bound = webhook::start(client.clone(), &config, addr, Arc::clone(&metrics)).await?;
-        tracing::info!(%bound, certs = ?config.webhook_certs, "pod webhook serving");
+        // Ready once the webhook's certificate is served and trusted.
+        let bound = webhook::start(client.clone(), &config, addr, Arc::clone(&metrics), Arc::clone(&ready)).await?;
+        tracing::info!(%bound, certs = ?config.webhook_certs, "webhook serving");
+    } else {
+        ready.store(true, Ordering::Relaxed);
     }
-    ready.store(true, Ordering::Relaxed);
     let identity = format!(
         "{}-{:08x}",
         std::env::var("HOSTNAME").unwrap_or_else(|_| "ferry-operator".into()),

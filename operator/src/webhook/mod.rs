@@ -19,8 +19,11 @@ pub mod server;
 pub mod wiring;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Secret;
@@ -66,7 +69,10 @@ pub async fn look_up_datastages(
 
 /// Starts the webhook: binds its address, then keeps its certificate
 /// current in the background. Handshakes fail until the first certificate
-/// is loaded (a fraction of a second with operator-issued ones).
+/// is loaded (a fraction of a second with operator-issued ones); `current`
+/// turns true once one is served and its CA published, which is when the
+/// operator may say it is ready: a DataStage created before then would be
+/// refused by an API server that does not trust the webhook yet.
 ///
 /// # Errors
 /// When the address cannot be bound.
@@ -75,11 +81,12 @@ pub async fn start(
     config: &OperatorConfig,
     addr: std::net::SocketAddr,
     metrics: Arc<Metrics>,
+    current: Arc<AtomicBool>,
 ) -> std::io::Result<std::net::SocketAddr> {
     let certificate = Arc::new(ServingCertificate::default());
     let shared = (Arc::clone(&metrics), Arc::new(config.clone()));
     let bound = server::serve(addr, Arc::clone(&certificate), client.clone(), shared).await?;
-    tokio::spawn(keep_certificates(client, config.clone(), certificate, metrics));
+    tokio::spawn(keep_certificates(client, config.clone(), certificate, metrics, current));
     Ok(bound)
 }
 
@@ -89,22 +96,60 @@ fn check_interval(config: &OperatorConfig) -> Duration {
     (config.webhook_cert_lifetime / 20).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
-/// Keeps the served certificate and the published CA bundle current, forever.
+/// Keeps the served certificate and the published CA bundle current,
+/// forever; `current` is true from the first round that made them so.
 pub async fn keep_certificates(
     client: kube::Client,
     config: OperatorConfig,
     certificate: Arc<ServingCertificate>,
     metrics: Arc<Metrics>,
+    current: Arc<AtomicBool>,
 ) {
     let interval = check_interval(&config);
+    let mut configurations = configuration_changes(&client, &config);
     loop {
         match keep_once(&client, &config, &certificate).await {
-            Ok(Some(not_after)) => metrics.certificate_expires(not_after),
-            Ok(None) => {}
+            Ok(Current::Renewed(not_after)) => {
+                metrics.certificate_expires(not_after);
+                current.store(true, Ordering::Relaxed);
+            }
+            Ok(Current::Unchanged) => current.store(true, Ordering::Relaxed),
+            Ok(Current::LostRace) => continue,
             Err(error) => tracing::warn!(%error, "webhook certificate not current"),
         }
-        tokio::time::sleep(interval).await;
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            Some(()) = configurations.next() => {}
+        }
     }
+}
+
+/// A tick each time one of the webhook configurations is created or
+/// changed: Helm creates them after the operator may have started, and a
+/// `helm upgrade` empties their caBundle; either must be put right at once,
+/// not at the next round, or the API server refuses every DataStage.
+fn configuration_changes(client: &kube::Client, config: &OperatorConfig) -> BoxStream<'static, ()> {
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let named = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let pods = watcher(Api::<MutatingWebhookConfiguration>::all(client.clone()), named(&config.webhook_configuration));
+    let datastages = watcher(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        named(&config.webhook_validating_configuration),
+    );
+    let pods = pods.default_backoff().filter_map(|event| std::future::ready(event.ok().map(|_| ())));
+    let datastages = datastages.default_backoff().filter_map(|event| std::future::ready(event.ok().map(|_| ())));
+    futures::stream::select(pods, datastages).boxed()
+}
+
+/// What one round of [`keep_once`] left.
+enum Current {
+    /// A newly loaded serving certificate, valid until then.
+    Renewed(SystemTime),
+    /// The same certificate as before, its CA published.
+    Unchanged,
+    /// Another replica stored a certificate first: what this one published
+    /// is not the one that will be served, so look again at once.
+    LostRace,
 }
 
 /// One round; returns the expiry of a newly loaded serving certificate.
@@ -112,7 +157,7 @@ async fn keep_once(
     client: &kube::Client,
     config: &OperatorConfig,
     certificate: &ServingCertificate,
-) -> Result<Option<SystemTime>, WebhookError> {
+) -> Result<Current, WebhookError> {
     let namespace = &config.leader_election_namespace;
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let secret = secrets.get_opt(&config.webhook_secret).await?;
@@ -137,7 +182,7 @@ async fn keep_once(
                     // new CA before any replica presents what it signed.
                     publish_ca_bundle(client, config, &renewed.ca_bundle).await?;
                     if !store(&secrets, secret, config, &renewed).await? {
-                        return Ok(None);
+                        return Ok(Current::LostRace);
                     }
                     tracing::info!(secret = %config.webhook_secret, "issued a webhook serving certificate");
                     renewed
@@ -148,9 +193,9 @@ async fn keep_once(
     if certificate.load(&bundle)? {
         let validity = certs::validity_of(&bundle.cert)?;
         tracing::info!(not_after = ?validity.not_after, "serving the webhook with a new certificate");
-        return Ok(Some(validity.not_after));
+        return Ok(Current::Renewed(validity.not_after));
     }
-    Ok(None)
+    Ok(Current::Unchanged)
 }
 
 /// Writes `bundle` into the Secret, conditional on the version read;
