@@ -1,9 +1,11 @@
 //! The `ferry-operator` binary: parse flags, set up logging, run.
 
+use std::process::ExitCode;
+
 use clap::Parser as _;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
     let config = ferry_operator::config::OperatorConfig::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -12,5 +14,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .json()
         .init();
-    ferry_operator::run(config).await
+    match ferry_operator::run(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // Said in words, with its causes, for whoever reads the pod's
+            // log or the terminal: a flag to fix, a cluster not reached.
+            let mut message = format!("ferry-operator: {error}");
+            let mut cause = error.source();
+            while let Some(inner) = cause {
+                message.push_str(&format!(": {inner}"));
+                cause = inner.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
 }
