@@ -1,7 +1,9 @@
 //! Runs one pod as local processes, the way a kubelet would run its
 //! containers: volumes prepared, environment resolved, init containers in
 //! order, then the containers, with restart policy, deadline, termination
-//! messages and a status the Job controller understands.
+//! messages and a status the Job controller understands. A container with
+//! an HTTP readiness probe is ready once the probe answers 2xx or 3xx, so a
+//! Service sends nothing to a server that is still starting.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,9 +54,68 @@ struct ContainerReport {
     image: String,
     state: State,
     restarts: u32,
+    /// Its HTTP readiness probe, if it has one.
+    probe: Option<HttpProbe>,
+    /// Whether that probe last passed (without a probe: while running).
+    probe_passed: bool,
+}
+
+/// A readiness probe by HTTP GET, resolved against the container's ports.
+#[derive(Clone, Debug)]
+struct HttpProbe {
+    port: u16,
+    path: String,
+    period: Duration,
+    initial_delay: Duration,
+}
+
+impl HttpProbe {
+    /// The container's `readinessProbe.httpGet`, its named port looked up.
+    fn of(container: &Container) -> Option<Self> {
+        let probe = container.readiness_probe.as_ref()?;
+        let get = probe.http_get.as_ref()?;
+        let port = match &get.port {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port) => u16::try_from(*port).ok()?,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .and_then(|p| u16::try_from(p.container_port).ok())?,
+        };
+        let seconds = |s: Option<i32>, default: i32| Duration::from_secs(s.unwrap_or(default).max(0) as u64);
+        Some(Self {
+            port,
+            path: get.path.clone().unwrap_or_else(|| "/".into()),
+            period: seconds(probe.period_seconds, 10).clamp(Duration::from_millis(500), Duration::from_secs(2)),
+            initial_delay: seconds(probe.initial_delay_seconds, 0),
+        })
+    }
+
+    /// One probe of the server at `ip`: an answer of 2xx or 3xx, within a
+    /// second, passes, as the kubelet's HTTP prober judges it.
+    async fn passes(&self, ip: std::net::Ipv4Addr) -> bool {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let probe = async {
+            let mut stream = tokio::net::TcpStream::connect((ip, self.port)).await.ok()?;
+            let request =
+                format!("GET {} HTTP/1.0\r\nHost: {ip}:{}\r\nUser-Agent: kube-probe\r\n\r\n", self.path, self.port);
+            stream.write_all(request.as_bytes()).await.ok()?;
+            let mut head = [0u8; 12];
+            stream.read_exact(&mut head).await.ok()?;
+            let code: u16 = std::str::from_utf8(&head[9..12]).ok()?.parse().ok()?;
+            Some((200..400).contains(&code))
+        };
+        tokio::time::timeout(Duration::from_secs(1), probe).await.ok().flatten().unwrap_or(false)
+    }
 }
 
 impl ContainerReport {
+    /// Running, and past its readiness probe if it has one.
+    fn ready(&self) -> bool {
+        matches!(self.state, State::Running { .. }) && (self.probe.is_none() || self.probe_passed)
+    }
+
     fn json(&self) -> Value {
         let state = match &self.state {
             State::Waiting { reason, message } => json!({"waiting": {"reason": reason, "message": message}}),
@@ -68,7 +129,7 @@ impl ContainerReport {
             "image": self.image,
             "imageID": format!("ferry-e2e://{}", self.image),
             "containerID": format!("ferry-e2e://{}", self.name),
-            "ready": matches!(self.state, State::Running { .. }),
+            "ready": self.ready(),
             "started": matches!(self.state, State::Running { .. }),
             "restartCount": self.restarts,
             "state": state,
@@ -154,6 +215,8 @@ impl PodRunner {
             image: c.image.clone().unwrap_or_default(),
             state: State::Waiting { reason: "PodInitializing".into(), message: None },
             restarts: 0,
+            probe: HttpProbe::of(c),
+            probe_passed: false,
         };
         let uid = pod.uid().unwrap_or_default();
         Self {
@@ -177,7 +240,7 @@ impl PodRunner {
 
     /// Patches the pod's status with everything known so far.
     async fn report(&self) {
-        let all_running = !self.main.is_empty() && self.main.iter().all(|c| matches!(c.state, State::Running { .. }));
+        let all_running = !self.main.is_empty() && self.main.iter().all(ContainerReport::ready);
         let initialized = self.init.iter().all(|c| matches!(c.state, State::Terminated { code: 0, .. }));
         let condition = |kind: &str, ok: bool, reason: Option<&str>| {
             json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastTransitionTime": now(),
@@ -617,6 +680,7 @@ impl PodRunner {
         }
         self.phase = "Running";
         self.report().await;
+        let mut last_probe: Vec<Option<Instant>> = vec![None; main.len()];
         loop {
             let mut changed = false;
             let mut all_done = true;
@@ -642,6 +706,7 @@ impl PodRunner {
                 self.report().await;
                 return;
             }
+            changed |= self.probe_readiness(&mut last_probe).await;
             if changed {
                 self.report().await;
             }
@@ -660,6 +725,31 @@ impl PodRunner {
                 _ = stop.changed() => {}
             }
         }
+    }
+
+    /// Probes each running container whose probe is due; `true` when one's
+    /// readiness changed. A container started again starts unready.
+    async fn probe_readiness(&mut self, last_probe: &mut [Option<Instant>]) -> bool {
+        let ip = pod_ip(&self.uid);
+        let mut changed = false;
+        for (report, last) in self.main.iter_mut().zip(last_probe.iter_mut()) {
+            let Some(probe) = report.probe.clone() else { continue };
+            let State::Running { started } = &report.state else {
+                changed |= std::mem::replace(&mut report.probe_passed, false);
+                *last = None;
+                continue;
+            };
+            let running_for = k8s_openapi::jiff::Timestamp::now().duration_since(started.0);
+            let due = last.is_none_or(|at| at.elapsed() >= probe.period);
+            if running_for.as_secs_f64() < probe.initial_delay.as_secs_f64() || !due {
+                continue;
+            }
+            *last = Some(Instant::now());
+            let passed = probe.passes(ip).await;
+            changed |= passed != report.probe_passed;
+            report.probe_passed = passed;
+        }
+        changed
     }
 
     fn start(&mut self, init: bool, index: usize, container: &Prepared) -> Option<(tokio::process::Child, Time)> {
