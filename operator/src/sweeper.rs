@@ -76,6 +76,17 @@ pub fn stale_node_labels(
 }
 
 async fn sweep(ctx: &Context) -> Result<(), kube::Error> {
+    // What might be left is read first, the DataStages known second: an
+    // anchor, volume or label is made by a reconciliation of a DataStage
+    // that the cache held already, so whatever the reads below find was
+    // made for a DataStage the snapshot after them holds, unless it went.
+    // (Read the other way round, a DataStage created between the two had
+    // its new anchor taken for a gone one's, and its Jobs collected.)
+    let anchors: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ctx.config.workers_namespace());
+    let found_anchors = anchors.list(&ListParams::default().labels(names::ANCHOR)).await?.items;
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let found_volumes = volumes.list(&ListParams::default().labels(names::DATASTAGE_UID)).await?.items;
+    let found_nodes = ctx.caches.nodes.state();
     let live: BTreeSet<String> = ctx.caches.datastages.state().iter().filter_map(|ds| ds.uid()).collect();
     let watched = ctx.config.watch_namespace.as_deref();
     let labelled = |object: &kube::core::ObjectMeta| {
@@ -85,16 +96,14 @@ async fn sweep(ctx: &Context) -> Result<(), kube::Error> {
         left_behind(namespace, uid, &live, watched)
     };
 
-    let anchors: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ctx.config.workers_namespace());
-    for anchor in anchors.list(&ListParams::default().labels(names::ANCHOR)).await?.items {
+    for anchor in found_anchors {
         if labelled(&anchor.metadata) && anchor.metadata.deletion_timestamp.is_none() {
             tracing::info!(anchor = %anchor.name_any(), "removing what a deleted DataStage left in the workers' namespace");
             ignore_gone(anchors.delete(&anchor.name_any(), &DeleteParams::background()).await)?;
         }
     }
 
-    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for volume in volumes.list(&ListParams::default().labels(names::DATASTAGE_UID)).await?.items {
+    for volume in found_volumes {
         if labelled(&volume.metadata) && volume.metadata.deletion_timestamp.is_none() {
             tracing::info!(volume = %volume.name_any(), "removing a deleted DataStage's PersistentVolume");
             ignore_gone(volumes.delete(&volume.name_any(), &DeleteParams::default()).await)?;
@@ -102,7 +111,7 @@ async fn sweep(ctx: &Context) -> Result<(), kube::Error> {
     }
 
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    for node in ctx.caches.nodes.state() {
+    for node in found_nodes {
         let stale = stale_node_labels(node.labels(), &live, watched);
         if stale.is_empty() {
             continue;
