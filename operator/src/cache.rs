@@ -308,9 +308,12 @@ impl Caches {
             .collect()
     }
 
-    /// The Jobs labelled with the DataStage `key` that are not in `home`:
-    /// those of a release that ran node-local workers in the DataStage's
-    /// own namespace (the controller retires them).
+    /// The worker Jobs a release that ran node-local workers in the
+    /// DataStage's own namespace made for it (the controller retires
+    /// them): in that namespace, labelled as its workers and owned by it,
+    /// as that release made them. A tenant's own Job labelled
+    /// `ferry.dev/datastage` (how a training Job asks for the data) is
+    /// none: it has no worker label, and the DataStage does not own it.
     pub fn strays(&self, home: &Home) -> Vec<Job> {
         if !home.elsewhere() {
             return Vec::new();
@@ -319,9 +322,14 @@ impl Caches {
         self.jobs
             .state_filter(|job| {
                 let meta = job.meta();
+                let labels = meta.labels.as_ref();
                 meta.namespace.as_deref() == Some(key.namespace.as_str())
-                    && meta.labels.as_ref().and_then(|l| l.get(ferry_crds::names::DATASTAGE)) == Some(&key.name)
-                    && meta.labels.as_ref().is_some_and(|l| !l.contains_key(ferry_crds::names::DATASTAGE_NAMESPACE))
+                    && labels.and_then(|l| l.get(ferry_crds::names::DATASTAGE)) == Some(&key.name)
+                    && labels.is_some_and(|l| {
+                        l.contains_key(ferry_crds::names::WORKER)
+                            && !l.contains_key(ferry_crds::names::DATASTAGE_NAMESPACE)
+                    })
+                    && meta.owner_references.iter().flatten().any(|owner| owner.uid == key.uid)
             })
             .iter()
             .map(|job| (**job).clone())
@@ -610,6 +618,15 @@ mod tests {
         let job = |ns: &str, name: &str, labels: BTreeMap<String, String>| -> Job {
             serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns, "labels": labels}})).unwrap()
         };
+        let owned = |mut job: Job| -> Job {
+            job.metadata.owner_references = Some(vec![
+                serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1",
+                "kind": "DataStage", "name": "d", "uid": "u-d", "controller": true}))
+                .unwrap(),
+            ]);
+            job
+        };
+        let training = BTreeMap::from([(ferry_crds::names::DATASTAGE.to_owned(), "d".to_owned())]);
         let ours = home.labels((ferry_crds::names::WORKER, "node-a"));
         let mut cleanup = home.labels((ferry_crds::names::CLEANUP, "node-a"));
         cleanup.remove(ferry_crds::names::WORKER);
@@ -620,14 +637,20 @@ mod tests {
         for object in [
             job("ferry-workers", "worker", ours),
             job("ferry-workers", "cleanup", cleanup),
-            // A tenant's look-alike in its own namespace: a stray, never a worker.
-            job("a", "forged", forged),
+            // A tenant's look-alike in its own namespace: never a worker,
+            // and not the DataStage's to retire either.
+            job("a", "forged", forged.clone()),
+            // What a release before the workers' namespace made: a stray.
+            owned(job("a", "before", forged)),
+            // A training Job asking for the data, owned by it or not.
+            job("a", "train", training.clone()),
+            owned(job("a", "train-owned", training)),
         ] {
             writers.jobs[0].apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
         }
         let found = Caches::of_home(&caches.jobs, &home, ferry_crds::names::WORKER);
         assert_eq!(found.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["worker"]);
         let strays = caches.strays(&home);
-        assert_eq!(strays.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["forged"]);
+        assert_eq!(strays.iter().map(|j| j.name_any()).collect::<Vec<_>>(), ["before"]);
     }
 }
