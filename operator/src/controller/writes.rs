@@ -112,7 +112,25 @@ pub(super) async fn publish(ctx: &Context, ds: &DataStage, kind: EventType, reas
 /// controllers' finalizers are untouched.
 pub(super) async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) -> Result<(), Error> {
     let api: Api<DataStage> = Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
-    let finalizers = if present { vec![ferry_crds::names::CLEANUP_FINALIZER.to_owned()] } else { Vec::new() };
+    if !present {
+        // Removed by position, whoever set it: an apply that leaves it out
+        // releases only this manager's claim, and a finalizer another
+        // manager also applied (an earlier release's, a manifest's) would
+        // hold the DataStage for ever. The test guards against a list
+        // that changed since the cache saw it.
+        let Some(at) = ds.finalizers().iter().position(|f| f == ferry_crds::names::CLEANUP_FINALIZER) else {
+            return Ok(());
+        };
+        let path = format!("/metadata/finalizers/{at}");
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": path, "value": ferry_crds::names::CLEANUP_FINALIZER},
+            {"op": "remove", "path": path},
+        ]))
+        .expect("a JSON patch");
+        api.patch(&ds.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+        return Ok(());
+    }
+    let finalizers = vec![ferry_crds::names::CLEANUP_FINALIZER.to_owned()];
     let patch = MetadataPatch {
         api_version: DataStage::api_version(&()),
         kind: DataStage::kind(&()),
