@@ -399,7 +399,7 @@ pub struct VolumeLocation {
     /// For the cluster admin: an absolute directory on each node, e.g.
     /// `/mnt/nvme/datasets/imagenet`, under a prefix the operator allows
     /// (`--allowed-host-paths`), in a namespace the admin named
-    /// (`--host-path-namespaces`, the chart's `hostPaths.namespaces`);
+    /// (`--host-path-namespaces`, the chart's `hostPathNamespaces`);
     /// refused at admission elsewhere. Tenants name a `nodeCache` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("volume.hostPath must be an absolute path without '..'"))]

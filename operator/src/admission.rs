@@ -111,6 +111,16 @@ pub fn validate(
         .map_err(|error| Invalid { reason: reasons::INVALID_SCHEDULE, message: format!("spec.schedule: {error}") })
 }
 
+/// Why this operator refuses the raw hostPath `plan` names, if it does:
+/// what a DataStage made before a rule is held to before any privileged
+/// Job touches its path (a clean-up included).
+pub fn host_path_refusal(plan: &Plan<'_>, namespace: &str, config: &OperatorConfig) -> Option<Invalid> {
+    match plan.volume {
+        Volume::HostPath(_) => volume(plan, namespace, config, &Facts::default()).err(),
+        _ => None,
+    }
+}
+
 /// The volume: a hostPath only in the admin's namespaces and under an
 /// allowed prefix; a NodeCache that exists and admits the namespace.
 fn volume(plan: &Plan<'_>, namespace: &str, config: &OperatorConfig, facts: &Facts<'_>) -> Result<(), Invalid> {
@@ -125,7 +135,7 @@ fn volume(plan: &Plan<'_>, namespace: &str, config: &OperatorConfig, facts: &Fac
                 return Err(Invalid {
                     reason: reasons::HOST_PATH_NOT_ALLOWED,
                     message: format!(
-                        "volume.hostPath is for the cluster admin's namespaces only (the operator's --host-path-namespaces, the chart's hostPaths.namespaces: {admins}), and namespace {namespace} is not one: name a NodeCache instead (volume.nodeCache; kubectl get nodecaches lists them)"
+                        "volume.hostPath is for the cluster admin's namespaces only (the operator's --host-path-namespaces, the chart's hostPathNamespaces: {admins}), and namespace {namespace} is not one: name a NodeCache instead (volume.nodeCache; kubectl get nodecaches lists them)"
                     ),
                 });
             }

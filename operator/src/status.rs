@@ -64,6 +64,9 @@ pub mod reasons {
     /// The hostPath is outside the operator's allow-list, or the
     /// DataStage's namespace is not one of the admin's.
     pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
+    /// A deleted DataStage's data was kept: its clean-up would touch a
+    /// hostPath this release refuses.
+    pub const CLEANUP_REFUSED: &str = "CleanupRefused";
     /// The NodeCache the DataStage names does not exist.
     pub const NODE_CACHE_NOT_FOUND: &str = "NodeCacheNotFound";
     /// The NodeCache's namespaceSelector leaves the namespace out.

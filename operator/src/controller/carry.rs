@@ -697,7 +697,7 @@ async fn retire_other_runs(api: &Api<Job>, jobs: &mut Vec<Job>, run: i64) -> Res
 /// Deletes the worker Jobs a release before the workers' namespace made
 /// for this node-local DataStage in its own namespace: the workers run in
 /// their home now, and two workers must never write one node's directory.
-async fn retire_strays(ds: &DataStage, ctx: &Context, home: &Home) -> Result<(), Error> {
+pub(super) async fn retire_strays(ds: &DataStage, ctx: &Context, home: &Home) -> Result<(), Error> {
     let strays = ctx.caches.strays(home);
     if strays.is_empty() {
         return Ok(());

@@ -22,6 +22,7 @@ use super::{Context, Error, now};
 use crate::cache::Caches;
 use crate::jobs::build_cleanup_job;
 use crate::status;
+use crate::status::reasons;
 use crate::worker::Worker;
 
 /// Whether deleting this DataStage must remove staged data: a pull into a
@@ -70,6 +71,19 @@ pub(super) async fn clean_up(ds: &DataStage, ctx: &Context) -> Result<Action, Er
         set_finalizer(ds, ctx, false).await?;
         return Ok(Action::await_change());
     };
+    // A DataStage this release refuses (a hostPath from before, in a
+    // namespace that may no longer name one) gets no privileged clean-up
+    // Job on the path it names: its data stays for the admin to remove.
+    let namespace = ds.namespace().unwrap_or_default();
+    if let Some(refused) = crate::admission::host_path_refusal(&plan, &namespace, &ctx.config) {
+        let message = format!(
+            "kept the staged data, not cleaned: {} (the cluster admin can remove it from the nodes)",
+            refused.message
+        );
+        publish(ctx, ds, EventType::Warning, reasons::CLEANUP_REFUSED, message, "Delete").await;
+        set_finalizer(ds, ctx, false).await?;
+        return Ok(Action::await_change());
+    }
     let (home, defaults) = settle(ds, ctx, &plan).await?;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &home.namespace);
 

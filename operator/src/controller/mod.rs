@@ -137,10 +137,14 @@ async fn reconcile_inner(ds: &DataStage, ctx: &Context) -> Result<Action, Error>
         Ok((plan, schedule, workers)) => carry::carry_out(ds, ctx, &plan, schedule.as_ref(), &workers).await,
         Err(blocked) => {
             // A placement that matches nothing because its node was deleted
-            // leaves that node's Job behind; so can any other block.
+            // leaves that node's Job behind; so can any other block. And a
+            // DataStage from before the workers' namespace that this release
+            // refuses (a hostPath outside the admin's namespaces) must not
+            // keep its old workers writing the node from its namespace.
             if let Some(home) = ctx.home(ds) {
                 let mut jobs = crate::cache::Caches::of_home(&ctx.caches.jobs, &home, names::WORKER);
                 carry::retire_jobs_of_deleted_nodes(ds, ctx, &home, &mut jobs).await?;
+                carry::retire_strays(ds, ctx, &home).await?;
             }
             writes::write_blocked(ds, ctx, blocked).await
         }
