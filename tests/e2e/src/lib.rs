@@ -4,6 +4,7 @@
 //! by the `ferry-cluster` binary for a shell. See `tests/e2e/README.md`.
 
 pub mod agent;
+pub mod chart;
 pub mod control_plane;
 pub mod process;
 pub mod real_node;

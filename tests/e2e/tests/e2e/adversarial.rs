@@ -584,7 +584,10 @@ async fn generated_datastages_are_refused_naming_the_field_or_reach_a_clear_stat
 
     let raw: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &ApiResource::erase::<DataStage>(&()));
+    // Counted from here: DataStages accepted early are reconciled, and
+    // requeued, while the later ones are still being sent.
     let before = reconcile_counts(port);
+    let counting = Instant::now();
     let mut outcomes: Vec<(String, Value, Outcome)> = Vec::new();
     let mut violations: Vec<String> = Vec::new();
     for (name, object) in cases {
@@ -683,7 +686,7 @@ async fn generated_datastages_are_refused_naming_the_field_or_reach_a_clear_stat
     // all there is: at most one per DataStage per 3 s, and no errors. A hot
     // loop (a requeue without delay, or an error on every pass) breaks them.
     let count = accepted.len().max(1) as f64;
-    let run_secs = settled.duration_since(sent).as_secs_f64();
+    let run_secs = settled.duration_since(counting).as_secs_f64();
     let (reconciles, errors) = (after_settling.0 - before.0, after_settling.1 - before.1);
     let (quiet_reconciles, quiet_errors) = (after_window.0 - after_settling.0, after_window.1 - after_settling.1);
     let run_bound = count * (10.0 + run_secs / 3.0);

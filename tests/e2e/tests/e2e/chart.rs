@@ -21,11 +21,12 @@
 //! the selectors and port names, the monitors' own relabelings).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use ferry_crds::{DataStage, Phase, StoreBudget};
+use ferry_e2e::chart::{CHART_WORKERS_NS, RELEASE, SYSTEM_NS, chart_dir, helm_install, image_values, set_args};
 use ferry_e2e::tools::{Tools, run_tool};
 use ferry_e2e::{Cluster, create_namespace, image, job_succeeded, object_store, wait_for};
 use ferry_testkit::{free_port, pattern, read_tree, repo_root, tool_path};
@@ -35,54 +36,11 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
-const RELEASE: &str = "ferry";
-const SYSTEM_NS: &str = "ferry-system";
 const DATA_NS: &str = "ml";
 const OTHER_NS: &str = "research";
 /// Every pod of the test runs under this Pod Security Standard.
 const RESTRICTED: [(&str, &str); 2] =
     [("pod-security.kubernetes.io/enforce", "restricted"), ("pod-security.kubernetes.io/enforce-version", "latest")];
-
-fn chart_dir() -> PathBuf {
-    repo_root().join("charts/ferry")
-}
-
-/// `--set` arguments for the chart's images: the ones the node agent maps
-/// to this workspace's binaries, or `FERRY_E2E_IMAGE_*` on a real cluster.
-fn image_values() -> Vec<String> {
-    let split = |reference: String| -> (String, String) {
-        match reference.rfind(':').filter(|at| !reference[*at..].contains('/')) {
-            Some(at) => (reference[..at].to_owned(), reference[at + 1..].to_owned()),
-            None => (reference, "latest".to_owned()),
-        }
-    };
-    let (operator_repo, operator_tag) = split(image("ferry-operator"));
-    let (stager_repo, stager_tag) = split(image("ferry-stager"));
-    vec![
-        format!("image.repository={operator_repo}"),
-        format!("image.tag={operator_tag}"),
-        format!("stager.image.repository={stager_repo}"),
-        format!("stager.image.tag={stager_tag}"),
-    ]
-}
-
-/// `helm install` of the chart as release `ferry` in the system namespace
-/// with `values`, waiting for it; returns the NOTES.
-fn helm_install(tools: &Tools, cluster: &Cluster, values: &[String]) -> String {
-    let chart = chart_dir();
-    let mut args: Vec<String> =
-        ["install", RELEASE, chart.to_str().unwrap(), "--namespace", SYSTEM_NS, "--wait", "--timeout", "3m"]
-            .map(String::from)
-            .to_vec();
-    args.extend(set_args(values));
-    tools
-        .helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
-        .unwrap_or_else(|e| panic!("helm install:\n{e}\n{}", cluster.diagnostics()))
-}
-
-fn set_args(values: &[String]) -> Vec<String> {
-    values.iter().flat_map(|v| ["--set".to_owned(), v.clone()]).collect()
-}
 
 /// The objects of a multi-document YAML stream, as JSON.
 fn documents(yaml: &str) -> Vec<Value> {
@@ -131,6 +89,7 @@ async fn install_crds(tools: &Tools) {
         ("ferry.dev_datastages.yaml", "crd/datastages.ferry.dev"),
         ("ferry.dev_storebudgets.yaml", "crd/storebudgets.ferry.dev"),
         ("ferry.dev_stagingquotas.yaml", "crd/stagingquotas.ferry.dev"),
+        ("ferry.dev_nodecaches.yaml", "crd/nodecaches.ferry.dev"),
     ] {
         let crd = chart_dir().join("crds").join(file);
         tools.kubectl(&["apply", "--server-side", "-f", crd.to_str().unwrap()], None).expect("the chart's CRD applies");
@@ -182,7 +141,15 @@ fn the_chart_lints_strictly_and_refuses_bad_values_with_a_message_naming_them() 
         ("leaseDuration=soon", "leaseDuration"),
         ("metrics.port=70000", "port"),
         ("allowedHostPaths[0]=relative/path", "allowedHostPaths"),
+        // An empty allow-list once rendered `--allowed-host-paths=`, one
+        // empty prefix that every path starts with.
+        ("allowedHostPaths=null", "allowedHostPaths"),
+        ("allowedHostPaths[0]=", "allowedHostPaths"),
         ("sharedHostPaths[0]=relative/path", "sharedHostPaths"),
+        ("hostPathNamespaces[0]=Not_A_Namespace", "hostPathNamespaces"),
+        ("nodeCaches[0].root=relative", "nodeCaches"),
+        ("nodeCaches[0].sharing=Everywhere", "nodeCaches"),
+        ("webIdentity.audiences=null", "webIdentity"),
         ("stager.imagee.tag=x", "imagee"),
     ] {
         let error = tools.helm(&["template", RELEASE, chart, "--set", bad]).expect_err(bad);
@@ -284,6 +251,9 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
     for namespace in [SYSTEM_NS, DATA_NS, OTHER_NS] {
         create_namespace(&cluster, namespace, &RESTRICTED).await;
     }
+    // The chart creates the workers' namespace; a dry run of the objects in
+    // it needs it to exist.
+    create_namespace(&cluster, CHART_WORKERS_NS, &[]).await;
     install_crds(&tools).await;
     install_monitoring_crds(&tools).await;
     install_stand_in_crds(&tools, "cert-manager.io", &[("Certificate", "certificates"), ("Issuer", "issuers")]).await;
@@ -294,8 +264,8 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
             vec!["webhook.certManager.enabled=true", "webhook.annotationOptIn=true", "webhook.certLifetime=30d"],
         ),
         (
-            "the webhook off (the init-container form), no hostPath policy",
-            vec!["webhook.enabled=false", "hostPathPodSecurityPolicy=false"],
+            "the webhook off (the init-container form), no status policy",
+            vec!["webhook.enabled=false", "statusWritersPolicy=false"],
         ),
         (
             "one watched namespace, two replicas, monitors and the dashboard elsewhere",
@@ -322,13 +292,23 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
             ],
         ),
         (
-            "custom images, host paths, scheduling and monitor labels",
+            "custom images, host paths, node caches, web identities, scheduling and monitor labels",
             vec![
                 "image.repository=registry.example/ferry/operator",
                 "image.tag=1.2.3",
                 "stager.image.repository=registry.example/ferry/stager",
+                "stager.allowedImages={registry.example/ferry/*}",
+                "hostPathNamespaces={ops}",
                 "allowedHostPaths={/scratch,/nvme}",
                 "sharedHostPaths={/nvme/ferry}",
+                "nodeCaches[0].name=nvme",
+                "nodeCaches[0].root=/nvme/cache",
+                "nodeCaches[0].sharing=Cluster",
+                "nodeCaches[0].eviction=WhenSpaceIsNeeded",
+                "nodeCaches[0].namespaceSelector.matchLabels.team=ml",
+                "webIdentity.audiences={sts.amazonaws.com,minio}",
+                "webIdentity.allowHttpSts=true",
+                "workers.namespace=ferry-system",
                 "nodeSelector.pool=system",
                 "tolerations[0].key=dedicated",
                 "tolerations[0].operator=Exists",
@@ -368,7 +348,18 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
         let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
         let policies = objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy").count();
-        assert_eq!(policies, usize::from(!what.ends_with("no hostPath policy")), "{what}: the hostPath policy");
+        assert_eq!(policies, usize::from(!what.ends_with("no status policy")), "{what}: the status-writers policy");
+        // Worker Jobs are made where Roles say, never cluster-wide.
+        let cluster_job_creators = objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .flat_map(|o| o["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| {
+                rule["resources"].as_array().is_some_and(|r| r.contains(&json!("jobs")))
+                    && rule["verbs"].as_array().is_some_and(|v| v.contains(&json!("create")))
+            })
+            .count();
+        assert_eq!(cluster_job_creators, 0, "{what}: no ClusterRole creates Jobs");
         match what {
             w if w.starts_with("one watched") => {
                 assert!(args.contains("--watch-namespace=ml"), "{args}");
@@ -385,14 +376,26 @@ async fn every_rendering_of_the_chart_passes_server_side_dry_run_and_grants_no_w
                 assert!(!objects.iter().any(|o| o["kind"] == "PodMonitor"), "no PodMonitor without a metrics port");
                 let secret_roles: Vec<&Value> = objects
                     .iter()
-                    .filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "ferry-operator-secrets")
+                    .filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "ferry-operator-tenant")
                     .collect();
                 assert_eq!(secret_roles.len(), 2, "Secret access in each DataStage namespace, nowhere else");
+                assert!(args.contains("--workers-namespace=ferry-workers"), "{args}");
             }
             w if w.starts_with("custom") => {
                 assert!(args.contains("--allowed-host-paths=/scratch,/nvme"), "{args}");
                 assert!(args.contains("--shared-host-paths=/nvme/ferry"), "{args}");
+                assert!(args.contains("--host-path-namespaces=ops"), "{args}");
+                assert!(args.contains("--allowed-images=registry.example/ferry/*"), "{args}");
+                assert!(args.contains("--web-identity-audiences=sts.amazonaws.com,minio"), "{args}");
+                assert!(
+                    args.contains("--allow-http-sts") && args.contains("--workers-namespace=ferry-system"),
+                    "{args}"
+                );
                 assert!(args.contains("registry.example/ferry/stager:0.1.0"), "{args}");
+                let cache = objects.iter().find(|o| o["kind"] == "NodeCache").expect("a NodeCache");
+                assert_eq!(cache["spec"]["root"], "/nvme/cache");
+                assert_eq!(cache["spec"]["namespaceSelector"]["matchLabels"]["team"], "ml");
+                assert!(!objects.iter().any(|o| o["kind"] == "Namespace"), "the workers run in the release namespace");
             }
             _ => {}
         }
@@ -763,27 +766,28 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     .unwrap();
     datastages.create(&PostParams::default(), &datastage).await.unwrap();
 
-    // The same onto a hostPath: its workers' pods would be refused under
-    // the restricted standard, so the DataStage is refused at admission,
-    // saying what to do. (The chart's policy takes effect within seconds
-    // of the install: asked until it answers.)
+    // The same onto a hostPath: node paths are the cluster admin's, so the
+    // DataStage is refused at admission, saying who may and what to do
+    // instead. (The webhook answers within seconds of the install: asked
+    // until it answers.)
     let mut on_host = datastage.clone();
     on_host.metadata.name = Some("on-host".into());
     on_host.spec.destination = serde_json::from_value(json!({"volume": {"hostPath": "/mnt/ferry/corpus"}})).unwrap();
-    let refusal = wait_for(&cluster, "the hostPath Pod Security policy to refuse", Duration::from_secs(30), || {
-        let (datastages, on_host) = (datastages.clone(), on_host.clone());
-        async move {
-            match datastages.create(&PostParams { dry_run: true, ..PostParams::default() }, &on_host).await {
-                Err(kube::Error::Api(refused)) => Some(refused.message),
-                _ => None,
+    let refusal =
+        wait_for(&cluster, "the DataStage webhook to refuse a tenant's hostPath", Duration::from_secs(30), || {
+            let (datastages, on_host) = (datastages.clone(), on_host.clone());
+            async move {
+                match datastages.create(&PostParams { dry_run: true, ..PostParams::default() }, &on_host).await {
+                    Err(kube::Error::Api(refused)) => Some(refused.message),
+                    _ => None,
+                }
             }
-        }
-    })
-    .await;
+        })
+        .await;
     assert!(
-        refusal.contains("enforces Pod Security level restricted")
-            && refusal.contains("persistentVolumeClaim")
-            && refusal.contains("pod-security.kubernetes.io/enforce=privileged"),
+        refusal.contains("volume.hostPath is for the cluster admin's namespaces only")
+            && refusal.contains("hostPathNamespaces")
+            && refusal.contains("volume.nodeCache"),
         "{refusal}"
     );
 
@@ -930,10 +934,25 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     // The RBAC is exactly what the operator and stagers need.
     let operator = format!("{SYSTEM_NS}:ferry");
     let stager = format!("{DATA_NS}:ferry-stager");
+    let workers_stager = format!("{CHART_WORKERS_NS}:ferry-stager");
     for (account, allowed, args) in [
         (&operator, true, vec!["watch", "datastages.ferry.dev", "--all-namespaces"]),
         (&operator, true, vec!["patch", "datastages.ferry.dev", "--subresource=status", "-n", DATA_NS]),
         (&operator, true, vec!["create", "jobs.batch", "-n", DATA_NS]),
+        (&operator, true, vec!["create", "jobs.batch", "-n", CHART_WORKERS_NS]),
+        (&operator, false, vec!["create", "jobs.batch", "-n", OTHER_NS]),
+        (&operator, true, vec!["create", "secrets", "-n", CHART_WORKERS_NS]),
+        (&operator, false, vec!["create", "secrets", "-n", DATA_NS]),
+        (&operator, true, vec!["create", "serviceaccounts", "--subresource=token", "-n", DATA_NS]),
+        (&operator, false, vec!["create", "serviceaccounts", "--subresource=token", "-n", OTHER_NS]),
+        (&operator, true, vec!["create", "persistentvolumeclaims", "-n", DATA_NS]),
+        (&operator, true, vec!["create", "persistentvolumes"]),
+        (&operator, true, vec!["patch", "nodes"]),
+        (&operator, true, vec!["watch", "nodecaches.ferry.dev"]),
+        (&operator, false, vec!["create", "nodecaches.ferry.dev"]),
+        (&operator, true, vec!["update", "validatingwebhookconfigurations/ferry-datastages"]),
+        (&workers_stager, true, vec!["patch", "datastages.ferry.dev", "--subresource=status", "-n", OTHER_NS]),
+        (&workers_stager, false, vec!["get", "secrets", "-n", CHART_WORKERS_NS]),
         // Its caches: Jobs and pods watched, not listed per reconciliation.
         (&operator, true, vec!["watch", "jobs.batch", "--all-namespaces"]),
         (&operator, false, vec!["patch", "jobs.batch", "-n", DATA_NS]),
@@ -1028,7 +1047,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         .kubectl(
             &[
                 "get",
-                "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+                "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,validatingadmissionpolicies,nodecaches,namespaces",
                 "-l",
                 "app.kubernetes.io/instance=ferry",
                 "-o",
@@ -1167,8 +1186,8 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     let tools = Tools::new(cluster.kubeconfig());
     create_namespace(&cluster, SYSTEM_NS, &RESTRICTED).await;
     create_namespace(&cluster, DATA_NS, &RESTRICTED).await;
-    // hostPath volumes need a namespace that allows them.
-    create_namespace(&cluster, TRAIN_NS, &[]).await;
+    // Node-local data needs no hostPath in a tenant's pod: restricted too.
+    create_namespace(&cluster, TRAIN_NS, &RESTRICTED).await;
 
     // Two replicas answer the webhook; a 40 s serving certificate renews
     // (with a third left) while the test runs.
@@ -1177,7 +1196,8 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
         [
             "dataStageNamespaces={ml,train}",
             "leaseDuration=4s",
-            "allowedHostPaths={/mnt/ferry}",
+            "nodeCaches[0].name=local",
+            "nodeCaches[0].root=/mnt/ferry",
             "replicaCount=2",
             "webhook.certLifetime=40s",
             "webhook.timeoutSeconds=3",
@@ -1224,7 +1244,7 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
             &PostParams::default(),
             &datastage(
                 "on-b",
-                json!({"source": store, "destination": {"volume": {"hostPath": "/mnt/ferry/on-b"}},
+                json!({"source": store, "destination": {"volume": {"nodeCache": "local"}},
                 "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
                 "transfer": {"maxBandwidth": "512Ki"}}),
             ),
@@ -1238,7 +1258,8 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
     assert_eq!(gates(&pod), ["ferry.dev/data-ready"], "admitted gated");
     assert!(spec.node_name.is_none(), "not scheduled while the data stages");
     let volume = spec.volumes.iter().flatten().find(|v| v.name == "ferry-on-b").expect("the DataStage's volume");
-    assert_eq!(volume.host_path.as_ref().unwrap().path, "/mnt/ferry/on-b");
+    let claim = volume.persistent_volume_claim.as_ref().expect("the claim Ferry binds, not a hostPath");
+    assert_eq!((claim.claim_name.as_str(), claim.read_only), ("ferry-on-b", Some(true)));
     let mount = spec.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "ferry-on-b").unwrap();
     assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/data", Some(true)));
     let waiting_for_secret = || {
@@ -1280,7 +1301,7 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
             &datastage(
                 "everywhere",
                 json!({"source": {"uri": "s3://datasets/extra", "endpoint": s3.endpoint,
-                "credentials": {"name": "s3"}}, "destination": {"volume": {"hostPath": "/mnt/ferry/everywhere"}}}),
+                "credentials": {"name": "s3"}}, "destination": {"volume": {"nodeCache": "local"}}}),
             ),
         )
         .await
@@ -1327,7 +1348,7 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
             &datastage(
                 "broken",
                 json!({"source": {"uri": "s3://no-such-bucket/x", "endpoint": s3.endpoint,
-                "credentials": {"name": "s3"}}, "destination": {"volume": {"hostPath": "/mnt/ferry/broken"}},
+                "credentials": {"name": "s3"}}, "destination": {"volume": {"nodeCache": "local"}},
                 "backoffLimit": 0}),
             ),
         )
@@ -1354,8 +1375,8 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
         assert!(listed.contains("SchedulingGated"), "{listed}");
     }
 
-    // 4. A restricted namespace: a claim-backed DataStage (hostPath is not
-    //    allowed there); the pod passes Pod Security and reads the data.
+    // 4. A claim-backed DataStage (its workers run in the namespace, which
+    //    enforces restricted too); the pod passes Pod Security and reads it.
     // A local PersistentVolume on node-a: its node affinity, not Ferry,
     // takes the pod there (a shared network volume would let it run anywhere).
     create_claim(&client, DATA_NS, "shared", Some("node-a")).await;

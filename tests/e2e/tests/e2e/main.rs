@@ -17,4 +17,5 @@ mod operator;
 mod real_nodes;
 mod reliability;
 mod security;
+mod tenancy;
 mod web_identity;

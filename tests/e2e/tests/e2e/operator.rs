@@ -884,7 +884,6 @@ fn quota_hold(status: &ferry_crds::DataStageStatus) -> Option<&str> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_namespace_over_its_staging_quota_waits_naming_it_and_runs_once_it_is_raised() {
     use ferry_crds::StagingQuota;
-    use k8s_openapi::api::batch::v1::Job;
     let setup = setup("quota").await;
     setup.create_secret().await;
     let client = setup.cluster.client().await.unwrap();
@@ -1164,7 +1163,6 @@ async fn a_training_pod_waits_in_its_init_container_until_its_node_has_the_data(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
-    use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::coordination::v1::Lease;
     let mut setup = setup("leader").await;
     setup.create_secret().await;
@@ -1610,7 +1608,6 @@ async fn two_nodes_read_the_dataset_from_the_store_about_once_and_only_their_pee
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_labelled_into_a_running_datastage_is_fed_by_its_peer_and_the_store_is_read_once() {
-    use k8s_openapi::api::batch::v1::Job;
     let setup = setup("fleetjoin").await;
     setup.create_secret().await;
     let_workers_report(&setup.cluster, "fleetjoin").await;
