@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ferry_crds::{DataStage, EvictionPolicy, WorkerStatus};
+use ferry_crds::{DataStage, EvictionPolicy, NodeCache, WorkerStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 
@@ -43,9 +43,12 @@ use crate::webhook::wiring::{DataRequest, GATED_LABEL};
 pub const USE_RESOLUTION: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Where the pods that read DataStages are, from the pods the caches hold
-/// (every pod labelled with a DataStage).
+/// (every pod labelled with a DataStage), and the eviction policy each
+/// NodeCache sets for the DataStages in it that set none.
 #[derive(Debug, Default)]
 pub struct InUse {
+    /// Per NodeCache: its `spec.eviction`, where it has one.
+    node_cache_evictions: BTreeMap<String, EvictionPolicy>,
     /// Per (namespace, DataStage): the nodes its unfinished pods run on.
     on_nodes: BTreeMap<(String, String), BTreeSet<String>>,
     /// DataStages an unfinished pod wants that is not on a node yet.
@@ -84,6 +87,21 @@ impl InUse {
             }
         }
         in_use
+    }
+
+    /// With the eviction policies of `caches`.
+    #[must_use]
+    pub fn with_node_caches<'a>(mut self, caches: impl IntoIterator<Item = &'a NodeCache>) -> Self {
+        self.node_cache_evictions =
+            caches.into_iter().filter_map(|cache| Some((cache.name_any(), cache.spec.eviction?))).collect();
+        self
+    }
+
+    /// Whether `ds` allows its copies to be evicted: its own
+    /// `spec.capacity.eviction`, else its NodeCache's.
+    pub fn evictable(&self, ds: &DataStage) -> bool {
+        let cache = ds.spec.destination.volume.as_ref().and_then(|v| v.node_cache.as_deref());
+        evictable(ds, cache.and_then(|name| self.node_cache_evictions.get(name).copied()))
     }
 
     /// Whether a pod of `ds` runs on `node`, or may land there.
@@ -167,7 +185,9 @@ pub fn plan_for<'a>(
                     evicting.push(format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()));
                 }
                 Some(_) => {}
-                None if evictable(ds) && !in_use.uses(ds, node) => candidates.push((last_used(ds, entry), ds, bytes)),
+                None if in_use.evictable(ds) && !in_use.uses(ds, node) => {
+                    candidates.push((last_used(ds, entry), ds, bytes))
+                }
                 None => {}
             }
         }
@@ -218,9 +238,11 @@ fn human(bytes: u64) -> String {
     ferry_contract::size::human_bytes(bytes)
 }
 
-/// Whether `ds` allows its copies to be evicted.
-pub fn evictable(ds: &DataStage) -> bool {
-    ds.spec.capacity.as_ref().and_then(|c| c.eviction) == Some(EvictionPolicy::WhenSpaceIsNeeded)
+/// Whether `ds` allows its copies to be evicted: its own
+/// `spec.capacity.eviction`, else `cache_default`, the policy of the
+/// NodeCache it stages into.
+pub fn evictable(ds: &DataStage, cache_default: Option<EvictionPolicy>) -> bool {
+    ds.spec.capacity.as_ref().and_then(|c| c.eviction).or(cache_default) == Some(EvictionPolicy::WhenSpaceIsNeeded)
 }
 
 /// `ds`'s entry on `node` when it is a staged copy of its current run on
@@ -264,7 +286,7 @@ pub fn chosen<'a>(
     in_use: &InUse,
 ) -> BTreeMap<String, Victim> {
     let mut mine = BTreeMap::new();
-    if !evictable(ds) {
+    if !in_use.evictable(ds) {
         return mine;
     }
     let (namespace, name) = key(ds);
@@ -284,7 +306,7 @@ pub fn chosen<'a>(
 pub fn idle_copies(ds: &DataStage, in_use: &InUse, now: i64) -> (BTreeMap<String, Victim>, Option<i64>) {
     let mut due = BTreeMap::new();
     let mut next = None;
-    let idle_seconds = ds.spec.capacity.as_ref().and_then(|c| c.idle_seconds).filter(|_| evictable(ds));
+    let idle_seconds = ds.spec.capacity.as_ref().and_then(|c| c.idle_seconds).filter(|_| in_use.evictable(ds));
     let (Some(idle_seconds), Some(status)) = (idle_seconds, ds.status.as_ref()) else { return (due, next) };
     let (namespace, name) = key(ds);
     for entry in status.staged_copies() {
@@ -393,6 +415,29 @@ mod tests {
 
     fn names(plan: &Plan) -> Vec<&str> {
         plan.victims.iter().map(|v| v.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_node_cache_sets_the_eviction_policy_of_the_datastages_in_it_that_set_none() {
+        let in_cache = |name: &str, eviction: Option<&str>| {
+            let mut ds = idle(name, "node-a", 8 * MIB, "2026-01-01T00:00:00Z");
+            ds.spec.destination.volume.as_mut().unwrap().host_path = None;
+            ds.spec.destination.volume.as_mut().unwrap().node_cache = Some("nvme".into());
+            ds.spec.capacity.as_mut().unwrap().eviction = eviction.map(|e| serde_json::from_value(json!(e)).unwrap());
+            ds
+        };
+        let cache = |eviction: &str| -> NodeCache {
+            serde_json::from_value(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "NodeCache",
+                "metadata": {"name": "nvme"}, "spec": {"root": "/var/lib/ferry/nvme", "eviction": eviction}}))
+            .unwrap()
+        };
+        let all = [in_cache("follows", None), in_cache("never", Some("Never")), waiter("node-a", 0, 4 * MIB)];
+        let evicting = InUse::default().with_node_caches([&cache("WhenSpaceIsNeeded")]);
+        assert_eq!(names(&plan(&all[2], &all, &evicting)), ["follows"], "its own Never wins over the cache's");
+        let keeping = InUse::default().with_node_caches([&cache("Never")]);
+        assert!(names(&plan(&all[2], &all, &keeping)).is_empty());
+        assert!(names(&plan(&all[2], &all, &InUse::default())).is_empty(), "no policy anywhere: Never");
+        assert!(evictable(&all[0], Some(EvictionPolicy::WhenSpaceIsNeeded)) && !evictable(&all[0], None));
     }
 
     #[test]

@@ -101,7 +101,7 @@ pub(super) async fn carry_out(
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &home.namespace);
     let mut existing = Caches::of_home(&ctx.caches.jobs, &home, names::WORKER);
     let awaited = ctx.caches.created.fill_in(&home.datastage, &mut existing);
-    let in_use = evicts_or_was_evicted(ds).then(|| in_use(ctx));
+    let in_use = evicts_or_was_evicted(ds, ctx, plan).then(|| in_use(ctx));
     let (run, room_found) = match choose_run(ds, ctx, workers, &existing, schedule, in_use.as_ref(), &now).await? {
         Chosen::Run(run, room_found) => (run, room_found),
         Chosen::Held(action) => return Ok(action),

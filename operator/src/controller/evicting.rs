@@ -23,14 +23,18 @@ use crate::worker::Worker;
 
 /// Whether `ds` may be evicted or has been: only then does its
 /// reconciliation read where pods use it.
-pub(super) fn evicts_or_was_evicted(ds: &DataStage) -> bool {
-    crate::eviction::evictable(ds) || ds.status.iter().flat_map(|s| &s.workers).any(|w| w.evicted.is_some())
+pub(super) fn evicts_or_was_evicted(ds: &DataStage, ctx: &Context, plan: &Plan<'_>) -> bool {
+    let cache_default = super::prepare::node_cache(plan, ctx).and_then(|cache| cache.spec.eviction);
+    crate::eviction::evictable(ds, cache_default)
+        || ds.status.iter().flat_map(|s| &s.workers).any(|w| w.evicted.is_some())
 }
 
-/// Where pods use DataStages, from the pod cache.
+/// Where pods use DataStages, from the pod cache, and the NodeCaches'
+/// eviction policies.
 pub(super) fn in_use(ctx: &Context) -> crate::eviction::InUse {
     let pods = ctx.caches.pods.state();
-    crate::eviction::InUse::of(pods.iter().map(|pod| &**pod))
+    let caches = ctx.caches.node_caches.state();
+    crate::eviction::InUse::of(pods.iter().map(|pod| &**pod)).with_node_caches(caches.iter().map(|c| &**c))
 }
 
 /// What eviction leaves to do once the status that records it is written.
