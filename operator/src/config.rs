@@ -59,7 +59,7 @@ pub struct OperatorConfig {
     /// Directories under which those DataStages may use hostPath volumes,
     /// comma-separated absolute paths (an empty entry is refused at start).
     /// A hostPath elsewhere is refused at admission.
-    #[arg(long, env = "FERRY_ALLOWED_HOST_PATHS", value_delimiter = ',', default_value = "/mnt,/data,/var/lib/ferry")]
+    #[arg(long, env = "FERRY_ALLOWED_HOST_PATHS", value_delimiter = ',', default_value = "/mnt,/data")]
     pub allowed_host_paths: Vec<String>,
 
     /// Node directories Ferry owns whole, comma-separated (empty: none). A
@@ -68,8 +68,9 @@ pub struct OperatorConfig {
     /// `DIR/.ferry-shared`, so DataStages of the same objects take their
     /// space once. Each must be one filesystem on every node, and only
     /// Ferry's: its workers may write anywhere in it. (NodeCaches say for
-    /// themselves whether they share.)
-    #[arg(long, env = "FERRY_SHARED_HOST_PATHS", value_delimiter = ',', default_value = "/var/lib/ferry")]
+    /// themselves whether they share; keep their roots out of this list,
+    /// the default NodeCache's `/var/lib/ferry` included.)
+    #[arg(long, env = "FERRY_SHARED_HOST_PATHS", value_delimiter = ',')]
     pub shared_host_paths: Vec<String>,
 
     /// Audiences the operator requests web identity tokens for,
