@@ -117,7 +117,8 @@ export KUBECONFIG="$(cat "$work/kubeconfig-path")"
 
 say "helm install ferry charts/ferry (CRD, operator Deployment, RBAC, metrics Service)"
 "$helm" install ferry charts/ferry --namespace ferry-system --create-namespace --wait --timeout 3m \
-  "${image_values[@]}" --set allowedHostPaths='{/mnt/ferry}' --set dataStageNamespaces='{default}'
+  "${image_values[@]}" --set dataStageNamespaces='{default}' \
+  --set nodeCaches[0].name=local --set nodeCaches[0].root=/mnt/ferry
 "$kubectl" -n ferry-system get pods -o wide
 "$kubectl" create secret generic s3 \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY"
@@ -146,9 +147,9 @@ fi
 
 say "Verifying: each node's local disk holds the dataset, byte for byte"
 for node in node-a node-b; do
-  dir="$work/cluster/nodes/$node/mnt/ferry/demo-v1"
+  dir="$work/cluster/nodes/$node/mnt/ferry/default/demo-v1"
   diff -r --exclude=.ferry "$work/sample" "$dir" >/dev/null
-  echo "$node: hostPath /mnt/ferry/demo-v1 = $dir: identical, $(find "$dir" -path '*/.ferry' -prune -o -type f -print | wc -l) files"
+  echo "$node: NodeCache local, /mnt/ferry/default/demo-v1 = $dir: identical, $(find "$dir" -path '*/.ferry' -prune -o -type f -print | wc -l) files"
 done
 
 say "Done; tearing down (FERRY_DEMO_KEEP=1 keeps $work)"

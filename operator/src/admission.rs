@@ -240,6 +240,35 @@ mod tests {
         validate(ds, &ds.spec.plan().unwrap(), config, facts).map(|_| ())
     }
 
+    /// The examples a new user applies first stage onto the chart's
+    /// default NodeCache, pass admission with the operator's defaults, and
+    /// the init-container form mounts the claim Ferry binds for them.
+    #[test]
+    fn the_examples_stage_onto_the_charts_node_cache_and_pods_mount_its_claim() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap();
+        let mut example: DataStage = serde_yaml::from_str(&read("examples/datastage-pull.yaml")).unwrap();
+        example.metadata.namespace = Some("ml".into());
+        let plan = example.spec.plan().unwrap();
+        let values: serde_yaml::Value = serde_yaml::from_str(&read("charts/ferry/values.yaml")).unwrap();
+        let default_cache = values["nodeCaches"][0]["name"].as_str().unwrap();
+        assert_eq!(plan.volume, Volume::NodeCache(default_cache));
+        let mut local = cache(None);
+        local.metadata.name = Some(default_cache.to_owned());
+        let facts = Facts { node_cache: Some(&local), namespace_labels: Some(&BTreeMap::new()) };
+        let config: OperatorConfig = clap::Parser::parse_from(["ferry-operator"]);
+        validate(&example, &plan, &config, &facts).unwrap();
+
+        let init_form = read("examples/training-job-init-container.yaml");
+        let job = serde_yaml::Deserializer::from_str(&init_form)
+            .map(|doc| <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap())
+            .find(|doc| doc["kind"] == "Job")
+            .unwrap();
+        let claim = &job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"];
+        assert_eq!(claim["claimName"].as_str(), Some(crate::volumes::claim_name(&example.name_any()).as_str()));
+        assert_eq!(claim["readOnly"].as_bool(), Some(true));
+    }
+
     fn cache(selector: Option<serde_json::Value>) -> NodeCache {
         let mut spec = json!({"root": "/var/lib/ferry"});
         if let Some(selector) = selector {
