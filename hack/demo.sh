@@ -19,11 +19,22 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 real_nodes=0
 [[ "${1:-}" == --real-nodes ]] && real_nodes=1
-# Real nodes' pods reach MinIO through an address of a network namespace of
-# the demo's own, where the pod bridges live too.
-if [[ "$real_nodes" == 1 && "${FERRY_IN_NETNS:-}" != 1 ]]; then
+# In a network namespace of the demo's own (hack/netns.sh, where it can:
+# root): pods get addresses the API server accepts as endpoints, so it
+# calls Ferry's webhooks behind their Service, and real nodes' pods reach
+# MinIO through an address there, where the pod bridges live too.
+if [[ "${FERRY_IN_NETNS:-}" != 1 && "${FERRY_DEMO_NETNS_TRIED:-}" != 1 ]]; then
+  export FERRY_DEMO_NETNS_TRIED=1
   exec hack/netns.sh "$0" "$@"
 fi
+if [[ "$real_nodes" == 1 && "${FERRY_IN_NETNS:-}" != 1 ]]; then
+  echo "hack/demo.sh --real-nodes needs root (a network namespace and the kubelet)" >&2
+  exit 1
+fi
+# Without one, pods have loopback addresses the API server cannot call:
+# the webhooks stay off, and the operator judges DataStages by itself.
+webhook_values=()
+[[ "${FERRY_IN_NETNS:-}" != 1 ]] && webhook_values=(--set webhook.enabled=false)
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -117,7 +128,7 @@ export KUBECONFIG="$(cat "$work/kubeconfig-path")"
 
 say "helm install ferry charts/ferry (CRD, operator Deployment, RBAC, metrics Service)"
 "$helm" install ferry charts/ferry --namespace ferry-system --create-namespace --wait --timeout 3m \
-  "${image_values[@]}" --set dataStageNamespaces='{default}' \
+  "${image_values[@]}" "${webhook_values[@]}" --set dataStageNamespaces='{default}' \
   --set nodeCaches[0].name=local --set nodeCaches[0].root=/mnt/ferry
 "$kubectl" -n ferry-system get pods -o wide
 "$kubectl" create secret generic s3 \
