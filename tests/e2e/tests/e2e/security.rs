@@ -652,11 +652,13 @@ async fn object_keys_that_climb_out_of_the_prefix_never_land_outside_the_destina
 }
 
 /// The allow-list compares spellings; the node's kernel follows symlinks.
-/// A symlink under `/mnt/ferry` pointing elsewhere (made by anyone who can
-/// write there: a training pod mounting the directory, a node admin) makes
-/// a DataStage on `/mnt/ferry/<link>` write where the link points.
+/// A symlink under `/mnt/ferry` pointing elsewhere (made by someone who
+/// can write there: a node admin; no tenant can, since tenants name no
+/// node path, their pods read staged data through a read-only claim and
+/// the root step runs Ferry's image only) makes an admin's DataStage on
+/// `/mnt/ferry/<link>` write where the link points.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "known escape (see the security report): the operator's hostPath allow-list is lexical, and the kubelet and the stager follow a symlink under the allowed root to a directory outside it"]
+#[ignore = "known limit, out of scope in docs/security.md: an admin's hostPath is checked as it is spelled, and the kubelet and the stager follow a symlink under the allowed root to a directory outside it"]
 async fn a_symlink_under_the_allowed_root_does_not_lead_the_stager_outside_it() {
     let setup = setup().await;
     let Some(node_a) = setup.cluster.node_dir("node-a") else {
