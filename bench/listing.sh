@@ -1,8 +1,8 @@
 #!/bin/bash
 # Listing throughput: s5cmd ls of N objects against a ferry pull re-run with
 # nothing to copy (listing + one stat per object + the manifest merge), same
-# MinIO, alternating, 5 repetitions each. Needs `cargo build --release -p
-# ferry-stager` and the tool cache (`hack/tools.sh install minio s5cmd`).
+# MinIO, alternating, 5 repetitions each. Needs `hack/build.sh` and the
+# tool cache (`hack/tools.sh install minio s5cmd`).
 # N=100000 bench/listing.sh
 set -u
 cd "$(dirname "$0")/.."

@@ -10,7 +10,7 @@
 #   bench/throttle.sh [scenario ...]     scenario = name:stager-flags, e.g. "rate25:--max-request-rate=25"
 #   WORKERS=20 MAX_IN_FLIGHT=16 OBJECTS=120 REPS=3 bench/throttle.sh
 #
-# Needs a release build (cargo build --release -p ferry-stager) and python3.
+# Needs a release build (hack/build.sh) and python3.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 WORKERS="${WORKERS:-20}" MAX_IN_FLIGHT="${MAX_IN_FLIGHT:-16}" OBJECTS="${OBJECTS:-120}" REPS="${REPS:-3}"

@@ -5,7 +5,7 @@
 # bytes; `pull --versions build` stages the new version beside the current
 # one (du before and after: hard links are counted once); then `ferry-stager
 # switch` flips between the two versions, 5 times each way, timed.
-# Needs `cargo build --release -p ferry-stager` and `hack/tools.sh install minio s5cmd`.
+# Needs `hack/build.sh` and `hack/tools.sh install minio s5cmd`.
 # N=1000 SIZE=262144 bench/versions.sh
 set -u
 cd "$(dirname "$0")/.."

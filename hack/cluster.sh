@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 hack/tools.sh install etcd kube-apiserver kubectl
-cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
+hack/build.sh >&2
 # --real-nodes: kubelets with containerd and runc, running the images built here.
 if [[ " $* " == *" --real-nodes "* ]]; then
   hack/tools.sh install kubelet containerd ctr runc cni-plugins busybox

@@ -44,7 +44,7 @@ hack/tools.sh install minio etcd kube-apiserver kubectl helm
 minio="$(hack/tools.sh path minio)"
 kubectl="$(hack/tools.sh path kubectl)"
 helm="$(hack/tools.sh path helm)"
-cargo build --release --locked -p ferry-stager -p ferry-operator -p ferry-e2e
+hack/build.sh
 bin="$CARGO_TARGET_DIR/release"
 stager="$bin/ferry-stager"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"

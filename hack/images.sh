@@ -32,7 +32,7 @@ done
 out="$CARGO_TARGET_DIR/images"
 
 if [[ "$build" == 1 ]]; then
-  cargo build --release --locked -p ferry-operator -p ferry-stager --bins >&2
+  hack/build.sh >&2
 fi
 python3 images/oci_image.py ferry --bin-dir "$CARGO_TARGET_DIR/release" --out "$out" --tag "$tag" \
   ${prefix:+--repository-prefix "$prefix"}

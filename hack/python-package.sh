@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lays out the `ferry` Python package from this checkout for tests and
-# benchmarks: builds the extension with the workspace (the same cargo
-# invocation as hack/test.sh, so nothing is compiled twice), puts it beside
+# benchmarks: builds the extension with the workspace (hack/build.sh, the
+# build every script shares, so nothing is compiled twice), puts it beside
 # python/ferry's Python files in $CARGO_TARGET_DIR/python/, and prints that
 # directory for PYTHONPATH.
 #
@@ -14,10 +14,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 python="${1:?usage: hack/python-package.sh PYTHON}"
-# An extension module does not link libpython: the interpreter loading it
-# provides it (what maturin sets for PyO3 as well).
-export PYO3_BUILD_EXTENSION_MODULE=1
-cargo build --release --locked --workspace --bins --lib >&2
+hack/build.sh >&2
 out="$CARGO_TARGET_DIR/python"
 rm -rf "$out" && mkdir -p "$out/ferry"
 cp python/ferry/*.py python/ferry/*.pyi python/ferry/py.typed "$out/ferry/"

@@ -3,9 +3,23 @@
 # servers the tests talk to (cached after the first run), builds the
 # workspace once in release mode, and runs unit and integration tests.
 #
-#   hack/test.sh [extra cargo test arguments]
+#   hack/test.sh [--long] [extra cargo test arguments]
+#
+# --long runs the long versions of the scenarios that have one (FERRY_LONG=1:
+# the full-size scale, soak and fleet runs, the many-DataStage bursts);
+# the default run has a small version of each. tests/e2e/README.md lists
+# them with their times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# How long the test run may take before it is stopped as hung: the default
+# run takes about twenty minutes on two cores.
+test_limit=35m
+if [[ "${1:-}" == --long ]]; then
+  shift
+  export FERRY_LONG=1
+  test_limit=120m
+fi
 
 # Build artifacts stay in this checkout's target/: cargo judges freshness by
 # paths relative to the workspace and by mtimes, so a target directory
@@ -37,13 +51,16 @@ cargo fmt --all --check
 # cargo test must not rebuild what cargo build built (see the script).
 hack/check-features.sh
 # e2e tests run the workspace's binaries (operator, stager) as processes:
-# build them first, so no test ever runs a stale one. --lib builds the Python
-# extension in the same invocation, so its dependencies are compiled once
-# with the workspace's features (hack/python-package.sh repeats it as a
-# no-op); an extension module does not link libpython.
+# build them first, so no test ever runs a stale one. hack/build.sh is the
+# build every script makes (the Python extension included), so the demo,
+# the images and the Python package find it done. `cargo test` must see the
+# environment that build sets for PyO3, or it rebuilds the extension.
 export PYO3_BUILD_EXTENSION_MODULE=1
 step "build"
-cargo build --release --workspace --locked --bins --lib
+# The dependencies compiled by an earlier run on this machine, if any (the
+# script says why Ferry's own crates always compile anew).
+hack/target-cache.sh restore
+hack/build.sh
 # The images real nodes run (tests/e2e/tests/e2e/real_nodes.rs), from the
 # binaries just built, with the e2e harness's pause and shell images.
 step "images"
@@ -60,6 +77,7 @@ cargo fetch --locked
 # counts it either stops a slow build or lets a hung test run long.
 step "compile the tests"
 cargo test --release --workspace --locked --offline --no-run "$@"
+hack/target-cache.sh save
 # A hung test must fail CI, not stall it: the tests themselves take about
 # twenty minutes on two cores. hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
@@ -67,7 +85,7 @@ cargo test --release --workspace --locked --offline --no-run "$@"
 # --no-fail-fast: one failing test binary must not hide the others'
 # results (so it is not an argument to pass to this script).
 step "run the tests"
-hack/netns.sh timeout --kill-after=60 35m cargo test --release --workspace --locked --offline --no-fail-fast "$@"
+hack/netns.sh timeout --kill-after=60 "$test_limit" cargo test --release --workspace --locked --offline --no-fail-fast "$@"
 
 # The `ferry` Python package from this checkout, its tests against MinIO
 # and fake-gcs-server (python/tests) in the pinned test environment.
