@@ -20,6 +20,12 @@ if [[ "${1:-}" == --long ]]; then
   export FERRY_LONG=1
   test_limit=120m
 fi
+# Arguments before `--` go to cargo (`--test e2e`), those after it to the
+# test binaries (a filter), as with `cargo test`.
+cargo_args=() test_args=()
+while (($#)) && [[ "$1" != -- ]]; do cargo_args+=("$1"); shift; done
+(($#)) && shift
+test_args=("$@")
 
 # Build artifacts stay in this checkout's target/: cargo judges freshness by
 # paths relative to the workspace and by mtimes, so a target directory
@@ -76,16 +82,24 @@ cargo fetch --locked
 # compiling takes depends on the machine and its caches, and a limit that
 # counts it either stops a slow build or lets a hung test run long.
 step "compile the tests"
-cargo test --release --workspace --locked --offline --no-run "$@"
+test_binaries="$CARGO_TARGET_DIR/test-binaries.tsv"
+cargo test --release --workspace --locked --offline --no-run --message-format=json-render-diagnostics \
+  ${cargo_args[@]+"${cargo_args[@]}"} | hack/run-tests.sh --list >"$test_binaries"
 hack/target-cache.sh save
 # A hung test must fail CI, not stall it: the tests themselves take about
-# twenty minutes on two cores. hack/netns.sh gives the run a network
+# fifteen minutes on two cores. hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
-# --no-fail-fast: one failing test binary must not hide the others'
-# results (so it is not an argument to pass to this script).
+# hack/run-tests.sh runs the binaries just compiled, each with the test
+# threads it suits (the script says why), and every one even when one
+# fails, as `cargo test --no-fail-fast` would.
 step "run the tests"
-hack/netns.sh timeout --kill-after=60 "$test_limit" cargo test --release --workspace --locked --offline --no-fail-fast "$@"
+hack/netns.sh timeout --kill-after=60 "$test_limit" hack/run-tests.sh "$test_binaries" ${test_args[@]+"${test_args[@]}"}
+# Examples in doc comments, which `cargo test --no-run` does not compile;
+# only for the whole workspace (cargo refuses --doc beside a target).
+if ((${#cargo_args[@]} == 0)); then
+  cargo test --release --workspace --locked --offline --doc ${test_args[@]+-- "${test_args[@]}"}
+fi
 
 # The `ferry` Python package from this checkout, its tests against MinIO
 # and fake-gcs-server (python/tests) in the pinned test environment.
