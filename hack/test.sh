@@ -3,7 +3,11 @@
 # servers the tests talk to (cached after the first run), builds the
 # workspace once in release mode, and runs unit and integration tests.
 #
-#   hack/test.sh [--long] [extra cargo test arguments]
+#   hack/test.sh [--long] [CARGO ARGUMENTS...] [-- TEST ARGUMENTS...]
+#
+# CARGO ARGUMENTS select what is compiled and run (`--test e2e`); a filter
+# goes after `--` (`hack/test.sh --test e2e -- operator::`), where the test
+# binaries see it.
 #
 # --long runs the long versions of the scenarios that have one (FERRY_LONG=1:
 # the full-size scale, soak and fleet runs, the many-DataStage bursts);
@@ -20,8 +24,7 @@ if [[ "${1:-}" == --long ]]; then
   export FERRY_LONG=1
   test_limit=120m
 fi
-# Arguments before `--` go to cargo (`--test e2e`), those after it to the
-# test binaries (a filter), as with `cargo test`.
+# Arguments before `--` go to cargo, those after it to the test binaries.
 cargo_args=() test_args=()
 while (($#)) && [[ "$1" != -- ]]; do cargo_args+=("$1"); shift; done
 (($#)) && shift
