@@ -90,7 +90,7 @@ cargo test --release --workspace --locked --offline --no-run --message-format=js
   ${cargo_args[@]+"${cargo_args[@]}"} | hack/run-tests.sh --list >"$test_binaries"
 hack/target-cache.sh save
 # A hung test must fail CI, not stall it: the tests themselves take about
-# fifteen minutes on two cores. hack/netns.sh gives the run a network
+# ten minutes on two cores. hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
 # hack/run-tests.sh runs the binaries just compiled, each with the test
