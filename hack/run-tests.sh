@@ -15,11 +15,14 @@
 # waiting (control planes starting, pods scheduled, kubelets syncing: on two
 # cores the CPUs sit 55-80 % idle during it), so it starts first and runs
 # beside the other binaries, which are CPU-bound and keep libtest's default
-# of one thread per CPU. Inside it, the real-node scenario (the longest, about
-# four minutes) runs in a process of its own from the start, and the rest
-# four at a time. Measured on two cores: e2e 845 s at two threads, 547 s at
-# four with the real-node scenario among the rest; the whole test run
-# 9.2-9.6 minutes this way instead of 18.7 under `cargo test`.
+# of one thread per CPU. Inside it, each scenario runs in a process of its
+# own, FERRY_E2E_JOBS (5) at a time, the longest first: libtest starts its
+# tests in name order, so a long scenario that sorts late (real_nodes, four
+# minutes) ran alone at the end while the other threads sat idle. How long
+# each scenario took is read from the last run on this machine
+# ($CARGO_TARGET_DIR/e2e-seconds.tsv) or, on a clean clone, from the figures
+# checked in beside the tests (tests/e2e/scenario-seconds.tsv); a scenario in
+# neither starts first, as the one most likely being worked on.
 #
 # Like `cargo test --no-fail-fast`, every binary runs even when one fails;
 # the exit status is non-zero if any did. Each binary runs from its
@@ -41,16 +44,31 @@ fi
 list="$1"
 shift
 
-# The e2e binary's test threads (FERRY_E2E_TEST_THREADS overrides them), and
-# the scenario that runs in a process of its own beside the rest.
+# How many e2e scenarios run at once (FERRY_E2E_JOBS overrides it), and
+# the seconds each took, by the last run here and as checked in.
+e2e_jobs="${FERRY_E2E_JOBS:-5}"
 e2e_threads="${FERRY_E2E_TEST_THREADS:-4}"
-e2e_alone="real_nodes::"
+e2e_seconds="${CARGO_TARGET_DIR:-target}/e2e-seconds.tsv"
+e2e_seconds_checked_in="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/e2e/scenario-seconds.tsv"
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
-# Stopped as hung (hack/test.sh's timeout): what the runs beside had printed
-# is what says where they hung.
-trap 'cat "$logs"/*.log 2>/dev/null; exit 124' TERM INT
+# Stopped as hung (hack/test.sh's timeout): what the runs beside had printed,
+# and the output of every e2e scenario that had not finished, say where
+# they hung.
+stopped() {
+  local log name
+  cat "$logs"/*.log 2>/dev/null
+  for log in "$logs"/e2e/*.log; do
+    [[ -e "$log" ]] || continue
+    name=${log##*/} name=${name%.log}
+    cut -f1 "$logs/e2e-results.tsv" 2>/dev/null | grep -qxF "$name" && continue
+    echo "== run-tests.sh: e2e $name had not finished; its output:"
+    cat "$log"
+  done
+  exit 124
+}
+trap stopped TERM INT
 failed=()
 
 # run LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: runs one test binary from
@@ -72,6 +90,68 @@ run_beside() {
   beside+=("$!:$1")
 }
 
+# run_beside_pool LABEL EXECUTABLE DIRECTORY: e2e_pool in the background,
+# timed like `run`, its output kept until the end.
+run_beside_pool() {
+  local label=$1
+  shift
+  (
+    start=$SECONDS status=0
+    e2e_pool "$@" || status=$?
+    echo "== run-tests.sh: $label: $((SECONDS - start)) s, exit $status"
+    exit "$status"
+  ) >"$logs/${#beside[@]}.log" 2>&1 &
+  beside+=("$!:$label")
+}
+
+# e2e_pool EXECUTABLE DIRECTORY: every e2e scenario not marked #[ignore] in
+# a process of its own, $e2e_jobs at a time, the longest first; prints one
+# line per scenario, longest first, and the whole output of those that
+# failed. Records the seconds each took in $e2e_seconds.
+e2e_pool() {
+  local executable=$1 directory=$2 results="$logs/e2e-results.tsv" name
+  local -a order
+  mkdir -p "$logs/e2e"
+  : >"$results"
+  # Names (libtest's terse list) less the ignored ones, with the seconds
+  # recorded for each (none: first), the longest first.
+  local seconds=/dev/null
+  if [[ -s "$e2e_seconds" ]]; then
+    seconds=$e2e_seconds
+  elif [[ -s "$e2e_seconds_checked_in" ]]; then
+    seconds=$e2e_seconds_checked_in
+  fi
+  mapfile -t order < <(
+    cd "$directory"
+    "$executable" --list --format terse --ignored | sed -n 's/: test$//p' >"$logs/e2e-ignored"
+    "$executable" --list --format terse | sed -n 's/: test$//p' | grep -vxFf "$logs/e2e-ignored" |
+      awk -F'\t' 'FILENAME != "-" { s[$1] = $2; next }
+                  { print (($0 in s) ? s[$0] : 1e9) "\t" $0 }' "$seconds" - |
+      sort -t$'\t' -k1,1gr | cut -f2
+  )
+  for name in "${order[@]}"; do
+    while (($(jobs -rp | wc -l) >= e2e_jobs)); do wait -n || true; done
+    (
+      start=$SECONDS status=0
+      (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$executable" --exact "$name" </dev/null) \
+        >"$logs/e2e/$name.log" 2>&1 || status=$?
+      printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$status" >>"$results"
+    ) &
+  done
+  wait
+  sort -t$'\t' -k2,2nr "$results" | while IFS=$'\t' read -r name seconds status; do
+    echo "== run-tests.sh: e2e $name: $seconds s, exit $status"
+  done
+  cut -f1,2 "$results" >"$e2e_seconds.new" && mv "$e2e_seconds.new" "$e2e_seconds"
+  local -a failures
+  mapfile -t failures < <(awk -F'\t' '$3 != 0 { print $1 }' "$results")
+  for name in ${failures[@]+"${failures[@]}"}; do
+    echo "== run-tests.sh: e2e $name failed; its output:"
+    cat "$logs/e2e/$name.log"
+  done
+  ((${#failures[@]} == 0))
+}
+
 while IFS=$'\t' read -r executable directory name; do
   [[ "$name" == e2e ]] || continue
   if (($#)); then
@@ -81,8 +161,7 @@ while IFS=$'\t' read -r executable directory name; do
     [[ " $* " == *" --test-threads"* ]] && threads=()
     run_beside e2e "$executable" "$directory" ${threads[@]+"${threads[@]}"} "$@"
   else
-    run_beside "e2e $e2e_alone" "$executable" "$directory" "$e2e_alone"
-    run_beside "e2e, the rest" "$executable" "$directory" --test-threads "$e2e_threads" --skip "$e2e_alone"
+    run_beside_pool e2e "$executable" "$directory"
   fi
 done <"$list"
 
