@@ -21,6 +21,9 @@ use crate::size::ByteSize;
 
 /// The port workers serve their peers on, unless told otherwise.
 pub const DEFAULT_PEER_PORT: u16 = 9466;
+/// The environment variable that carries the pod's IP (downward API) for
+/// `--peer-listen`: the operator sets it, the flag names it as `$(POD_IP)`.
+pub const POD_IP_ENV: &str = "POD_IP";
 /// The environment variable that carries the peers' shared secret. A secret
 /// is never a flag: flags show in `ps` and in the pod spec.
 pub const PEER_TOKEN_ENV: &str = "FERRY_PEER_TOKEN";

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 pub mod budget;
+pub mod conditions;
 pub mod names;
 pub mod node_cache;
 pub mod plan;

@@ -1,11 +1,18 @@
 //! The names Ferry's parts agree on: labels, annotations, finalizers,
 //! field managers and scheduling gates on the objects the operator, its
 //! workers and the webhook make or read. Each is spelled here once; the
-//! operator, the stager, the webhook and the end-to-end tests import it.
+//! operator, the stager, the webhook and the end-to-end tests import it,
+//! with [`DataStageKey`], the DataStage those labels name.
 //!
 //! Not here: condition and failure reasons (`ferry_contract::Reason` and
-//! the operator's `status::reasons`), which are about what happened, not
-//! about which object is whose.
+//! the operator's, [`crate::conditions`]), which are about what happened,
+//! not about which object is whose.
+
+use std::collections::BTreeMap;
+
+use kube::ResourceExt as _;
+
+use crate::DataStage;
 
 /// Label on every object made for a DataStage, and on training pods that
 /// read one (one DataStage; an annotation of the same key names several,
@@ -109,6 +116,34 @@ pub const FERRY_KEYS: [&str; 19] = [
     CLEANUP_FINALIZER,
     OPERATOR_MANAGER,
 ];
+
+/// A DataStage as the objects made for it name it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DataStageKey {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+}
+
+impl DataStageKey {
+    /// The key of `ds`.
+    pub fn of(ds: &DataStage) -> Self {
+        Self { namespace: ds.namespace().unwrap_or_default(), name: ds.name_any(), uid: ds.uid().unwrap_or_default() }
+    }
+
+    /// The key an object made for a DataStage carries in its labels, with
+    /// the namespace the object is in when it names none (a claim's Jobs,
+    /// and those of releases before the workers' namespace).
+    pub fn from_labels(object_namespace: Option<&str>, labels: &BTreeMap<String, String>) -> Option<Self> {
+        let name = labels.get(DATASTAGE)?.clone();
+        let namespace = labels.get(DATASTAGE_NAMESPACE).map(String::as_str).or(object_namespace)?.to_owned();
+        let uid = labels.get(DATASTAGE_UID).cloned().unwrap_or_default();
+        Some(Self { namespace, name, uid })
+    }
+}
 
 #[cfg(test)]
 mod tests {

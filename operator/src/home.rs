@@ -27,35 +27,9 @@ use ferry_crds::names;
 use ferry_crds::plan::Plan;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::{Resource as _, ResourceExt as _};
+use kube::Resource as _;
 
-/// A DataStage as the objects made for it name it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DataStageKey {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Its uid.
-    pub uid: String,
-}
-
-impl DataStageKey {
-    /// The key of `ds`.
-    pub fn of(ds: &DataStage) -> Self {
-        Self { namespace: ds.namespace().unwrap_or_default(), name: ds.name_any(), uid: ds.uid().unwrap_or_default() }
-    }
-
-    /// The key an object made for a DataStage carries in its labels, with
-    /// the namespace the object is in when it names none (a claim's Jobs,
-    /// and those of releases before the workers' namespace).
-    pub fn from_labels(object_namespace: Option<&str>, labels: &BTreeMap<String, String>) -> Option<Self> {
-        let name = labels.get(names::DATASTAGE)?.clone();
-        let namespace = labels.get(names::DATASTAGE_NAMESPACE).map(String::as_str).or(object_namespace)?.to_owned();
-        let uid = labels.get(names::DATASTAGE_UID).cloned().unwrap_or_default();
-        Some(Self { namespace, name, uid })
-    }
-}
+pub use ferry_crds::names::DataStageKey;
 
 /// Where one DataStage's workers run and what is made for them there.
 #[derive(Clone, Debug, PartialEq)]

@@ -35,9 +35,7 @@ use crate::jobs::Worker;
 
 /// Name of the worker container port on which a worker serves its peers.
 pub const PEER_PORT_NAME: &str = "peers";
-/// The environment variable that carries the pod's IP (downward API) for
-/// `--peer-listen`.
-pub const POD_IP_ENV: &str = "POD_IP";
+pub use ferry_contract::peers::POD_IP_ENV;
 /// Random bytes in a peer secret (hex-encoded in the Secret).
 const TOKEN_BYTES: usize = 32;
 /// Where a worker finds its `--peer-tls` files: the peer Secret's CA,

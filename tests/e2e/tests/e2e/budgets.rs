@@ -197,7 +197,7 @@ impl Setup {
             }
             let args = job.spec.and_then(|s| s.template.spec).and_then(|s| s.containers[0].args.clone());
             // As the kubelet expands them: the pod's IP where the peers listen.
-            let pod_ip = format!("$({})", ferry_operator::peers::POD_IP_ENV);
+            let pod_ip = format!("$({})", ferry_contract::peers::POD_IP_ENV);
             let args = args.unwrap_or_default().into_iter().map(|arg| arg.replace(&pod_ip, "10.0.0.1"));
             let cli = StagerCli::try_parse_from(std::iter::once("ferry-stager".to_owned()).chain(args))
                 .expect("the operator's arguments parse");

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_contract::Reason;
+use ferry_crds::conditions::reasons;
 use ferry_crds::names::DATASTAGE as DATASTAGE_LABEL;
+use ferry_crds::names::DataStageKey;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
 use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
-use ferry_operator::home::DataStageKey;
-use ferry_operator::status::reasons;
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
