@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # How long the test run may take before it is stopped as hung: the default
-# run takes about twenty minutes on two cores.
+# run's tests take 7-9 minutes on two cores, and other machines are slower.
 test_limit=35m
 if [[ "${1:-}" == --long ]]; then
   shift
@@ -89,13 +89,12 @@ test_binaries="$CARGO_TARGET_DIR/test-binaries.tsv"
 cargo test --release --workspace --locked --offline --no-run --message-format=json-render-diagnostics \
   ${cargo_args[@]+"${cargo_args[@]}"} | hack/run-tests.sh --list >"$test_binaries"
 hack/target-cache.sh save
-# A hung test must fail CI, not stall it: the tests themselves take about
-# ten minutes on two cores. hack/netns.sh gives the run a network
+# A hung test must fail CI, not stall it (the limit above). hack/netns.sh gives the run a network
 # namespace in which pods get addresses the API server accepts as
 # endpoints, so it calls the operator's webhook through its Service.
-# hack/run-tests.sh runs the binaries just compiled, each with the test
-# threads it suits (the script says why), and every one even when one
-# fails, as `cargo test --no-fail-fast` would.
+# hack/run-tests.sh runs the binaries just compiled, the e2e scenarios each
+# in a process of its own beside the others (the script says why), and
+# every one even when one fails, as `cargo test --no-fail-fast` would.
 step "run the tests"
 hack/netns.sh timeout --kill-after=60 "$test_limit" hack/run-tests.sh "$test_binaries" ${test_args[@]+"${test_args[@]}"}
 # Examples in doc comments, which `cargo test --no-run` does not compile;
