@@ -71,36 +71,37 @@ stopped() {
 trap stopped TERM INT
 failed=()
 
-# run LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: runs one test binary from
-# its package's directory, prints how long it took.
-run() {
-  local label=$1 executable=$2 directory=$3 start status=0
-  shift 3
-  start=$SECONDS
-  (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$executable" "$@" </dev/null) || status=$?
+# in_package DIRECTORY EXECUTABLE [ARGUMENTS...]: runs a test binary as
+# cargo runs it, from its package's directory with CARGO_MANIFEST_DIR set.
+in_package() {
+  local directory=$1
+  shift
+  (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$@" </dev/null)
+}
+
+# timed LABEL COMMAND...: runs COMMAND, prints how long it took.
+timed() {
+  local label=$1 start=$SECONDS status=0
+  shift
+  "$@" || status=$?
   echo "== run-tests.sh: $label: $((SECONDS - start)) s, exit $status"
   return "$status"
 }
 
-# run_beside LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: the same in the
-# background, its output kept until the end.
-beside=()
-run_beside() {
-  run "$@" >"$logs/${#beside[@]}.log" 2>&1 &
-  beside+=("$!:$1")
+# run LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: one test binary, timed.
+run() {
+  local label=$1 executable=$2 directory=$3
+  shift 3
+  timed "$label" in_package "$directory" "$executable" "$@"
 }
 
-# run_beside_pool LABEL EXECUTABLE DIRECTORY: e2e_pool in the background,
-# timed like `run`, its output kept until the end.
-run_beside_pool() {
+# run_beside LABEL COMMAND...: COMMAND in the background, its output kept
+# until the end.
+beside=()
+run_beside() {
   local label=$1
   shift
-  (
-    start=$SECONDS status=0
-    e2e_pool "$@" || status=$?
-    echo "== run-tests.sh: $label: $((SECONDS - start)) s, exit $status"
-    exit "$status"
-  ) >"$logs/${#beside[@]}.log" 2>&1 &
+  "$@" >"$logs/${#beside[@]}.log" 2>&1 &
   beside+=("$!:$label")
 }
 
@@ -133,8 +134,7 @@ e2e_pool() {
     while (($(jobs -rp | wc -l) >= e2e_jobs)); do wait -n || true; done
     (
       start=$SECONDS status=0
-      (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$executable" --exact "$name" </dev/null) \
-        >"$logs/e2e/$name.log" 2>&1 || status=$?
+      in_package "$directory" "$executable" --exact "$name" >"$logs/e2e/$name.log" 2>&1 || status=$?
       printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$status" >>"$results"
     ) &
   done
@@ -159,9 +159,9 @@ while IFS=$'\t' read -r executable directory name; do
     # the caller's --test-threads if they gave one (libtest refuses two).
     threads=(--test-threads "$e2e_threads")
     [[ " $* " == *" --test-threads"* ]] && threads=()
-    run_beside e2e "$executable" "$directory" ${threads[@]+"${threads[@]}"} "$@"
+    run_beside e2e run e2e "$executable" "$directory" ${threads[@]+"${threads[@]}"} "$@"
   else
-    run_beside_pool e2e "$executable" "$directory"
+    run_beside e2e timed e2e e2e_pool "$executable" "$directory"
   fi
 done <"$list"
 

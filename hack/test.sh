@@ -89,9 +89,10 @@ test_binaries="$CARGO_TARGET_DIR/test-binaries.tsv"
 cargo test --release --workspace --locked --offline --no-run --message-format=json-render-diagnostics \
   ${cargo_args[@]+"${cargo_args[@]}"} | hack/run-tests.sh --list >"$test_binaries"
 hack/target-cache.sh save
-# A hung test must fail CI, not stall it (the limit above). hack/netns.sh gives the run a network
-# namespace in which pods get addresses the API server accepts as
-# endpoints, so it calls the operator's webhook through its Service.
+# A hung test must fail CI, not stall it (the limit above). hack/netns.sh
+# gives the run a network namespace in which pods get addresses the API
+# server accepts as endpoints, so it calls the operator's webhook through
+# its Service.
 # hack/run-tests.sh runs the binaries just compiled, the e2e scenarios each
 # in a process of its own beside the others (the script says why), and
 # every one even when one fails, as `cargo test --no-fail-fast` would.

@@ -1,9 +1,8 @@
 //! The operator's Event publisher against a real API server (the control
-//! plane of the end-to-end harness, without nodes): the one part of the
-//! operator whose behaviour is the API server's answers (a series' PATCH,
-//! a deleted Event), so it is tested here, beside its crate, rather than in
-//! the e2e binary, which then need not be rebuilt for a change to the
-//! operator.
+//! plane of the end-to-end harness, without nodes): what it does depends on
+//! the API server's answers (a series' PATCH, a deleted Event). It is
+//! tested here, beside its crate, rather than in the e2e binary, so that a
+//! change to the operator does not rebuild that binary.
 
 use ferry_e2e::{Cluster, create_namespace};
 use ferry_operator::events::EventPublisher;
