@@ -71,6 +71,12 @@ pub mod reasons {
     pub const INVALID_TRANSFER: &str = "InvalidTransfer";
     /// `spec.schedule` or `spec.timeZone` does not parse.
     pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
+    /// `spec.placement` holds what the API server refuses in a pod (a label
+    /// key or value, a toleration, a node affinity term).
+    pub const INVALID_PLACEMENT: &str = "InvalidPlacement";
+    /// The API server refused the worker Job Ferry built from the spec, for
+    /// a rule the operator does not check itself: its message says which.
+    pub const INVALID_WORKER_JOB: &str = "InvalidWorkerJob";
     /// The spec lacks a store or a volume (written before the schema's rules).
     pub const INCOMPLETE_SPEC: &str = "IncompleteSpec";
     /// The DataStage's name is longer than a label value may be (63),

@@ -70,6 +70,14 @@ pub fn validate(
         });
     }
     volume(plan, &namespace, config, facts)?;
+    if let Some((field, why)) = ds.spec.placement.as_ref().and_then(crate::placement_syntax::placement_error) {
+        return Err(Invalid {
+            reason: reasons::INVALID_PLACEMENT,
+            message: format!(
+                "{field}: {why}; the worker pods carry spec.placement as written, and the API server refuses such a pod"
+            ),
+        });
+    }
     if let Some(image) = ds.spec.image.as_deref()
         && !config.image_allowed(image)
     {
@@ -422,5 +430,20 @@ mod tests {
         scheduled.spec.time_zone = Some("Mars/Base".into());
         let invalid = validate(&scheduled, &scheduled.spec.plan().unwrap(), &config, &Facts::default()).unwrap_err();
         assert!(invalid.message.contains("Mars/Base"), "{}", invalid.message);
+    }
+
+    #[test]
+    fn a_placement_the_api_server_would_refuse_in_a_pod_is_refused_naming_the_field() {
+        let config = OperatorConfig::test();
+        let mut placed = host_path_ds("/mnt/x", "s3://b/p");
+        placed.spec.placement =
+            Some(serde_json::from_value(serde_json::json!({"nodeSelector": {"zone": "a"}})).unwrap());
+        assert_eq!(validate(&placed, &placed.spec.plan().unwrap(), &config, &Facts::default()), Ok(None));
+        placed.spec.placement = Some(
+            serde_json::from_value(serde_json::json!({"tolerations": [{"key": "<b>", "operator": "Exists"}]})).unwrap(),
+        );
+        let invalid = validate(&placed, &placed.spec.plan().unwrap(), &config, &Facts::default()).unwrap_err();
+        assert_eq!(invalid.reason, reasons::INVALID_PLACEMENT);
+        assert!(invalid.message.starts_with("spec.placement.tolerations[0]: key \"<b>\""), "{}", invalid.message);
     }
 }

@@ -73,8 +73,14 @@ impl Home {
     /// A name for an object of this home: the prefix, `-part` and `suffix`,
     /// at most 63 characters.
     pub fn name(&self, part: &str, suffix: &str) -> String {
+        self.name_within(part, suffix, MAX_NAME)
+    }
+
+    /// [`Home::name`] in at most `limit` characters, for a name something
+    /// else is appended to later.
+    pub fn name_within(&self, part: &str, suffix: &str, limit: usize) -> String {
         let base = if part.is_empty() { self.prefix.clone() } else { format!("{}-{part}", self.prefix) };
-        bounded_name(&base, suffix)
+        bounded_name_within(&base, suffix, limit)
     }
 
     /// The labels every object made here carries, with `role`: the
@@ -161,12 +167,20 @@ fn workers_prefix(key: &DataStageKey) -> String {
 /// when too long, `base` is cut and a hash of all of it keeps names of
 /// different long bases apart.
 pub(crate) fn bounded_name(base: &str, suffix: &str) -> String {
+    bounded_name_within(base, suffix, MAX_NAME)
+}
+
+/// The longest name a label value (and a DNS label) holds.
+const MAX_NAME: usize = 63;
+
+/// [`bounded_name`] in at most `limit` characters.
+fn bounded_name_within(base: &str, suffix: &str, limit: usize) -> String {
     let full = format!("{base}{suffix}");
-    if full.len() <= 63 {
+    if full.len() <= limit {
         return full;
     }
     let hash = ferry_contract::hash::fnv1a(base.as_bytes());
-    let keep = 63usize.saturating_sub(suffix.len() + 9);
+    let keep = limit.saturating_sub(suffix.len() + 9);
     let cut = base.char_indices().map(|(i, _)| i).take_while(|i| *i <= keep).last().unwrap_or(0);
     format!("{}-{:08x}{suffix}", base[..cut.min(keep)].trim_end_matches(['-', '.']), hash as u32)
 }

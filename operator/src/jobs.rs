@@ -92,9 +92,12 @@ pub const METRICS_PORT_NAME: &str = "metrics";
 
 /// The Job name of a worker in run `run`: `<prefix>-<worker>-r<run>`,
 /// the prefix being the DataStage's name in its own namespace
-/// ([`Home::prefix`]).
-pub fn job_name(home: &Home, worker: &Worker, run: i64) -> String {
-    home.name(&worker.name, &format!("-r{run}"))
+/// ([`Home::prefix`]). An Indexed Job of `pods` pods names each pod's
+/// host `<job>-<index>`, and the API server refuses the Job unless the
+/// largest of those is a DNS label too: the name leaves room for it.
+pub fn job_name(home: &Home, worker: &Worker, run: i64, pods: u32) -> String {
+    let index_room = if pods > 1 { 1 + (pods - 1).to_string().len() } else { 0 };
+    home.name_within(&worker.name, &format!("-r{run}"), 63 - index_room)
 }
 
 /// The name of the clean-up Job of a worker.
@@ -844,11 +847,12 @@ pub fn build_job(
         pod_labels.insert(names::AZURE_WORKLOAD_IDENTITY.to_owned(), "true".to_owned());
     }
     let pods = i32::try_from(plan.pods_per_worker).unwrap_or(1);
+    let name = job_name(&home, worker, run, pods.unsigned_abs());
     Job {
         metadata: ObjectMeta {
             labels: Some(labels.clone()),
             annotations: (!dividing.is_empty()).then(|| BTreeMap::from([crate::peers::group_annotation(&dividing)])),
-            ..home.metadata(job_name(&home, worker, run), (names::WORKER, &worker.name))
+            ..home.metadata(name, (names::WORKER, &worker.name))
         },
         spec: Some(JobSpec {
             completion_mode: Some(if pods > 1 { "Indexed" } else { "NonIndexed" }.into()),
@@ -1516,10 +1520,29 @@ mod tests {
         let mut long = ds.clone();
         long.metadata.name = Some("a".repeat(63));
         let home = WorkerDefaults::image("s:1").home(&long, &long.spec.plan().unwrap());
-        let one = job_name(&home, &Worker::on_node("node-1"), 12);
-        let two = job_name(&home, &Worker::on_node("node-2"), 12);
+        let one = job_name(&home, &Worker::on_node("node-1"), 12, 1);
+        let two = job_name(&home, &Worker::on_node("node-2"), 12, 1);
         assert!(one.len() <= 63 && two.len() <= 63 && one.ends_with("-r12"), "{one}");
         assert_ne!(one, two);
+    }
+
+    /// The API server refuses an Indexed Job whose name and largest index
+    /// (`<job>-<index>`, its last pod's hostname) are not a DNS label.
+    #[test]
+    fn an_indexed_jobs_name_leaves_room_for_its_largest_pod_index() {
+        let ds = datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
+        let mut long = ds.clone();
+        long.metadata.name = Some("n".repeat(63));
+        let home = WorkerDefaults::image("s:1").home(&long, &long.spec.plan().unwrap());
+        for pods in [1u32, 2, 10, 11, 100, 101, 1000] {
+            let name = job_name(&home, &Worker::on_node("node-1"), 1, pods);
+            let hostname = if pods > 1 { format!("{name}-{}", pods - 1) } else { name.clone() };
+            assert!(hostname.len() <= 63, "{pods} pods: {hostname} ({} characters)", hostname.len());
+            assert!(name.ends_with("-r1"), "{name}");
+        }
+        // A short name is left as it is.
+        let short = WorkerDefaults::image("s:1").home(&ds, &ds.spec.plan().unwrap());
+        assert_eq!(job_name(&short, &Worker::shared(), 3, 8), short.name("shared", "-r3"));
     }
 
     #[test]

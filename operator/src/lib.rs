@@ -13,6 +13,7 @@
 //! * [`sweeper`]: what a deleted DataStage leaves outside its namespace.
 //! * [`worker`]: a DataStage's workers (one per node, or one per claim).
 //! * [`placement`]: which nodes a per-node DataStage stages onto.
+//! * [`placement_syntax`]: whether a placement is what the API server accepts in a pod.
 //! * [`node_wakes`]: which Node events wake DataStages (changes, deletions).
 //! * [`runs`]: which run is current (new spec, schedule) and its inputs.
 //! * [`schedule`]: cron schedules of re-syncs.
@@ -48,6 +49,7 @@ pub mod metrics;
 pub mod node_wakes;
 pub mod peers;
 pub mod placement;
+pub mod placement_syntax;
 pub mod quotas;
 pub mod runs;
 pub mod schedule;

@@ -404,6 +404,15 @@ async fn start_workers(
         let refused = crate::delivery::not_permitted("create worker Jobs", &home.prefix, &home.namespace);
         return Ok(Started::Stopped(write_blocked(ds, ctx, Blocked::waiting(refused.reason, refused.message)).await?));
     }
+    // A Job the API server finds invalid stays invalid until the spec
+    // changes (an edit wakes the DataStage): retrying it would only spin.
+    if let Some(Error::Kube(kube::Error::Api(status))) = &started.failed
+        && status.code == 422
+        && started.created.is_empty()
+    {
+        let blocked = Blocked::from(invalid_worker_job(&status.message));
+        return Ok(Started::Stopped(write_blocked(ds, ctx, blocked).await?));
+    }
     Ok(Started::Done(started))
 }
 
@@ -565,6 +574,18 @@ pub(super) async fn create_job(jobs: &Api<Job>, job: &Job) -> Result<(Job, bool)
             Ok((found, false))
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+/// What a DataStage says when the API server refuses its worker Job as
+/// invalid (`message`, the API server's words): the fields the operator
+/// does not judge itself are copied into the Job from the spec.
+fn invalid_worker_job(message: &str) -> crate::admission::Invalid {
+    crate::admission::Invalid {
+        reason: reasons::INVALID_WORKER_JOB,
+        message: format!(
+            "the API server refuses the worker Job built from this spec: {message}; fix the DataStage field it comes from (the Job copies spec.placement, spec.resources and the transfer settings) and the DataStage runs again"
+        ),
     }
 }
 
@@ -806,7 +827,8 @@ async fn observe(ctx: &Context, home: &Home, workers: &[Worker], jobs: Vec<Job>,
             _ => None,
         };
         let report = status::pod_report(&pods, &worker.name);
-        observed.push(Observed { worker: worker.clone(), job, report, node_trouble, pods_refused });
+        let summaries = status::summaries_reported(&pods, &worker.name);
+        observed.push(Observed { worker: worker.clone(), job, report, summaries, node_trouble, pods_refused });
     }
     observed
 }

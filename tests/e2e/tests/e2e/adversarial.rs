@@ -454,6 +454,25 @@ fn boundary_cases(endpoints: &Endpoints) -> Vec<(String, Value)> {
             spec
         }),
         with("b-prefix-unicode", &["source", "uri"], json!("s3://datasets/é/😀/\u{202e}"), pull("/mnt/ferry/b11")),
+        // The schema takes Kubernetes' placement types as they are, without
+        // their syntax: the pod the spec makes would be refused.
+        with("b-selector-value", &["placement", "nodeSelector"], json!({"zone": "é"}), pull("/mnt/ferry/b12")),
+        with(
+            "b-toleration-key",
+            &["placement", "tolerations"],
+            json!([{"key": "<script>alert(1)</script>", "operator": "Exists"}]),
+            pull("/mnt/ferry/b13"),
+        ),
+        // Neither checked by the operator: the API server refuses the Job.
+        with(
+            "b-pod-affinity-topology",
+            &["placement", "affinity"],
+            json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}, "topologyKey": ""}]}}),
+            pull("/mnt/ferry/b14"),
+        ),
+        // A long name with several pods per node: the Indexed Job's last
+        // pod is named `<job>-<index>`, which must still be a DNS label.
+        with(&format!("b15-{}", "n".repeat(59)), &["workers"], json!(3), pull("/mnt/ferry/b15")),
     ]
 }
 
@@ -740,6 +759,28 @@ async fn generated_datastages_are_refused_naming_the_field_or_reach_a_clear_stat
                 ));
             }
         }
+    }
+
+    // The boundary cases of placement end where the user is told what to
+    // fix: the operator's own check where it has one, else the API
+    // server's refusal of the Job; a long name with several pods per node
+    // is not refused at all.
+    let expected = [
+        ("b-selector-value", "Failed/InvalidPlacement"),
+        ("b-toleration-key", "Failed/InvalidPlacement"),
+        ("b-pod-affinity-topology", "Failed/InvalidWorkerJob"),
+    ];
+    for (name, state) in expected {
+        let reached = states.get(name).map(|(_, s)| s.as_str());
+        if reached != Some(state) {
+            violations.push(format!("{name}: ended {reached:?}, not {state}"));
+        }
+    }
+    let sharded = format!("b15-{}", "n".repeat(59));
+    if let Some((_, state)) = states.get(&sharded)
+        && state.contains("InvalidWorkerJob")
+    {
+        violations.push(format!("{sharded}: its Indexed Job was refused ({state})"));
     }
 
     // The bounds. Over the whole run each DataStage may take ten
