@@ -57,6 +57,9 @@ pub struct Observed {
     pub job: Option<Job>,
     /// What its pods said.
     pub report: Report,
+    /// How many of its completion indexes left a summary
+    /// ([`summaries_reported`]).
+    pub summaries: usize,
     /// While the worker has work left: why the node it is pinned to, or
     /// its running pod is bound to, cannot run it now (not Ready, or
     /// deleted); `None` when it can.
@@ -93,21 +96,13 @@ const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// last lines of the message, in order.
 pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
     let own = || pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
-    let mut latest: BTreeMap<Option<&String>, (&Time, String)> = BTreeMap::new();
-    for pod in own() {
-        let Some(terminated) = finished(pod) else { continue };
-        let Some(at) = terminated.finished_at.as_ref() else { continue };
-        let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX));
-        if latest.get(&index).is_none_or(|(seen, _)| seen.0 < at.0) {
-            latest.insert(index, (at, terminated.message.clone().unwrap_or_default()));
-        }
-    }
+    let latest = latest_endings(pods, worker);
     if latest.is_empty() {
         // A pod refused by the node (or still waiting) explains itself in its status.
         return own().find_map(|p| p.status.as_ref()?.message.clone()).map_or(Report::Nothing, Report::Message);
     }
     let mut summaries = Vec::new();
-    for (_, message) in latest.into_values() {
+    for message in latest {
         match serde_json::from_str::<Summary>(&message) {
             Ok(summary) => summaries.push(summary),
             Err(_) => {
@@ -117,6 +112,29 @@ pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
         }
     }
     Summary::combine(summaries).map_or(Report::Nothing, |summary| Report::Summary(Box::new(summary)))
+}
+
+/// How many of `worker`'s completion indexes have a finished pod whose
+/// message is a summary: a Complete Job's count is every index once the
+/// watch of pods has caught up with the watch of Jobs.
+pub fn summaries_reported(pods: &[Pod], worker: &str) -> usize {
+    latest_endings(pods, worker).iter().filter(|m| serde_json::from_str::<Summary>(m).is_ok()).count()
+}
+
+/// The termination message of the most recently finished pod of each of
+/// `worker`'s completion indexes.
+fn latest_endings(pods: &[Pod], worker: &str) -> Vec<String> {
+    let own = pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
+    let mut latest: BTreeMap<Option<&String>, (&Time, String)> = BTreeMap::new();
+    for pod in own {
+        let Some(terminated) = finished(pod) else { continue };
+        let Some(at) = terminated.finished_at.as_ref() else { continue };
+        let index = pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX));
+        if latest.get(&index).is_none_or(|(seen, _)| seen.0 < at.0) {
+            latest.insert(index, (at, terminated.message.clone().unwrap_or_default()));
+        }
+    }
+    latest.into_values().map(|(_, message)| message).collect()
 }
 
 /// How a worker pod ended: its stager container's end, or, when an init
@@ -217,13 +235,22 @@ pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message
 /// A worker's status entry in the current run: from its Job and report
 /// while the Job exists; from its recorded entry once the Job is gone after
 /// finishing; a fresh Pending entry otherwise.
-fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, fanout: Fanout) -> WorkerStatus {
+fn worker_entry(
+    observed: &Observed,
+    recorded: Option<&WorkerStatus>,
+    run: i64,
+    fanout: Fanout,
+    now: &Time,
+) -> WorkerStatus {
     if observed.job.is_none()
         && let Some(done) = recorded.filter(|w| w.finished_run(run))
     {
         return WorkerStatus { peer_address: None, ..done.clone() };
     }
-    let phase = job_phase(observed.job.as_ref());
+    let mut phase = job_phase(observed.job.as_ref());
+    if phase == Phase::Succeeded && awaiting_summaries(observed, now) {
+        phase = Phase::Running;
+    }
     let mut entry = WorkerStatus {
         name: observed.worker.name.clone(),
         node: observed.worker.node.clone(),
@@ -289,6 +316,27 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
     entry.current_version = recorded.and_then(|w| w.current_version.clone());
     entry.evicted = recorded.filter(|w| w.run == Some(run)).and_then(|w| w.evicted.clone());
     entry
+}
+
+/// How long a Complete Job's worker waits for its pods' summaries before
+/// it is judged with what the operator has.
+pub const SUMMARY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether a Complete Job's pods have not all shown their summaries yet,
+/// and it completed less than [`SUMMARY_PATIENCE`] ago. Jobs and pods come
+/// through separate watches: under load the Job's Complete can arrive
+/// first, and a worker judged then would say Succeeded with nothing
+/// counted. The pod's update wakes the DataStage when it arrives.
+fn awaiting_summaries(observed: &Observed, now: &Time) -> bool {
+    let Some(status) = observed.job.as_ref().and_then(|j| j.status.as_ref()) else { return false };
+    let pods = usize::try_from(status.succeeded.unwrap_or(1)).unwrap_or(1).max(1);
+    if observed.summaries >= pods {
+        return false;
+    }
+    status
+        .completion_time
+        .as_ref()
+        .is_some_and(|done| now.0.duration_since(done.0).as_secs_f64() < SUMMARY_PATIENCE.as_secs_f64())
 }
 
 /// What fleet staging did in a worker's run, from its summary: bytes from
@@ -420,8 +468,11 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let run = inputs.run.number;
     let run_is_new = previous.run != Some(run);
     let recorded = |name: &str| previous.workers.iter().find(|w| w.name == name);
-    let workers: Vec<WorkerStatus> =
-        inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run, inputs.fanout)).collect();
+    let workers: Vec<WorkerStatus> = inputs
+        .observed
+        .iter()
+        .map(|o| worker_entry(o, recorded(&o.worker.name), run, inputs.fanout, inputs.now))
+        .collect();
     let mut phase = overall_phase(&workers);
     let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
     let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
@@ -645,7 +696,8 @@ mod tests {
     }
 
     fn observed(name: &str, job: Option<Job>, report: Report) -> Observed {
-        Observed { worker: Worker::on_node(name), job, report, node_trouble: None, pods_refused: None }
+        let summaries = usize::from(matches!(report, Report::Summary(_)));
+        Observed { worker: Worker::on_node(name), job, report, summaries, node_trouble: None, pods_refused: None }
     }
 
     fn time(s: &str) -> Time {
@@ -662,6 +714,36 @@ mod tests {
 
     fn condition_of<'a>(status: &'a DataStageStatus, kind: &str) -> &'a Condition {
         status.conditions.iter().find(|c| c.type_ == kind).unwrap()
+    }
+
+    /// Seen under a burst of a thousand DataStages: the Job's Complete
+    /// reached the operator before its pod's summary, and the DataStage
+    /// said Succeeded with nothing counted.
+    #[test]
+    fn a_complete_job_whose_summaries_are_not_in_yet_is_still_running_for_a_while() {
+        let d = ds(json!({"run": 1, "phase": "Running"}));
+        let done_at = |shards: i64| {
+            job(
+                json!({"succeeded": shards, "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:01:00Z",
+                       "conditions": [{"type": "Complete", "status": "True"}]}),
+            )
+        };
+        let early = aggregate_at(&d, &run(1), &[observed("a", done_at(1), Report::Nothing)], "2026-01-01T00:01:10Z");
+        assert_eq!(early.phase, Some(Phase::Running), "{early:?}");
+        // Its summary arrives: judged at once, with the counts.
+        let arrived =
+            aggregate_at(&d, &run(1), &[observed("a", done_at(1), summary(10, "aa"))], "2026-01-01T00:01:11Z");
+        assert_eq!(arrived.phase, Some(Phase::Succeeded));
+        assert_eq!(arrived.workers[0].bytes_done, 10);
+        // An Indexed Job of three shards with two summaries in still waits.
+        let mut two_of_three = observed("a", done_at(3), summary(10, "aa"));
+        two_of_three.summaries = 2;
+        let partial = aggregate_at(&d, &run(1), &[two_of_three], "2026-01-01T00:01:10Z");
+        assert_eq!(partial.phase, Some(Phase::Running));
+        // A summary that never comes (its pod deleted) does not hold the
+        // DataStage for ever.
+        let late = aggregate_at(&d, &run(1), &[observed("a", done_at(1), Report::Nothing)], "2026-01-01T00:01:31Z");
+        assert_eq!(late.phase, Some(Phase::Succeeded));
     }
 
     #[test]
