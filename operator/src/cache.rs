@@ -95,6 +95,9 @@ pub struct Caches {
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
+    /// What the Job controller's Events said of Jobs without pods, and when
+    /// they were read.
+    pub pods_refused: Arc<AskedWhy>,
     /// Set once all three hold their first listing; see [`Caches::ready`].
     listed: Arc<OnceCell<()>>,
 }
@@ -225,6 +228,34 @@ impl std::fmt::Debug for Caches {
     }
 }
 
+/// Why a Job has no pods, as its Events said when last asked, by the Job's
+/// uid. A Job waits for pods for many reconciliations of its DataStage
+/// (each status write wakes it): asked every time, a burst of a thousand
+/// DataStages whose Jobs waited for the Job controller listed Events
+/// 30,805 times. An answer stands for [`AskedWhy::FOR`].
+#[derive(Debug, Default)]
+pub struct AskedWhy(Mutex<HashMap<String, (Instant, Option<String>)>>);
+
+impl AskedWhy {
+    /// How long an answer stands before the Events are read again.
+    pub const FOR: Duration = Duration::from_secs(15);
+
+    /// The answer for the Job `uid`, if one was read less than
+    /// [`AskedWhy::FOR`] ago.
+    pub fn recent(&self, uid: &str) -> Option<Option<String>> {
+        let book = self.0.lock().expect("asked why");
+        book.get(uid).filter(|(at, _)| at.elapsed() < Self::FOR).map(|(_, why)| why.clone())
+    }
+
+    /// Remembers `why` for the Job `uid`, and forgets answers that no
+    /// longer stand (of Jobs that got pods, or are gone).
+    pub fn remember(&self, uid: &str, why: Option<String>) {
+        let mut book = self.0.lock().expect("asked why");
+        book.retain(|_, (at, _)| at.elapsed() < Self::FOR);
+        book.insert(uid.to_owned(), (Instant::now(), why));
+    }
+}
+
 /// Empty caches and the writers that will fill them, with `scopes`
 /// watches each of Jobs and Pods (at least one).
 pub fn new_with(scopes: usize) -> (Caches, CacheWriters) {
@@ -235,10 +266,10 @@ pub fn new_with(scopes: usize) -> (Caches, CacheWriters) {
     let (budgets, budget_writer) = reflector::store();
     let (quotas, quota_writer) = reflector::store();
     let (node_caches, node_cache_writer) = reflector::store();
-    let (created, listed) = (Arc::default(), Arc::default());
+    let (created, pods_refused, listed) = (Arc::default(), Arc::default(), Arc::default());
     let (jobs, pods) = (Watched { stores: job_stores }, Watched { stores: pod_stores });
     (
-        Caches { nodes, jobs, pods, datastages, budgets, quotas, node_caches, created, listed },
+        Caches { nodes, jobs, pods, datastages, budgets, quotas, node_caches, created, pods_refused, listed },
         CacheWriters {
             nodes: node_writer,
             jobs: job_writers,
@@ -413,6 +444,17 @@ pub fn slim_node(node: &mut Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn why_a_job_has_no_pods_is_asked_once_per_while_and_per_job() {
+        let asked = AskedWhy::default();
+        assert_eq!(asked.recent("job-1"), None, "never asked");
+        asked.remember("job-1", Some("pods \"x\" is forbidden".into()));
+        asked.remember("job-2", None);
+        assert_eq!(asked.recent("job-1"), Some(Some("pods \"x\" is forbidden".into())));
+        assert_eq!(asked.recent("job-2"), Some(None), "no Event is an answer too");
+        assert_eq!(asked.recent("job-3"), None);
+    }
     use serde_json::json;
     use std::collections::BTreeMap;
 

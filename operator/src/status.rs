@@ -235,22 +235,13 @@ pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message
 /// A worker's status entry in the current run: from its Job and report
 /// while the Job exists; from its recorded entry once the Job is gone after
 /// finishing; a fresh Pending entry otherwise.
-fn worker_entry(
-    observed: &Observed,
-    recorded: Option<&WorkerStatus>,
-    run: i64,
-    fanout: Fanout,
-    now: &Time,
-) -> WorkerStatus {
+fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, fanout: Fanout) -> WorkerStatus {
     if observed.job.is_none()
         && let Some(done) = recorded.filter(|w| w.finished_run(run))
     {
         return WorkerStatus { peer_address: None, ..done.clone() };
     }
-    let mut phase = job_phase(observed.job.as_ref());
-    if phase == Phase::Succeeded && awaiting_summaries(observed, now) {
-        phase = Phase::Running;
-    }
+    let phase = job_phase(observed.job.as_ref());
     let mut entry = WorkerStatus {
         name: observed.worker.name.clone(),
         node: observed.worker.node.clone(),
@@ -325,7 +316,7 @@ pub const SUMMARY_PATIENCE: std::time::Duration = std::time::Duration::from_secs
 /// Whether a Complete Job's pods have not all shown their summaries yet,
 /// and it completed less than [`SUMMARY_PATIENCE`] ago. Jobs and pods come
 /// through separate watches: under load the Job's Complete can arrive
-/// first, and a worker judged then would say Succeeded with nothing
+/// first, and a DataStage judged then would say Succeeded with nothing
 /// counted. The pod's update wakes the DataStage when it arrives.
 fn awaiting_summaries(observed: &Observed, now: &Time) -> bool {
     let Some(status) = observed.job.as_ref().and_then(|j| j.status.as_ref()) else { return false };
@@ -468,12 +459,14 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let run = inputs.run.number;
     let run_is_new = previous.run != Some(run);
     let recorded = |name: &str| previous.workers.iter().find(|w| w.name == name);
-    let workers: Vec<WorkerStatus> = inputs
-        .observed
-        .iter()
-        .map(|o| worker_entry(o, recorded(&o.worker.name), run, inputs.fanout, inputs.now))
-        .collect();
+    let workers: Vec<WorkerStatus> =
+        inputs.observed.iter().map(|o| worker_entry(o, recorded(&o.worker.name), run, inputs.fanout)).collect();
     let mut phase = overall_phase(&workers);
+    // The workers' entries say their Jobs finished (so no Job is made again
+    // if they expire now); the DataStage is not done until it has counted.
+    if phase == Phase::Succeeded && inputs.observed.iter().any(|o| awaiting_summaries(o, inputs.now)) {
+        phase = Phase::Running;
+    }
     let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
     let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
 
@@ -730,6 +723,9 @@ mod tests {
         };
         let early = aggregate_at(&d, &run(1), &[observed("a", done_at(1), Report::Nothing)], "2026-01-01T00:01:10Z");
         assert_eq!(early.phase, Some(Phase::Running), "{early:?}");
+        // The worker's own entry says its Job finished: were the Job to
+        // expire now, it is not made again.
+        assert!(early.workers[0].finished_run(1), "{early:?}");
         // Its summary arrives: judged at once, with the counts.
         let arrived =
             aggregate_at(&d, &run(1), &[observed("a", done_at(1), summary(10, "aa"))], "2026-01-01T00:01:11Z");

@@ -823,7 +823,17 @@ async fn observe(ctx: &Context, home: &Home, workers: &[Worker], jobs: Vec<Job>,
             })
             .flatten();
         let pods_refused = match &job {
-            Some(job) if unfinished && own.is_empty() && waited_for_pods(job) => pods_refused(ctx, job).await,
+            Some(job) if unfinished && own.is_empty() && waited_for_pods(job) => {
+                let uid = job.uid().unwrap_or_default();
+                match ctx.caches.pods_refused.recent(&uid) {
+                    Some(known) => known,
+                    None => {
+                        let why = pods_refused(ctx, job).await;
+                        ctx.caches.pods_refused.remember(&uid, why.clone());
+                        why
+                    }
+                }
+            }
             _ => None,
         };
         let report = status::pod_report(&pods, &worker.name);
