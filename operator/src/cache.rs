@@ -95,9 +95,11 @@ pub struct Caches {
     /// Worker Jobs this process created that the Job cache may not show
     /// yet.
     pub created: Arc<CreatedJobs>,
-    /// What the Job controller's Events said of Jobs without pods, and when
-    /// they were read.
-    pub pods_refused: Arc<AskedWhy>,
+    /// What the Job controller's Events said of Jobs without pods, by the
+    /// Job's uid.
+    pub pods_refused: Arc<Recent<Option<String>>>,
+    /// Node labels this process set or removed, by node and label.
+    pub node_labels: Arc<Recent<Option<String>>>,
     /// Set once all three hold their first listing; see [`Caches::ready`].
     listed: Arc<OnceCell<()>>,
 }
@@ -228,31 +230,44 @@ impl std::fmt::Debug for Caches {
     }
 }
 
-/// Why a Job has no pods, as its Events said when last asked, by the Job's
-/// uid. A Job waits for pods for many reconciliations of its DataStage
-/// (each status write wakes it): asked every time, a burst of a thousand
-/// DataStages whose Jobs waited for the Job controller listed Events
-/// 30,805 times. An answer stands for [`AskedWhy::FOR`].
-#[derive(Debug, Default)]
-pub struct AskedWhy(Mutex<HashMap<String, (Instant, Option<String>)>>);
+/// Answers and writes of the last few seconds, by key, so that the many
+/// reconciliations of one DataStage in a burst (each status write wakes
+/// it) do not ask or write again what a moment ago they asked or wrote and
+/// the watches have not shown yet. Seen in a burst of 1,000 DataStages:
+/// 30,805 lists of Events for Jobs waiting for pods, and 11,654 patches of
+/// node labels (about ten per DataStage, each re-sending a Node that holds
+/// every copy's label). An entry stands for [`Recent::FOR`].
+#[derive(Debug)]
+pub struct Recent<V>(Mutex<HashMap<String, (Instant, V)>>);
 
-impl AskedWhy {
-    /// How long an answer stands before the Events are read again.
+impl<V> Default for Recent<V> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<V: Clone + PartialEq> Recent<V> {
+    /// How long an entry stands.
     pub const FOR: Duration = Duration::from_secs(15);
 
-    /// The answer for the Job `uid`, if one was read less than
-    /// [`AskedWhy::FOR`] ago.
-    pub fn recent(&self, uid: &str) -> Option<Option<String>> {
-        let book = self.0.lock().expect("asked why");
-        book.get(uid).filter(|(at, _)| at.elapsed() < Self::FOR).map(|(_, why)| why.clone())
+    /// What was remembered for `key` less than [`Recent::FOR`] ago.
+    pub fn get(&self, key: &str) -> Option<V> {
+        let book = self.0.lock().expect("recent");
+        book.get(key).filter(|(at, _)| at.elapsed() < Self::FOR).map(|(_, value)| value.clone())
     }
 
-    /// Remembers `why` for the Job `uid`, and forgets answers that no
-    /// longer stand (of Jobs that got pods, or are gone).
-    pub fn remember(&self, uid: &str, why: Option<String>) {
-        let mut book = self.0.lock().expect("asked why");
+    /// Whether `value` is what was remembered for `key` less than
+    /// [`Recent::FOR`] ago.
+    pub fn holds(&self, key: &str, value: &V) -> bool {
+        self.get(key).is_some_and(|known| known == *value)
+    }
+
+    /// Remembers `value` for `key`, and forgets entries that no longer
+    /// stand.
+    pub fn remember(&self, key: &str, value: V) {
+        let mut book = self.0.lock().expect("recent");
         book.retain(|_, (at, _)| at.elapsed() < Self::FOR);
-        book.insert(uid.to_owned(), (Instant::now(), why));
+        book.insert(key.to_owned(), (Instant::now(), value));
     }
 }
 
@@ -266,10 +281,22 @@ pub fn new_with(scopes: usize) -> (Caches, CacheWriters) {
     let (budgets, budget_writer) = reflector::store();
     let (quotas, quota_writer) = reflector::store();
     let (node_caches, node_cache_writer) = reflector::store();
-    let (created, pods_refused, listed) = (Arc::default(), Arc::default(), Arc::default());
+    let (created, pods_refused, node_labels, listed) = (Arc::default(), Arc::default(), Arc::default(), Arc::default());
     let (jobs, pods) = (Watched { stores: job_stores }, Watched { stores: pod_stores });
     (
-        Caches { nodes, jobs, pods, datastages, budgets, quotas, node_caches, created, pods_refused, listed },
+        Caches {
+            nodes,
+            jobs,
+            pods,
+            datastages,
+            budgets,
+            quotas,
+            node_caches,
+            created,
+            pods_refused,
+            node_labels,
+            listed,
+        },
         CacheWriters {
             nodes: node_writer,
             jobs: job_writers,
@@ -446,14 +473,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn why_a_job_has_no_pods_is_asked_once_per_while_and_per_job() {
-        let asked = AskedWhy::default();
-        assert_eq!(asked.recent("job-1"), None, "never asked");
+    fn what_was_asked_or_written_a_moment_ago_is_remembered_per_key() {
+        let asked = Recent::<Option<String>>::default();
+        assert_eq!(asked.get("job-1"), None, "never asked");
         asked.remember("job-1", Some("pods \"x\" is forbidden".into()));
         asked.remember("job-2", None);
-        assert_eq!(asked.recent("job-1"), Some(Some("pods \"x\" is forbidden".into())));
-        assert_eq!(asked.recent("job-2"), Some(None), "no Event is an answer too");
-        assert_eq!(asked.recent("job-3"), None);
+        assert_eq!(asked.get("job-1"), Some(Some("pods \"x\" is forbidden".into())));
+        assert_eq!(asked.get("job-2"), Some(None), "no Event is an answer too");
+        assert_eq!(asked.get("job-3"), None);
+        assert!(asked.holds("job-2", &None) && !asked.holds("job-2", &Some("x".into())));
     }
     use serde_json::json;
     use std::collections::BTreeMap;

@@ -77,9 +77,17 @@ fn named(name: String) -> Node {
 
 /// What of a node decides whether a placement matches it (labels, taints,
 /// whether it is cordoned) and whether its workers can run (Ready).
+///
+/// Not the labels that say which copies a node holds (`data.ferry.dev/`):
+/// each pull puts its own there as it finishes, and when those woke every
+/// DataStage on the node, each of a burst of 1,000 pulls onto one node was
+/// woken by the other 999 finishing. A placement that selects on them is
+/// woken by its requeue instead.
 fn placement_fingerprint(node: &Node) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    node.labels().hash(&mut hasher);
+    for label in node.labels().iter().filter(|(key, _)| !key.starts_with(ferry_crds::names::NODE_DATA_PREFIX)) {
+        label.hash(&mut hasher);
+    }
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.unschedulable).hash(&mut hasher);
     for taint in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
@@ -113,6 +121,18 @@ mod tests {
         // Deleted with the very labels and conditions it last had.
         assert_eq!(names(wakes.on(Event::Delete(node("a", "False", "2026-01-01T00:00:20Z")))), ["a"], "deleted");
         assert_eq!(names(wakes.on(Event::Apply(node("a", "False", "2026-01-01T00:00:20Z")))), ["a"], "back");
+    }
+
+    #[test]
+    fn a_copy_label_wakes_nothing_and_any_other_label_does() {
+        let mut wakes = NodeWakes::default();
+        let mut labelled = node("a", "True", "2026-01-01T00:00:00Z");
+        wakes.on(Event::Apply(labelled.clone()));
+        let labels = labelled.metadata.labels.get_or_insert_default();
+        labels.insert(format!("{}team-a.pull", ferry_crds::names::NODE_DATA_PREFIX), "uid-1".into());
+        assert!(wakes.on(Event::Apply(labelled.clone())).is_empty(), "a copy's label");
+        labelled.metadata.labels.get_or_insert_default().insert("disk".into(), "nvme".into());
+        assert_eq!(names(wakes.on(Event::Apply(labelled))), ["a"], "a label placements select on");
     }
 
     #[test]

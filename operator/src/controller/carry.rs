@@ -825,7 +825,7 @@ async fn observe(ctx: &Context, home: &Home, workers: &[Worker], jobs: Vec<Job>,
         let pods_refused = match &job {
             Some(job) if unfinished && own.is_empty() && waited_for_pods(job) => {
                 let uid = job.uid().unwrap_or_default();
-                match ctx.caches.pods_refused.recent(&uid) {
+                match ctx.caches.pods_refused.get(&uid) {
                     Some(known) => known,
                     None => {
                         let why = pods_refused(ctx, job).await;

@@ -94,9 +94,14 @@ pub(super) async fn label_nodes(ds: &DataStage, ctx: &Context, status: &DataStag
     let (label, _) = volumes::node_label(&key);
     let api: Api<Node> = Api::all(ctx.client.clone());
     for (node, value) in changes {
+        // Set a moment ago and not in the Node cache yet: not sent again.
+        let written = format!("{node}\n{label}");
+        if ctx.caches.node_labels.holds(&written, &value) {
+            continue;
+        }
         let patch = json!({"metadata": {"labels": {label.as_str(): value}}});
         match api.patch(&node, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
+            Ok(_) => ctx.caches.node_labels.remember(&written, value),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(error) => return Err(error.into()),
         }
