@@ -492,7 +492,8 @@ pub struct Engine {
     /// others' in, once the pull has opened it (see
     /// [`crate::local::shared_objects`]).
     pub shared_objects: std::sync::OnceLock<Arc<crate::local::shared_objects::SharedObjects>>,
-    /// Slots for a pull's file creations and commits (see [`Engine::on_disk`]).
+    /// Slots for file operations: a pull's creations and commits, a push's
+    /// opens, reads of small files and stamps (see [`Engine::on_disk`]).
     disk_slots: tokio::sync::Semaphore,
     /// The store budget share this run follows now, if any.
     share: std::sync::Mutex<Option<ferry_contract::StoreShare>>,
