@@ -471,6 +471,8 @@ pub fn slim_node(node: &mut Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
 
     #[test]
     fn what_was_asked_or_written_a_moment_ago_is_remembered_per_key() {
@@ -483,8 +485,6 @@ mod tests {
         assert_eq!(asked.get("job-3"), None);
         assert!(asked.holds("job-2", &None) && !asked.holds("job-2", &Some("x".into())));
     }
-    use serde_json::json;
-    use std::collections::BTreeMap;
 
     #[test]
     fn created_jobs_fill_in_for_their_datastage_until_the_cache_shows_them() {

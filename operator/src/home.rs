@@ -171,7 +171,7 @@ pub(crate) fn bounded_name(base: &str, suffix: &str) -> String {
 }
 
 /// The longest name a label value (and a DNS label) holds.
-const MAX_NAME: usize = 63;
+pub(crate) const MAX_NAME: usize = 63;
 
 /// [`bounded_name`] in at most `limit` characters.
 fn bounded_name_within(base: &str, suffix: &str, limit: usize) -> String {

@@ -97,7 +97,7 @@ pub const METRICS_PORT_NAME: &str = "metrics";
 /// largest of those is a DNS label too: the name leaves room for it.
 pub fn job_name(home: &Home, worker: &Worker, run: i64, pods: u32) -> String {
     let index_room = if pods > 1 { 1 + (pods - 1).to_string().len() } else { 0 };
-    home.name_within(&worker.name, &format!("-r{run}"), 63 - index_room)
+    home.name_within(&worker.name, &format!("-r{run}"), crate::home::MAX_NAME - index_room)
 }
 
 /// The name of the clean-up Job of a worker.
@@ -1514,12 +1514,17 @@ mod tests {
         assert_eq!(pod.init_containers.as_ref().map(Vec::len), Some(1));
     }
 
+    /// A pull onto a NodeCache named `name`, and the home of its workers.
+    fn home_of(name: &str) -> Home {
+        let mut ds =
+            datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
+        ds.metadata.name = Some(name.to_owned());
+        WorkerDefaults::image("s:1").home(&ds, &ds.spec.plan().unwrap())
+    }
+
     #[test]
     fn long_names_stay_valid_and_distinct() {
-        let ds = datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
-        let mut long = ds.clone();
-        long.metadata.name = Some("a".repeat(63));
-        let home = WorkerDefaults::image("s:1").home(&long, &long.spec.plan().unwrap());
+        let home = home_of(&"a".repeat(63));
         let one = job_name(&home, &Worker::on_node("node-1"), 12, 1);
         let two = job_name(&home, &Worker::on_node("node-2"), 12, 1);
         assert!(one.len() <= 63 && two.len() <= 63 && one.ends_with("-r12"), "{one}");
@@ -1530,10 +1535,7 @@ mod tests {
     /// (`<job>-<index>`, its last pod's hostname) are not a DNS label.
     #[test]
     fn an_indexed_jobs_name_leaves_room_for_its_largest_pod_index() {
-        let ds = datastage(json!({"source": {"uri": "s3://d/x"}, "destination": {"volume": {"nodeCache": "nvme"}}}));
-        let mut long = ds.clone();
-        long.metadata.name = Some("n".repeat(63));
-        let home = WorkerDefaults::image("s:1").home(&long, &long.spec.plan().unwrap());
+        let home = home_of(&"n".repeat(63));
         for pods in [1u32, 2, 10, 11, 100, 101, 1000] {
             let name = job_name(&home, &Worker::on_node("node-1"), 1, pods);
             let hostname = if pods > 1 { format!("{name}-{}", pods - 1) } else { name.clone() };
@@ -1541,7 +1543,7 @@ mod tests {
             assert!(name.ends_with("-r1"), "{name}");
         }
         // A short name is left as it is.
-        let short = WorkerDefaults::image("s:1").home(&ds, &ds.spec.plan().unwrap());
+        let short = home_of("ml");
         assert_eq!(job_name(&short, &Worker::shared(), 3, 8), short.name("shared", "-r3"));
     }
 

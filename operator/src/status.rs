@@ -57,8 +57,7 @@ pub struct Observed {
     pub job: Option<Job>,
     /// What its pods said.
     pub report: Report,
-    /// How many of its completion indexes left a summary
-    /// ([`summaries_reported`]).
+    /// How many of its completion indexes left a summary ([`pod_report`]).
     pub summaries: usize,
     /// While the worker has work left: why the node it is pinned to, or
     /// its running pod is bound to, cannot run it now (not Ready, or
@@ -93,32 +92,31 @@ const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// What `worker`'s pods reported: for each completion index (one for a
 /// single-pod Job, one per shard of an Indexed Job) the most recently
 /// finished pod's summary, combined over the shards; or, failing that, the
-/// last lines of the message, in order.
-pub fn pod_report(pods: &[Pod], worker: &str) -> Report {
-    let own = || pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
+/// last lines of the message, in order. With it, how many of those
+/// indexes left a summary: a Complete Job's count is every index once the
+/// watch of pods has caught up with the watch of Jobs.
+pub fn pod_report(pods: &[Pod], worker: &str) -> (Report, usize) {
     let latest = latest_endings(pods, worker);
     if latest.is_empty() {
         // A pod refused by the node (or still waiting) explains itself in its status.
-        return own().find_map(|p| p.status.as_ref()?.message.clone()).map_or(Report::Nothing, Report::Message);
+        let mut own = pods.iter().filter(|p| p.labels().get(WORKER_LABEL).map(String::as_str) == Some(worker));
+        let report = own.find_map(|p| p.status.as_ref()?.message.clone()).map_or(Report::Nothing, Report::Message);
+        return (report, 0);
     }
-    let mut summaries = Vec::new();
-    for message in latest {
-        match serde_json::from_str::<Summary>(&message) {
+    let (mut summaries, mut logs) = (Vec::new(), Vec::new());
+    for message in &latest {
+        match serde_json::from_str::<Summary>(message) {
             Ok(summary) => summaries.push(summary),
-            Err(_) => {
-                let lines: Vec<&str> = message.lines().filter(|l| !l.trim().is_empty()).collect();
-                return Report::Message(lines[lines.len().saturating_sub(3)..].join(" / "));
-            }
+            Err(_) => logs.push(message),
         }
     }
-    Summary::combine(summaries).map_or(Report::Nothing, |summary| Report::Summary(Box::new(summary)))
-}
-
-/// How many of `worker`'s completion indexes have a finished pod whose
-/// message is a summary: a Complete Job's count is every index once the
-/// watch of pods has caught up with the watch of Jobs.
-pub fn summaries_reported(pods: &[Pod], worker: &str) -> usize {
-    latest_endings(pods, worker).iter().filter(|m| serde_json::from_str::<Summary>(m).is_ok()).count()
+    let reported = summaries.len();
+    if let Some(message) = logs.first() {
+        let lines: Vec<&str> = message.lines().filter(|l| !l.trim().is_empty()).collect();
+        return (Report::Message(lines[lines.len().saturating_sub(3)..].join(" / ")), reported);
+    }
+    let report = Summary::combine(summaries).map_or(Report::Nothing, |summary| Report::Summary(Box::new(summary)));
+    (report, reported)
 }
 
 /// The termination message of the most recently finished pod of each of
@@ -1052,8 +1050,9 @@ mod tests {
             finished_pod("1", "2026-01-01T00:00:02Z", &summary_text(1)),
             finished_pod("1", "2026-01-01T00:00:05Z", &summary_text(5)),
         ];
-        let Report::Summary(summary) = pod_report(&pods, "shared") else { panic!("a summary") };
+        let (Report::Summary(summary), reported) = pod_report(&pods, "shared") else { panic!("a summary") };
         assert_eq!(summary.bytes.transferred, 12);
+        assert_eq!(reported, 2, "one summary per shard");
     }
 
     #[test]
@@ -1062,7 +1061,7 @@ mod tests {
         let pods = [finished_pod("0", "2026-01-01T00:00:01Z", log)];
         assert_eq!(
             pod_report(&pods, "shared"),
-            Report::Message("error: invalid value 'x' for '--shard' / For more information, try '--help'.".into())
+            (Report::Message("error: invalid value 'x' for '--shard' / For more information, try '--help'.".into()), 0)
         );
     }
 
@@ -1080,7 +1079,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             pod_report(&[pod], "shared"),
-            Report::Message("ferry-stager: prepare failed: cannot change the owner of '/ferry/data'".into())
+            (Report::Message("ferry-stager: prepare failed: cannot change the owner of '/ferry/data'".into()), 0)
         );
     }
 

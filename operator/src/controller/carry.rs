@@ -395,23 +395,27 @@ async fn start_workers(
         }
     }
     drop(counted_until_recorded);
-    // The chart grants Job creation only where Ferry is enabled: a claim
-    // DataStage in another namespace says so instead of retrying silently.
+    // Refusals that a retry cannot change end the reconciliation with a
+    // condition that says why.
     if let Some(Error::Kube(kube::Error::Api(status))) = &started.failed
-        && status.code == 403
         && started.created.is_empty()
     {
-        let refused = crate::delivery::not_permitted("create worker Jobs", &home.prefix, &home.namespace);
-        return Ok(Started::Stopped(write_blocked(ds, ctx, Blocked::waiting(refused.reason, refused.message)).await?));
-    }
-    // A Job the API server finds invalid stays invalid until the spec
-    // changes (an edit wakes the DataStage): retrying it would only spin.
-    if let Some(Error::Kube(kube::Error::Api(status))) = &started.failed
-        && status.code == 422
-        && started.created.is_empty()
-    {
-        let blocked = Blocked::from(invalid_worker_job(&status.message));
-        return Ok(Started::Stopped(write_blocked(ds, ctx, blocked).await?));
+        let blocked = match status.code {
+            // The chart grants Job creation only where Ferry is enabled: a
+            // claim DataStage in another namespace says so instead of
+            // retrying silently.
+            403 => {
+                let refused = crate::delivery::not_permitted("create worker Jobs", &home.prefix, &home.namespace);
+                Some(Blocked::waiting(refused.reason, refused.message))
+            }
+            // A Job the API server finds invalid stays invalid until the
+            // spec changes (an edit wakes the DataStage): retrying would spin.
+            422 => Some(Blocked::from(invalid_worker_job(&status.message))),
+            _ => None,
+        };
+        if let Some(blocked) = blocked {
+            return Ok(Started::Stopped(write_blocked(ds, ctx, blocked).await?));
+        }
     }
     Ok(Started::Done(started))
 }
@@ -836,8 +840,7 @@ async fn observe(ctx: &Context, home: &Home, workers: &[Worker], jobs: Vec<Job>,
             }
             _ => None,
         };
-        let report = status::pod_report(&pods, &worker.name);
-        let summaries = status::summaries_reported(&pods, &worker.name);
+        let (report, summaries) = status::pod_report(&pods, &worker.name);
         observed.push(Observed { worker: worker.clone(), job, report, summaries, node_trouble, pods_refused });
     }
     observed

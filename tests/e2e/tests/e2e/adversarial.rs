@@ -566,12 +566,14 @@ where
 
 /// Counts into `changes.reports` every live status entry a stager writes
 /// into a DataStage: a managed-fields entry of a stager's field manager
-/// whose time moved.
+/// (`names::worker_manager`) whose time moved.
 async fn count_reports(client: kube::Client, changes: Arc<Changes>) -> tokio::task::JoinHandle<()> {
     let (listed, is_listed) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let mut listed = Some(listed);
         let mut last: std::collections::HashMap<(Option<String>, String), String> = Default::default();
+        // Every stager's field manager: the worker's name after this prefix.
+        let stager_manager = ferry_crds::names::worker_manager("");
         let mut events = std::pin::pin!(watcher::watcher(
             Api::<DataStage>::namespaced(client, NAMESPACE),
             watcher::Config::default()
@@ -589,7 +591,7 @@ async fn count_reports(client: kube::Client, changes: Arc<Changes>) -> tokio::ta
                 _ => continue,
             };
             for entry in object.metadata.managed_fields.iter().flatten() {
-                let Some(manager) = entry.manager.as_deref().filter(|m| m.starts_with("ferry.dev/stager-")) else {
+                let Some(manager) = entry.manager.as_deref().filter(|m| m.starts_with(&stager_manager)) else {
                     continue;
                 };
                 let time = entry.time.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
