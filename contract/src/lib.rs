@@ -36,7 +36,7 @@ pub use options::{Shard, TransferOptions, VerifyMode};
 pub use peers::{PeerCounts, PeerGroup, PeerOptions};
 pub use reason::Reason;
 pub use size::{ByteSize, CapacityReserve};
-pub use summary::{Snapshot, SnapshotBuilder, Summary};
+pub use summary::{Snapshot, SnapshotBuilder, Summary, VerifyCost};
 pub use versions::{SnapshotDigest, VersionsMode};
 
 /// Makes a schema's unsigned integer formats ones the Kubernetes API server

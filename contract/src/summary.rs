@@ -44,6 +44,9 @@ pub struct Summary {
     /// How transferred objects were verified.
     #[serde(default)]
     pub verified: VerifiedCounts,
+    /// What verifying them cost.
+    #[serde(default, skip_serializing_if = "VerifyCost::is_none")]
+    pub verify_cost: VerifyCost,
     /// What this run kept of interrupted earlier runs' work.
     #[serde(default, skip_serializing_if = "Resumed::is_none")]
     pub resumed: Resumed,
@@ -273,6 +276,33 @@ impl VerifiedCounts {
     }
 }
 
+/// The price of the guarantee: what checking the bytes against the store's
+/// checksums took, beyond copying them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VerifyCost {
+    /// Seconds of CPU spent hashing: checksums computed as bytes stream
+    /// past, and hashes of bytes read back from the files written (shards
+    /// combined: their sum).
+    pub cpu_seconds: f64,
+    /// Bytes read back from the files written to hash them (MD5s, SHAs,
+    /// per-part checksums), from the page cache as they land.
+    #[serde(default)]
+    pub read_back_bytes: u64,
+}
+
+impl VerifyCost {
+    /// Nothing was hashed (`--verify size`, objects without checksums).
+    pub fn is_none(&self) -> bool {
+        self.cpu_seconds == 0.0 && self.read_back_bytes == 0
+    }
+
+    /// Adds another run's (a shard's) cost.
+    pub fn add(&mut self, other: &VerifyCost) {
+        self.cpu_seconds += other.cpu_seconds;
+        self.read_back_bytes += other.read_back_bytes;
+    }
+}
+
 /// Work an earlier, interrupted run had done that this run kept instead of
 /// copying again: verified ranges of a partial download, parts of an
 /// unfinished multipart upload.
@@ -425,6 +455,7 @@ impl Summary {
             for kind in VerifiedKind::ALL {
                 total.verified.add(kind, shard.verified.get(kind));
             }
+            total.verify_cost.add(&shard.verify_cost);
             total.resumed.objects += shard.resumed.objects;
             total.shared.add(&shard.shared);
             total.resumed.bytes += shard.resumed.bytes;
@@ -531,6 +562,7 @@ mod tests {
             reason: Some(Reason::AccessDenied),
             failures,
             concurrency: Some(ConcurrencyUsed { adaptive: true, last: 24, peak: 32 }),
+            verify_cost: VerifyCost { cpu_seconds: 0.25, read_back_bytes: 4096 },
             ..Summary::default()
         }
     }
@@ -590,6 +622,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), combined);
         let plain = serde_json::to_value(Summary::default()).unwrap();
         assert!(plain.get("dataset_bytes").is_none(), "{plain}");
+        assert!(plain.get("verify_cost").is_none(), "nothing hashed, nothing said: {plain}");
     }
 
     #[test]
@@ -646,10 +679,12 @@ mod tests {
             bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
             throughput_bytes_per_second: 10.0,
             reason,
+            verify_cost: VerifyCost { cpu_seconds: bytes as f64 / 100.0, read_back_bytes: bytes },
             ..Summary::default()
         };
         let total = Summary::combine(vec![shard(100, true, None), shard(50, true, None)]).unwrap();
         assert_eq!((total.bytes.transferred, total.objects.selected), (150, 4));
+        assert_eq!(total.verify_cost, VerifyCost { cpu_seconds: 1.5, read_back_bytes: 150 });
         assert_eq!(total.throughput_bytes_per_second, 20.0);
         assert!(total.complete);
         let total = Summary::combine(vec![shard(1, true, None), shard(1, false, Some(Reason::AccessDenied))]).unwrap();

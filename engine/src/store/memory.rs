@@ -26,6 +26,9 @@ pub enum Fault {
     Truncate,
     /// Flip one byte of the body.
     Corrupt,
+    /// Flip the byte at this offset of the object, in the first request
+    /// whose range holds it (requests for other ranges pass it by).
+    CorruptAt(u64),
     /// Fail the request with a permanent error.
     Reject,
 }
@@ -210,8 +213,12 @@ impl ObjectStore for MemoryStore {
         let (data, checksum, fault, latency, chunk_delay) = {
             let mut state = self.state.lock().unwrap();
             state.calls.gets += 1;
-            let fault = state.get_faults.get_mut(key).and_then(VecDeque::pop_front);
             let (data, checksum) = state.objects.get(key).cloned().ok_or(StoreError::NotFound)?;
+            let asked = range.clone().unwrap_or(0..data.len() as u64);
+            let fault = state.get_faults.get_mut(key).and_then(|faults| match faults.front() {
+                Some(Fault::CorruptAt(at)) if !asked.contains(at) => None,
+                _ => faults.pop_front(),
+            });
             (data, checksum, fault, state.get_latency, state.chunk_delay)
         };
         if let Some(latency) = latency {
@@ -231,6 +238,7 @@ impl ObjectStore for MemoryStore {
         let content_length = body.len() as u64;
         match fault {
             Some(Fault::Corrupt) if !body.is_empty() => body[0] ^= 0xff,
+            Some(Fault::CorruptAt(at)) => body[(at - range.start) as usize] ^= 0xff,
             Some(Fault::Truncate) => body.truncate(body.len() / 2),
             _ => {}
         }

@@ -120,6 +120,30 @@ async fn md5_only_objects_are_verified_in_memory_and_on_disk_and_corruption_is_c
 }
 
 #[tokio::test]
+async fn a_byte_flipped_in_a_middle_range_is_caught_by_a_crc_and_by_an_md5_and_fetched_again() {
+    let store = Arc::new(MemoryStore::default());
+    // Five ranges of 5 MiB each: the CRC combined from the ranges' CRCs,
+    // the MD5 hashed from the file behind the ranges as they land.
+    let len = 23 * MIB + 7;
+    store.insert("crc", data(11, len));
+    store.insert_md5_only("md5", data(12, len));
+    let in_the_third_range = (12 * MIB + 3) as u64;
+    store.fail_gets("crc", [Fault::CorruptAt(in_the_third_range)]);
+    store.fail_gets("md5", [Fault::CorruptAt(in_the_third_range)]);
+    let dir = tempfile::tempdir().unwrap();
+    let summary = pull(engine(&store), "", dir.path(), false).await.unwrap();
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.retries, 2, "one fetch again each: {summary:?}");
+    assert_eq!((summary.verified.crc32c, summary.verified.md5), (1, 1), "{summary:?}");
+    assert_eq!(std::fs::read(dir.path().join("crc")).unwrap(), data(11, len));
+    assert_eq!(std::fs::read(dir.path().join("md5")).unwrap(), data(12, len));
+    // The MD5 object was hashed from its file on both tries, every byte
+    // once each; the CRC object's bytes were never read back.
+    assert_eq!(summary.verify_cost.read_back_bytes, 2 * len as u64, "{summary:?}");
+    assert!(summary.verify_cost.cpu_seconds > 0.0, "{summary:?}");
+}
+
+#[tokio::test]
 async fn a_failed_multipart_upload_is_aborted() {
     let store = Arc::new(MemoryStore::default());
     let dir = tempfile::tempdir().unwrap();

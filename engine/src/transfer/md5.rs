@@ -11,11 +11,14 @@
 //! at once: `md5-many` does that, picked at run time for the CPU, several
 //! times faster per core than one stream.
 //!
-//! So a file whose checksum is an MD5 is hashed once it is written, read back
-//! from the page cache (a copy, a tenth of MD5's cost), by a hasher thread
-//! that takes up to [`LANES`] files at once and advances them together, chunk
-//! by chunk. It also hashes the bytes as they are on disk, not as they
-//! arrived. Not for small objects, which are received into memory and
+//! So a file whose checksum is an MD5 is hashed from the page cache as it is
+//! written (a copy, a tenth of MD5's cost), by a hasher thread that advances
+//! up to [`LANES`] files together, chunk by chunk. A file fetched as
+//! concurrent ranges is followed: the thread hashes it as far as the ranges
+//! have landed in order, so the hash keeps pace with the download instead of
+//! starting after it, and nothing is held in memory for it (ranges that land
+//! ahead wait on disk for the ones before). It also hashes the bytes as they
+//! are on disk, not as they arrived. Not for small objects, which are received into memory and
 //! MD5-hashed as they stream past (see `pull.rs`), nor for CRCs: those are
 //! cheap, computed as bytes stream past and combined across ranges (see
 //! `verify.rs`).
@@ -34,11 +37,15 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
+
+use std::time::Instant;
 
 use md5_many::{Md5Many, Md5State};
 use tokio::sync::oneshot;
+
+use super::tally::VerifyMeter;
 
 /// Files one hasher thread advances together: AVX-512's 16 lanes twice over,
 /// which md5-many interleaves for instruction-level parallelism.
@@ -55,18 +62,45 @@ struct Job {
     /// Where the bytes to hash begin in the file.
     start: u64,
     len: u64,
-    done: oneshot::Sender<io::Result<[u8; 16]>>,
+    /// For a file still being written: how many bytes from `start` are in
+    /// it so far. `None`: all `len` are.
+    written: Option<Arc<AtomicU64>>,
+    done: Answer,
+}
+
+/// Where a job's digest goes, and where it is awaited.
+type Answer = oneshot::Sender<io::Result<[u8; 16]>>;
+type Answered = oneshot::Receiver<io::Result<[u8; 16]>>;
+
+/// What a hasher thread is told.
+enum Message {
+    /// Hash this.
+    Hash(Job),
+    /// A followed file grew, or its follower was dropped: look again.
+    Moved,
 }
 
 /// The hasher threads, started on first use (a push or a pull of objects
 /// with CRCs never needs them).
 #[derive(Debug, Default)]
 pub struct Md5Hasher {
-    threads: OnceLock<Vec<mpsc::Sender<Job>>>,
+    threads: OnceLock<Vec<mpsc::Sender<Message>>>,
     next: AtomicUsize,
+    /// Where the threads count their time and the bytes they read back.
+    meter: Arc<VerifyMeter>,
 }
 
 impl Md5Hasher {
+    /// A hasher whose cost is counted in `meter` (a run's, for its summary).
+    pub fn metered(meter: Arc<VerifyMeter>) -> Self {
+        Self { meter, ..Self::default() }
+    }
+
+    /// Where this hasher's cost is counted.
+    pub fn meter(&self) -> &Arc<VerifyMeter> {
+        &self.meter
+    }
+
     /// MD5 of the first `len` bytes of `file`.
     ///
     /// # Errors
@@ -83,27 +117,96 @@ impl Md5Hasher {
     /// # Errors
     /// As [`Md5Hasher::digest`].
     pub async fn digest_range(&self, file: Arc<File>, start: u64, len: u64) -> io::Result<[u8; 16]> {
-        let threads = self.threads.get_or_init(spawn_threads);
+        let (_, result) = self.submit(|done| Job { file, start, len, written: None, done })?;
+        result.await.map_err(|_| gone())?
+    }
+
+    /// Hashes the first `len` bytes of a file that is still being written,
+    /// as far as [`Md5Follower::written`] says it is, so that the hash keeps
+    /// pace with the download instead of starting after it: an object
+    /// fetched as concurrent ranges is hashed in passing wherever the ranges
+    /// before have landed, in the same lanes as every other file.
+    ///
+    /// # Errors
+    /// A hasher thread that is gone.
+    pub fn follow(&self, file: Arc<File>, len: u64) -> io::Result<Md5Follower> {
+        let written = Arc::new(AtomicU64::new(0));
+        let shared = Arc::clone(&written);
+        let (thread, result) = self.submit(|done| Job { file, start: 0, len, written: Some(shared), done })?;
+        Ok(Md5Follower { written, len, thread, result: Some(result) })
+    }
+
+    /// Hands a job to a hasher thread: the thread, and the answer to await.
+    fn submit(&self, job: impl FnOnce(Answer) -> Job) -> io::Result<(mpsc::Sender<Message>, Answered)> {
+        let threads = self.threads.get_or_init(|| spawn_threads(&self.meter));
         // Round robin: files are alike enough that this balances.
         let thread = &threads[self.next.fetch_add(1, Ordering::Relaxed) % threads.len()];
         let (done, result) = oneshot::channel();
-        let gone = || io::Error::other("the MD5 hasher thread stopped");
-        thread.send(Job { file, start, len, done }).map_err(|_| gone())?;
+        thread.send(Message::Hash(job(done))).map_err(|_| gone())?;
+        Ok((thread.clone(), result))
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::other("the MD5 hasher thread stopped")
+}
+
+/// A file being hashed while it is written (see [`Md5Hasher::follow`]).
+/// Dropped before [`Md5Follower::finish`], the hash is abandoned.
+#[derive(Debug)]
+pub struct Md5Follower {
+    written: Arc<AtomicU64>,
+    len: u64,
+    thread: mpsc::Sender<Message>,
+    result: Option<Answered>,
+}
+
+impl Md5Follower {
+    /// The first `until` bytes of the file are written: the hasher may read
+    /// them. Never moves back.
+    pub fn written(&self, until: u64) {
+        let until = until.min(self.len);
+        if self.written.fetch_max(until, Ordering::AcqRel) < until {
+            let _ = self.thread.send(Message::Moved);
+        }
+    }
+
+    /// The MD5 of the file's `len` bytes, once they are all written and hashed.
+    ///
+    /// # Errors
+    /// Read errors, a hasher thread that is gone, or a file never written
+    /// to its end.
+    pub async fn finish(mut self) -> io::Result<[u8; 16]> {
+        if self.written.load(Ordering::Acquire) < self.len {
+            return Err(io::Error::other("the file was never completely written"));
+        }
+        let result = self.result.take().expect("taken only here");
         result.await.map_err(|_| gone())?
+    }
+}
+
+impl Drop for Md5Follower {
+    fn drop(&mut self) {
+        // The answer's receiver goes first, so the thread, woken, sees the
+        // job abandoned and lets it go.
+        if self.result.take().is_some() {
+            let _ = self.thread.send(Message::Moved);
+        }
     }
 }
 
 /// One thread per 8 cores: with SIMD lanes one thread hashes several GB/s,
 /// so a small machine needs one, and a large one with a fast network still
 /// does not wait for MD5.
-fn spawn_threads() -> Vec<mpsc::Sender<Job>> {
+fn spawn_threads(meter: &Arc<VerifyMeter>) -> Vec<mpsc::Sender<Message>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (0..cores.div_ceil(8))
         .map(|i| {
             let (jobs, queue) = mpsc::channel();
+            let meter = Arc::clone(meter);
             std::thread::Builder::new()
                 .name(format!("ferry-md5-{i}"))
-                .spawn(move || hash_files(&queue))
+                .spawn(move || hash_files(&queue, &meter))
                 .expect("cannot start an MD5 hasher thread");
             jobs
         })
@@ -114,72 +217,105 @@ fn spawn_threads() -> Vec<mpsc::Sender<Job>> {
 struct Lane {
     job: Job,
     state: Md5State,
+    /// Bytes hashed so far.
     offset: u64,
-    buffer: Vec<u8>,
 }
 
-/// The thread: waits for a file when idle, otherwise takes in whatever has
-/// queued up (to `LANES` files) between rounds, so files that finish
-/// downloading together are hashed together. Ends when the engine is gone.
-fn hash_files(queue: &mpsc::Receiver<Job>) {
+impl Lane {
+    /// How many bytes from `offset` can be read now.
+    fn readable(&self) -> u64 {
+        let written = self.job.written.as_ref().map_or(self.job.len, |w| w.load(Ordering::Acquire).min(self.job.len));
+        written - self.offset
+    }
+
+    /// Whether a round can take this file: it has bytes to read, or none
+    /// left (an empty file, answered in the round).
+    fn can_advance(&self) -> bool {
+        self.readable() > 0 || self.offset == self.job.len
+    }
+}
+
+/// The thread: takes in every job queued, and in each round reads the next
+/// chunk of up to [`LANES`] files that have bytes to hash and advances them
+/// together. Files still being written wait, without a lane, until they
+/// grow; the thread sleeps when no file can advance. Ends when the engine
+/// and every follower are gone.
+fn hash_files(queue: &mpsc::Receiver<Message>, meter: &VerifyMeter) {
     let engine = Md5Many::new();
-    let mut lanes: Vec<Lane> = Vec::with_capacity(LANES);
+    let mut lanes: Vec<Lane> = Vec::new();
+    let mut buffers: Vec<Vec<u8>> = (0..LANES).map(|_| Vec::with_capacity(CHUNK)).collect();
     let mut states: Vec<Md5State> = Vec::with_capacity(LANES);
-    let new_lane = |job| Lane { job, state: Md5State::new(), offset: 0, buffer: Vec::with_capacity(CHUNK) };
+    let take = |message, lanes: &mut Vec<Lane>| {
+        if let Message::Hash(job) = message {
+            lanes.push(Lane { job, state: Md5State::new(), offset: 0 });
+        }
+    };
     loop {
-        if lanes.is_empty() {
+        // A job whose caller gave up (its task was cancelled, its follower
+        // dropped) leaves.
+        lanes.retain(|lane| !lane.job.done.is_closed());
+        if !lanes.iter().any(Lane::can_advance) {
             match queue.recv() {
-                Ok(job) => lanes.push(new_lane(job)),
+                Ok(message) => take(message, &mut lanes),
                 Err(mpsc::RecvError) => return,
             }
         }
-        while lanes.len() < LANES {
-            match queue.try_recv() {
-                Ok(job) => lanes.push(new_lane(job)),
-                Err(_) => break,
-            }
+        while let Ok(message) = queue.try_recv() {
+            take(message, &mut lanes);
         }
 
-        // Read the next chunk of every file; a file that cannot be read is
-        // answered with the error and leaves.
+        let started = Instant::now();
+        // This round's files: the first `LANES` with bytes to read, each
+        // given its next chunk; a file that cannot be read is answered with
+        // the error and leaves.
+        let mut round: Vec<usize> = Vec::with_capacity(LANES);
         let mut failed = Vec::new();
-        for (index, lane) in lanes.iter_mut().enumerate() {
-            let left = lane.job.len - lane.offset;
-            lane.buffer.resize(usize::try_from(left).map_or(CHUNK, |left| left.min(CHUNK)), 0);
-            if let Err(error) = lane.job.file.read_exact_at(&mut lane.buffer, lane.job.start + lane.offset) {
-                failed.push((index, error));
+        for (index, lane) in lanes.iter().enumerate() {
+            if round.len() == LANES {
+                break;
+            }
+            if !lane.can_advance() {
+                continue;
+            }
+            let readable = lane.readable();
+            let buffer = &mut buffers[round.len()];
+            buffer.resize(usize::try_from(readable).map_or(CHUNK, |readable| readable.min(CHUNK)), 0);
+            match lane.job.file.read_exact_at(buffer, lane.job.start + lane.offset) {
+                Ok(()) => round.push(index),
+                Err(error) => failed.push((index, error)),
             }
         }
-        // Highest index first, so the lower indices stay valid while removing.
-        for (index, error) in failed.into_iter().rev() {
-            let _ = lanes.swap_remove(index).job.done.send(Err(error));
-        }
 
-        if lanes.len() < SIMD_FROM {
-            for lane in &mut lanes {
-                lane.state.update(&lane.buffer);
+        if round.len() < SIMD_FROM {
+            for (&index, buffer) in round.iter().zip(&buffers) {
+                lanes[index].state.update(buffer);
             }
         } else {
             states.clear();
-            states.extend(lanes.iter().map(|lane| lane.state));
-            let inputs: Vec<&[u8]> = lanes.iter().map(|lane| lane.buffer.as_slice()).collect();
+            states.extend(round.iter().map(|&index| lanes[index].state));
+            let inputs: Vec<&[u8]> = buffers[..round.len()].iter().map(Vec::as_slice).collect();
             engine.update_many(&mut states, &inputs);
-            for (lane, state) in lanes.iter_mut().zip(&states) {
-                lane.state = *state;
+            for (&index, state) in round.iter().zip(&states) {
+                lanes[index].state = *state;
             }
         }
+        for (&index, buffer) in round.iter().zip(&buffers) {
+            lanes[index].offset += buffer.len() as u64;
+            meter.read_back(buffer.len() as u64);
+        }
+        meter.spent(started.elapsed());
 
-        let mut finished = Vec::new();
-        for (index, lane) in lanes.iter_mut().enumerate() {
-            lane.offset += lane.buffer.len() as u64;
-            if lane.offset == lane.job.len {
-                finished.push(index);
-            }
-        }
-        for index in finished.into_iter().rev() {
-            let lane = lanes.swap_remove(index);
+        // Answer the files that failed or are complete, highest index first
+        // so the lower indices stay valid while removing. Lanes keep their
+        // order otherwise: with more files to hash than lanes, the earliest
+        // go first and reach their commit soonest.
+        let mut leaving: Vec<(usize, Option<io::Error>)> = failed.into_iter().map(|(i, e)| (i, Some(e))).collect();
+        leaving.extend(round.iter().filter(|&&i| lanes[i].offset == lanes[i].job.len).map(|&i| (i, None)));
+        leaving.sort_by_key(|(index, _)| std::cmp::Reverse(*index));
+        for (index, error) in leaving {
+            let lane = lanes.remove(index);
             // The caller may have given up (its task was cancelled).
-            let _ = lane.job.done.send(Ok(lane.state.finalize()));
+            let _ = lane.job.done.send(error.map_or_else(|| Ok(lane.state.finalize()), Err));
         }
     }
 }
@@ -228,6 +364,51 @@ mod tests {
         for (w, digest) in cuts.windows(2).zip(digests) {
             assert_eq!(digest.unwrap(), <[u8; 16]>::from(Md5::digest(&bytes[w[0]..w[1]])));
         }
+    }
+
+    #[tokio::test]
+    async fn a_file_written_out_of_order_hashes_as_its_prefix_grows() {
+        let hasher = Md5Hasher::default();
+        let bytes = data(3, 7 * CHUNK + 11);
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        file.set_len(bytes.len() as u64).unwrap();
+        let follower = hasher.follow(Arc::clone(&file), bytes.len() as u64).unwrap();
+        // Pieces land out of order, of sizes that cut chunks and blocks; the
+        // follower is told only the prefix that is complete.
+        let cuts = [0, 1, CHUNK + 5, 2 * CHUNK, 4 * CHUNK + 63, 7 * CHUNK + 11];
+        let mut landed = vec![false; cuts.len() - 1];
+        for piece in [3, 1, 4, 0, 2] {
+            file.write_all_at(&bytes[cuts[piece]..cuts[piece + 1]], cuts[piece] as u64).unwrap();
+            landed[piece] = true;
+            let prefix = landed.iter().take_while(|&&l| l).count();
+            follower.written(cuts[prefix] as u64);
+            // Let the thread read what it may while the rest is unwritten.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(follower.finish().await.unwrap(), <[u8; 16]>::from(Md5::digest(&bytes)));
+    }
+
+    #[tokio::test]
+    async fn a_followed_file_that_waits_holds_up_no_other_file() {
+        let hasher = Md5Hasher::default();
+        let waiting = hasher.follow(file_with(&data(1, CHUNK)), CHUNK as u64).unwrap();
+        waiting.written(10);
+        let bytes = data(2, 3 * CHUNK);
+        let digest = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            hasher.digest(file_with(&bytes), bytes.len() as u64),
+        )
+        .await
+        .expect("a complete file is hashed while another waits");
+        assert_eq!(digest.unwrap(), <[u8; 16]>::from(Md5::digest(&bytes)));
+        // Abandoned half-way, it leaves; one never completely written is an
+        // error, not a digest of what was there.
+        drop(waiting);
+        let short = hasher.follow(file_with(&bytes), bytes.len() as u64).unwrap();
+        short.written(CHUNK as u64);
+        assert!(short.finish().await.is_err());
+        let after = hasher.digest(file_with(b"hello world"), 11).await.unwrap();
+        assert_eq!(after, <[u8; 16]>::from(Md5::digest(b"hello world")));
     }
 
     #[tokio::test]

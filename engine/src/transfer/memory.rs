@@ -195,7 +195,7 @@ async fn stream_into(
 ) -> Result<RangeDigest, ObjectError> {
     let len = buffer.len() as u64;
     expect_announced(response.content_length, len)?;
-    let mut digester = Digester::new(wanted);
+    let mut digester = Digester::new(wanted, &engine.tally.verify);
     let mut body = response.body;
     let mut filled = 0usize;
     while let Some(chunk) = next_chunk(&mut body, engine.config.stall_timeout).await? {

@@ -550,15 +550,17 @@ impl Engine {
             Arc::clone(&metrics),
         )?;
         let bandwidth = pacing::Pacer::new(config.max_bandwidth);
+        let tally = Arc::new(Tally::default());
+        let md5 = md5::Md5Hasher::metered(Arc::clone(&tally.verify));
         let engine = Arc::new(Self {
             store,
             config,
             budget,
             metrics,
-            tally: Arc::new(Tally::default()),
+            tally,
             bandwidth,
             buffers: buffers::BufferPool::default(),
-            md5: md5::Md5Hasher::default(),
+            md5,
             boot_id: crate::local::partial::boot_id(),
             fleet,
             shared_objects: std::sync::OnceLock::new(),

@@ -37,6 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
+use super::md5::Md5Follower;
 use super::ranges::{download_range_size, plan_ranges};
 use super::readback::{self, Received};
 use super::tally::{Summary, Verified, VerifiedKind};
@@ -778,13 +779,14 @@ async fn download(
     }
 
     // Per-part checksums of an object fetched in ranges are hashed part by
-    // part as soon as each part is written, behind the download of the rest.
-    let mut part_hashes = None;
+    // part as soon as each part is written, behind the download of the rest;
+    // an MD5 of the whole as far as the ranges have landed in order.
+    let mut part_layout_of = None;
     if let Some(Integrity::Parts(parts)) = &expected
         && ranges.len() > 1
     {
         let layout = part_layout(engine, &planned.object, parts.parts).await?;
-        part_hashes = Some((parts.clone(), layout));
+        part_layout_of = Some((parts.clone(), layout));
     }
     let wanted = Wanted::for_checksum(expected.as_ref());
     let landing = land(engine, staging, planned, ranges.len() > 1, wanted).await?;
@@ -821,13 +823,20 @@ async fn download(
         _ => {
             let missing = missing_ranges(ranges, &kept);
             let sink = Sink::File(Arc::clone(&file), landing.partial(), landed.clone());
-            let mut hasher = part_hashes.take().map(|(parts, layout)| PartHasher::new(engine, &file, parts, &layout));
+            let mut hasher = match (part_layout_of.take(), &expected) {
+                (Some((parts, layout)), _) => Some(HashBehind::parts(engine, &file, parts, &layout)),
+                (None, Some(Integrity::Whole(StoredChecksum::Md5(_)))) => {
+                    Some(HashBehind::md5(engine, &file, size).map_err(ObjectError::io_error("hashing the MD5"))?)
+                }
+                _ => None,
+            };
             if let Some(hasher) = &mut hasher {
                 kept.iter().for_each(|piece| hasher.written(piece.offset, piece.offset + piece.len));
             }
             let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted, hasher.as_mut()).await?;
             if let Some(hasher) = hasher {
-                precomputed = Some(hasher.finish().await.map_err(ObjectError::io_error("hashing the parts"))?);
+                precomputed =
+                    Some(hasher.finish().await.map_err(ObjectError::io_error("hashing behind the download"))?);
             }
             digests.extend(kept);
             digests
@@ -1089,6 +1098,10 @@ pub(super) async fn check_received(
         Integrity::Whole(crc) if crc.is_combinable() => {
             Integrity::Whole(combined_crc(*crc, digests).ok_or_else(|| not_computed("CRC of every range"))?)
         }
+        // Hashed behind the download (see `HashBehind`).
+        Integrity::Parts(_) | Integrity::Whole(StoredChecksum::Md5(_)) if precomputed.is_some() => {
+            precomputed.expect("checked")
+        }
         Integrity::Whole(StoredChecksum::Md5(_)) => Integrity::Whole(StoredChecksum::Md5(match received {
             Received::File(file) => engine
                 .md5
@@ -1097,7 +1110,6 @@ pub(super) async fn check_received(
                 .map_err(ObjectError::io_error("reading back for MD5"))?,
             Received::Memory(_) => digests.first().and_then(|d| d.md5).ok_or_else(|| not_computed("MD5"))?,
         })),
-        Integrity::Parts(_) if precomputed.is_some() => precomputed.expect("checked"),
         Integrity::Parts(parts) => {
             let layout = part_layout(engine, object, parts.parts).await?;
             readback::digest(&engine.md5, received, expected, &layout)
@@ -1172,7 +1184,7 @@ async fn fetch_ranges(
     if_match: Option<Arc<str>>,
     sink: Sink,
     wanted: Wanted,
-    mut hasher: Option<&mut PartHasher>,
+    mut hasher: Option<&mut HashBehind>,
 ) -> Result<Vec<RangeDigest>, ObjectError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
@@ -1209,8 +1221,28 @@ async fn fetch_ranges(
 /// Complete MD5 parts handed to the hasher together.
 const PARTS_PER_BATCH: usize = 8;
 
-/// Hashes the parts of a multipart object as they become complete on disk.
-struct PartHasher {
+/// Checksums that cannot be combined from per-range digests, computed from
+/// the file behind the download of an object fetched in ranges: as far as
+/// the ranges have landed in order, so that little is left to hash when the
+/// last range lands.
+struct HashBehind {
+    /// Everything below this offset is written.
+    written_until: u64,
+    /// Written pieces beyond `written_until`, start → end.
+    ahead: BTreeMap<u64, u64>,
+    what: Behind,
+}
+
+enum Behind {
+    /// The object's MD5 (a single-part ETag), which the hasher follows as
+    /// the written prefix grows.
+    Md5(Md5Follower),
+    /// Per-part checksums, each part hashed once it is complete.
+    Parts(PartHashes),
+}
+
+/// The parts of a multipart object, hashed as they become complete on disk.
+struct PartHashes {
     engine: Arc<Engine>,
     file: Arc<File>,
     checksum: PartsChecksum,
@@ -1220,15 +1252,18 @@ struct PartHasher {
     next: usize,
     /// Complete parts not handed to a hashing task yet.
     ready: Vec<usize>,
-    /// Everything below this offset is written.
-    written_until: u64,
-    /// Written pieces beyond `written_until`, start → end.
-    ahead: BTreeMap<u64, u64>,
     tasks: JoinSet<(usize, std::io::Result<Vec<u8>>)>,
 }
 
-impl PartHasher {
-    fn new(engine: &Arc<Engine>, file: &Arc<File>, checksum: PartsChecksum, layout: &[u64]) -> Self {
+impl HashBehind {
+    /// Hashes the object's MD5 behind the download.
+    fn md5(engine: &Engine, file: &Arc<File>, size: u64) -> std::io::Result<Self> {
+        let follower = engine.md5.follow(Arc::clone(file), size)?;
+        Ok(Self::new(Behind::Md5(follower)))
+    }
+
+    /// Hashes the parts `layout` (their sizes, in order) behind the download.
+    fn parts(engine: &Arc<Engine>, file: &Arc<File>, checksum: PartsChecksum, layout: &[u64]) -> Self {
         let parts = layout
             .iter()
             .scan(0u64, |offset, len| {
@@ -1237,27 +1272,47 @@ impl PartHasher {
                 Some((start, *offset))
             })
             .collect();
-        Self {
+        Self::new(Behind::Parts(PartHashes {
             engine: Arc::clone(engine),
             file: Arc::clone(file),
             checksum,
             parts,
             next: 0,
             ready: Vec::new(),
-            written_until: 0,
-            ahead: BTreeMap::new(),
             tasks: JoinSet::new(),
-        }
+        }))
     }
 
-    /// Bytes `start..end` are in the file: hash every part now complete.
+    fn new(what: Behind) -> Self {
+        Self { written_until: 0, ahead: BTreeMap::new(), what }
+    }
+
+    /// Bytes `start..end` are in the file: hash what is now complete.
     fn written(&mut self, start: u64, end: u64) {
         self.ahead.insert(start, end);
         while let Some(end) = self.ahead.remove(&self.written_until) {
             self.written_until = self.written_until.max(end);
         }
+        match &mut self.what {
+            Behind::Md5(follower) => follower.written(self.written_until),
+            Behind::Parts(parts) => parts.written(self.written_until),
+        }
+    }
+
+    /// The object's checksum, once every byte is hashed.
+    async fn finish(self) -> std::io::Result<Integrity> {
+        match self.what {
+            Behind::Md5(follower) => Ok(Integrity::Whole(StoredChecksum::Md5(follower.finish().await?))),
+            Behind::Parts(parts) => parts.finish().await,
+        }
+    }
+}
+
+impl PartHashes {
+    /// Everything below `written_until` is written.
+    fn written(&mut self, written_until: u64) {
         while let Some(&(_, end)) = self.parts.get(self.next)
-            && end <= self.written_until
+            && end <= written_until
         {
             self.ready.push(self.next);
             self.next += 1;
@@ -1384,7 +1439,7 @@ async fn fetch_attempt(
 
     // One digest per piece written (they combine), so a piece is recorded,
     // with its digest, as soon as it is on disk.
-    let mut digester = Digester::new(wanted);
+    let mut digester = Digester::new(wanted, &engine.tally.verify);
     let mut pieces: Vec<RangeDigest> = Vec::new();
     let mut body = response.body;
     // Chunks are held (not copied) until a write buffer's worth has arrived,
@@ -1407,8 +1462,8 @@ async fn fetch_attempt(
                 && pending_len >= capacity
             {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
-                let piece =
-                    std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
+                let piece = std::mem::replace(&mut digester, Digester::new(wanted, &engine.tally.verify))
+                    .finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
                 piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
                 pieces.push(piece);
@@ -1417,8 +1472,8 @@ async fn fetch_attempt(
         match &sink {
             Sink::File(file, partial, landed) if pending_len > 0 => {
                 flush(&engine, file, &mut pending, range.start + flushed).await?;
-                let piece =
-                    std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start + flushed, pending_len);
+                let piece = std::mem::replace(&mut digester, Digester::new(wanted, &engine.tally.verify))
+                    .finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
                 piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
                 pieces.push(piece);
@@ -1428,7 +1483,10 @@ async fn fetch_attempt(
             // is read from the network, not only what reaches the disk.
             Sink::Memory => {
                 engine.pace(pending_len).await;
-                pieces.push(std::mem::replace(&mut digester, Digester::new(wanted)).finish(range.start, len));
+                pieces.push(
+                    std::mem::replace(&mut digester, Digester::new(wanted, &engine.tally.verify))
+                        .finish(range.start, len),
+                );
             }
             Sink::File(..) => {}
         }

@@ -25,6 +25,7 @@ use bytes::Bytes;
 use md5::Digest as _;
 
 use super::md5::Md5Hasher;
+use super::tally::VerifyMeter;
 use crate::store::{Integrity, PartAlgorithm, PartsChecksum, StoredChecksum};
 
 /// Bytes read per step from a file being hashed.
@@ -54,11 +55,11 @@ pub async fn digest(
 ) -> io::Result<Option<Integrity>> {
     match expected {
         Integrity::Whole(StoredChecksum::Sha1(_)) => {
-            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha1).await?;
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha1, md5.meter()).await?;
             Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha1(d))))
         }
         Integrity::Whole(StoredChecksum::Sha256(_)) => {
-            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha256).await?;
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha256, md5.meter()).await?;
             Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha256(d))))
         }
         Integrity::Whole(_) => Ok(None),
@@ -69,8 +70,8 @@ pub async fn digest(
             // parts are independent messages, hashed together in SIMD lanes
             // on a blocking thread rather than one by one on the runtime.
             let Received::Memory([whole]) = received else { unreachable!("matched above") };
-            let (whole, layout) = (whole.clone(), layout.to_vec());
-            let digests = tokio::task::spawn_blocking(move || md5_of_parts(&whole, &layout))
+            let (whole, layout, meter) = (whole.clone(), layout.to_vec(), Arc::clone(md5.meter()));
+            let digests = tokio::task::spawn_blocking(move || meter.time(|| md5_of_parts(&whole, &layout)))
                 .await
                 .expect("hashing parts panicked");
             Ok(Some(of_parts(PartAlgorithm::Md5, &digests, *parts)))
@@ -84,7 +85,7 @@ pub async fn digest(
             let hashes = offsets.map(|(start, len)| async move {
                 match received {
                     Received::File(file) => part_digest(md5, file, start, len, *algorithm).await,
-                    Received::Memory(_) => hash_range(received, start, len, *algorithm).await,
+                    Received::Memory(_) => hash_range(received, start, len, *algorithm, md5.meter()).await,
                 }
             });
             let part_digests = futures::future::try_join_all(hashes).await?;
@@ -127,19 +128,29 @@ pub async fn part_digest(
 ) -> io::Result<Vec<u8>> {
     match algorithm {
         PartAlgorithm::Md5 => Ok(md5.digest_range(Arc::clone(file), start, len).await?.to_vec()),
-        _ => hash_range(Received::File(file), start, len, algorithm).await,
+        _ => hash_range(Received::File(file), start, len, algorithm, md5.meter()).await,
     }
 }
 
-/// Hashes `len` bytes from `start` of what was received.
-async fn hash_range(received: Received<'_>, start: u64, len: u64, algorithm: PartAlgorithm) -> io::Result<Vec<u8>> {
+/// Hashes `len` bytes from `start` of what was received, its cost counted
+/// in `meter`.
+async fn hash_range(
+    received: Received<'_>,
+    start: u64,
+    len: u64,
+    algorithm: PartAlgorithm,
+    meter: &Arc<VerifyMeter>,
+) -> io::Result<Vec<u8>> {
     match received {
-        Received::Memory(chunks) => Ok(hash(algorithm, slices(chunks, start, len))),
+        Received::Memory(chunks) => Ok(meter.time(|| hash(algorithm, slices(chunks, start, len)))),
         Received::File(file) => {
-            let file = Arc::clone(file);
-            tokio::task::spawn_blocking(move || hash_file_range(&file, start, len, algorithm))
-                .await
-                .expect("hashing a file panicked")
+            let (file, meter) = (Arc::clone(file), Arc::clone(meter));
+            tokio::task::spawn_blocking(move || {
+                meter.read_back(len);
+                meter.time(|| hash_file_range(&file, start, len, algorithm))
+            })
+            .await
+            .expect("hashing a file panicked")
         }
     }
 }

@@ -6,12 +6,14 @@
 //! the counters stay atomics and the snapshot one short lock per object,
 //! never a list of objects.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ferry_contract::summary::{Amount, Changes, SnapshotBuilder};
-pub use ferry_contract::summary::{Counts, Failure, Operation, Resumed, Summary, VerifiedCounts, VerifiedKind};
+pub use ferry_contract::summary::{
+    Counts, Failure, Operation, Resumed, Summary, VerifiedCounts, VerifiedKind, VerifyCost,
+};
 
 /// Failures kept in full for the summary; the count is always exact.
 const FAILURES_KEPT: usize = 1000;
@@ -40,6 +42,48 @@ pub struct Tally {
     staged: Mutex<SnapshotBuilder>,
     /// A pull's destination filesystem as the run found it, before writing.
     disk: Mutex<Option<ferry_contract::DiskSpace>>,
+    /// What verifying cost, counted where the hashing happens.
+    pub verify: Arc<VerifyMeter>,
+}
+
+/// The cost of verification, counted by whatever hashes: the digests
+/// computed as bytes stream past, the MD5 lanes, the read-back hashes.
+///
+/// Time is measured around the hashing steps, which compute and read from
+/// the page cache without waiting for anything, so their time is time on a
+/// core (a preempted step counts a little more than its CPU time).
+#[derive(Debug, Default)]
+pub struct VerifyMeter {
+    nanos: AtomicU64,
+    read_back: AtomicU64,
+}
+
+impl VerifyMeter {
+    /// Runs one hashing step and counts its time.
+    pub fn time<R>(&self, step: impl FnOnce() -> R) -> R {
+        let started = Instant::now();
+        let result = step();
+        self.spent(started.elapsed());
+        result
+    }
+
+    /// Counts time spent hashing, measured by the caller.
+    pub fn spent(&self, time: Duration) {
+        self.nanos.fetch_add(u64::try_from(time.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Counts bytes read back from a written file to hash them.
+    pub fn read_back(&self, bytes: u64) {
+        self.read_back.fetch_add(bytes, Relaxed);
+    }
+
+    /// What was counted.
+    pub fn cost(&self) -> VerifyCost {
+        VerifyCost {
+            cpu_seconds: Duration::from_nanos(self.nanos.load(Relaxed)).as_secs_f64(),
+            read_back_bytes: self.read_back.load(Relaxed),
+        }
+    }
 }
 
 /// Objects and bytes, counted lock-free.
@@ -264,6 +308,7 @@ impl Tally {
             changes: pull.then(|| self.changes()),
             snapshot,
             shared: self.shared.load(),
+            verify_cost: self.verify.cost(),
             ..Summary::default()
         }
     }
@@ -306,6 +351,15 @@ pub fn one_line(summary: &Summary) -> String {
             format!("{head}; concurrency auto: {} requests at the end, at most {}", used.last, used.peak)
         }
         _ => head,
+    };
+    let head = match summary.verify_cost {
+        cost if cost.is_none() => head,
+        cost => format!(
+            "{head}; verified {} against checksums in {:.2} CPU s of hashing, {} read back",
+            summary.verified.checksum,
+            cost.cpu_seconds,
+            human_bytes(cost.read_back_bytes)
+        ),
     };
     match summary.failures.first() {
         Some(first) => format!("{head}; first failure: {}: {}", first.key, first.error),

@@ -5,13 +5,17 @@
 //! can be concatenated arithmetically), so an object fetched as 128
 //! concurrent ranges is verified against one whole-object checksum without a
 //! second pass. MD5 cannot be combined, and is expensive: a file whose only
-//! checksum is an MD5 ETag is read back once it is written, and hashed
-//! together with others in SIMD lanes (see `md5.rs`). Only a small object
+//! checksum is an MD5 ETag is hashed from the page cache as its ranges land
+//! in order, together with others in SIMD lanes (see `md5.rs`). Only a small object
 //! received into memory in one piece is MD5-hashed as it streams past: it is
 //! one range, and a hand-off to the hasher would cost it more than hashing.
 //! SHAs and checksums of per-part checksums are read back too (see
 //! `readback.rs`).
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::tally::VerifyMeter;
 use crate::store::{Integrity, StoredChecksum};
 
 /// What a range's bytes hashed to.
@@ -71,21 +75,31 @@ pub struct Digester {
     crc32: Option<crc32fast::Hasher>,
     crc64nvme: Option<crc_fast::Digest>,
     md5: Option<md5_many::Md5State>,
+    /// Where the time spent hashing is counted, when anything is hashed.
+    meter: Option<Arc<VerifyMeter>>,
+    spent: Duration,
 }
 
 impl Digester {
-    /// Starts digests for the wanted algorithms.
-    pub fn new(wanted: Wanted) -> Self {
+    /// Starts digests for the wanted algorithms, their time counted in `meter`.
+    pub fn new(wanted: Wanted, meter: &Arc<VerifyMeter>) -> Self {
+        let any = wanted.crc32c || wanted.crc32 || wanted.crc64nvme || wanted.md5;
         Self {
             crc32c: wanted.crc32c.then_some(0),
             crc32: wanted.crc32.then(crc32fast::Hasher::new),
             crc64nvme: wanted.crc64nvme.then(|| crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme)),
             md5: wanted.md5.then(md5_many::Md5State::new),
+            meter: any.then(|| Arc::clone(meter)),
+            spent: Duration::ZERO,
         }
     }
 
     /// Feeds bytes in order.
     pub fn update(&mut self, bytes: &[u8]) {
+        if self.meter.is_none() {
+            return;
+        }
+        let started = Instant::now();
         if let Some(crc) = &mut self.crc32c {
             *crc = crc32c::crc32c_append(*crc, bytes);
         }
@@ -98,10 +112,14 @@ impl Digester {
         if let Some(md5) = &mut self.md5 {
             md5.update(bytes);
         }
+        self.spent += started.elapsed();
     }
 
     /// The digests of everything fed.
     pub fn finish(self, offset: u64, len: u64) -> RangeDigest {
+        if let Some(meter) = &self.meter {
+            meter.spent(self.spent);
+        }
         RangeDigest {
             offset,
             len,
@@ -170,7 +188,7 @@ mod tests {
             .into_iter()
             .rev() // completion order is arbitrary
             .map(|(offset, bytes)| {
-                let mut d = Digester::new(wanted);
+                let mut d = Digester::new(wanted, &Arc::default());
                 d.update(bytes);
                 d.finish(offset as u64, bytes.len() as u64)
             })
@@ -201,13 +219,29 @@ mod tests {
         /// A streamed MD5 is the MD5 of the whole, however the bytes arrive.
         #[test]
         fn a_streamed_md5_matches_one_shot_md5(data in proptest::collection::vec(any::<u8>(), 0..4096), piece in 1usize..200) {
-            let mut digester = Digester::new(Wanted::default().with_md5_for(Some(&Integrity::Whole(StoredChecksum::Md5([0; 16])))));
+            let md5 = Wanted::default().with_md5_for(Some(&Integrity::Whole(StoredChecksum::Md5([0; 16]))));
+            let mut digester = Digester::new(md5, &Arc::default());
             for bytes in data.chunks(piece) {
                 digester.update(bytes);
             }
             let expected: [u8; 16] = <md5::Md5 as md5::Digest>::digest(&data).into();
             prop_assert_eq!(digester.finish(0, data.len() as u64).md5, Some(expected));
         }
+    }
+
+    #[test]
+    fn hashing_time_is_counted_when_something_is_hashed_and_only_then() {
+        let meter = Arc::new(VerifyMeter::default());
+        let data = vec![7u8; 4 << 20];
+        let mut nothing = Digester::new(Wanted::default(), &meter);
+        nothing.update(&data);
+        nothing.finish(0, data.len() as u64);
+        assert!(meter.cost().is_none(), "{:?}", meter.cost());
+        let mut crc = Digester::new(Wanted { crc32: true, ..Wanted::default() }, &meter);
+        crc.update(&data);
+        crc.finish(0, data.len() as u64);
+        assert!(meter.cost().cpu_seconds > 0.0, "{:?}", meter.cost());
+        assert_eq!(meter.cost().read_back_bytes, 0, "streamed past, nothing read back");
     }
 
     #[test]

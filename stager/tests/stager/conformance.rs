@@ -279,7 +279,12 @@ async fn foreign_objects(server: &Store, bucket: &str) -> (BTreeMap<String, Vec<
     let data = marked(29, 100 << 10, 50);
     put(&plain, "md5.bin", &data, None).await.unwrap();
     files.insert("md5.bin".to_owned(), data);
-    let kinds = vec![("crc64nvme", 3), ("composite", 2), ("etag_multipart", 2), ("md5", 1), ("size_only", 0)];
+    // The same, large enough to be fetched in ranges and hashed behind them
+    // (the proxy's byte is in a middle range).
+    let data = marked(30, 13 * MIB + 5, 7 * MIB + 11);
+    put(&plain, "md5-ranged.bin", &data, None).await.unwrap();
+    files.insert("md5-ranged.bin".to_owned(), data);
+    let kinds = vec![("crc64nvme", 3), ("composite", 2), ("etag_multipart", 2), ("md5", 2), ("size_only", 0)];
     (files, kinds)
 }
 
@@ -555,6 +560,73 @@ async fn a_pull_killed_inside_a_large_object_fetches_only_the_rest(backend: Back
     assert!(resumed.summary["verified"]["checksum"].as_u64() == Some(1), "{:#}", resumed.summary);
     let partials = std::fs::read_dir(dst.path().join(".ferry/partial")).map_or(0, |d| d.count());
     assert_eq!(partials, 0, "the partial is gone once the object is in place");
+}
+
+/// MinIO only (the one store whose single PUTs keep nothing but an MD5):
+/// a pull killed while it hashes an MD5-only object behind its ranges
+/// keeps what it wrote, and the next run proves those bytes again: one
+/// changed on disk in between is caught by the MD5 and the object fetched
+/// again, whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn minio_only_a_pull_killed_inside_an_md5_only_object_proves_the_kept_bytes_again() {
+    let server = Store::start(Backend::Minio);
+    let Store::S3(s3) = &server else { unreachable!("MinIO") };
+    server.create_bucket("md5").await;
+    let size = 40 * MIB + 9;
+    let data = pattern(51, size);
+    plain_client(s3)
+        .put_object()
+        .bucket("md5")
+        .key("ckpt/model.bin")
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await
+        .unwrap();
+
+    let dst = tempfile::tempdir().unwrap();
+    let dir = dst.path().to_str().unwrap();
+    let uri = server.uri("md5/ckpt");
+    let port = ferry_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let args = ["pull", uri.as_str(), dir, "--part-size", "4MiB", "--concurrency", "2"];
+    let mut child = command(&server, &args)
+        .args(["--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the pull made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
+        if scrape(port).map_or(0, |e| transferred_bytes(&e)) >= (16 * MIB) as u64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // A kept byte changes on disk (the first range's first piece is kept).
+    let part = std::fs::read_dir(dst.path().join(".ferry/partial"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "part"))
+        .expect("the killed pull kept its partial object");
+    let mut bytes = std::fs::read(&part).unwrap();
+    assert_eq!(bytes[100], data[100], "the first piece was written before the kill");
+    bytes[100] ^= 0x5a;
+    std::fs::write(&part, &bytes).unwrap();
+
+    let resumed = stager(&server, &args);
+    resumed.assert_ok();
+    assert_eq!(std::fs::read(dst.path().join("model.bin")).unwrap(), data, "{:#}", resumed.summary);
+    assert_eq!(resumed.summary["verified"]["md5"].as_u64(), Some(1), "{:#}", resumed.summary);
+    assert!(resumed.summary["retries"].as_u64() >= Some(1), "the mismatch was fetched again: {:#}", resumed.summary);
+    // Every byte was hashed from the file: the kept ones and the new ones on
+    // the first try, all of them again on the second.
+    let read_back = resumed.summary["verify_cost"]["read_back_bytes"].as_u64().unwrap();
+    assert_eq!(read_back, 2 * size as u64, "{:#}", resumed.summary);
+    assert!(resumed.summary["verify_cost"]["cpu_seconds"].as_f64() > Some(0.0), "{:#}", resumed.summary);
 }
 
 /// The files a run recorded as in place (its manifest and the journal it
