@@ -278,7 +278,7 @@ def measured(cmd, env, log, timeout=None, cpus=None):
     with tempfile.NamedTemporaryFile("r", suffix=".measure") as result:
         subprocess.run([tool("measure")] + limit + pin + [result.name] + cmd, env=env, stdout=log, stderr=log,
                        check=True)
-        wall, cpu, rss_kib, code, timed_out = result.read().split()
+        wall, cpu, rss_kib, code, timed_out = result.read().split()[:5]
     return float(wall), float(cpu), int(rss_kib) * 1024, int(code), timed_out == "1"
 
 

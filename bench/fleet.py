@@ -213,7 +213,7 @@ def run_fleet(n, fanout, links, dataset, scratch, log, timeout, peer_link=None, 
     wall = time.monotonic() - started
     rss, cpu, summaries = 0, 0.0, []
     for proc, measure, summary, dest in procs:
-        _, cpu_seconds, rss_kib, code, timed_out = measure.read_text().split()
+        _, cpu_seconds, rss_kib, code, timed_out = measure.read_text().split()[:5]
         cpu += float(cpu_seconds)
         if code != "0" or timed_out == "1":
             raise SystemExit(f"a {fanout} worker of {n} failed (exit {code}, timed out {timed_out}); see the log")

@@ -1,8 +1,8 @@
 /*
  * measure [-t SECONDS] [-c CPUS] OUT CMD [ARGS...]: runs CMD as a child and writes to
- * OUT one line, "WALL_SECONDS CPU_SECONDS MAXRSS_KIB EXIT_CODE TIMED_OUT".
- * CPU is user + sys of the child and every descendant it waited for; MAXRSS
- * is the largest process.
+ * OUT one line, "WALL_SECONDS CPU_SECONDS MAXRSS_KIB EXIT_CODE TIMED_OUT
+ * USER_SECONDS SYSTEM_SECONDS". CPU is user + sys of the child and every
+ * descendant it waited for (then each apart); MAXRSS is the largest process.
  *
  * Why not measure from Python: a child forked from the Python harness starts
  * with the harness's pages counted in its peak RSS (the kernel keeps the
@@ -121,15 +121,16 @@ int main(int argc, char **argv) {
     }
     clock_gettime(CLOCK_MONOTONIC, &end);
     double wall = (end.tv_sec - start.tv_sec) + (end.tv_nsec - start.tv_nsec) / 1e9;
-    double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
-                 usage.ru_stime.tv_usec / 1e6;
+    double user = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6;
+    double sys = usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
+    double cpu = user + sys;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     FILE *out = fopen(out_path, "w");
     if (!out) {
         perror("open OUT");
         return 2;
     }
-    fprintf(out, "%.6f %.6f %ld %d %d\n", wall, cpu, usage.ru_maxrss, code, (int)timed_out);
+    fprintf(out, "%.6f %.6f %ld %d %d %.6f %.6f\n", wall, cpu, usage.ru_maxrss, code, (int)timed_out, user, sys);
     fclose(out);
     return 0;
 }
