@@ -71,7 +71,9 @@ def client(minio, checksums):
 
 def body(shape, index, size):
     """Reproducible random bytes of one object."""
-    return random.Random(f"{shape}-{index}").randbytes(size)
+    rng = random.Random(f"{shape}-{index}")
+    # In pieces: one call's bit count must fit a C int.
+    return b"".join(rng.randbytes(min(16 * MIB, size - at)) for at in range(0, size, 16 * MIB))
 
 
 def upload(minio, shape, count, size):

@@ -24,11 +24,11 @@
 //! `verify.rs`).
 //!
 //! Lanes pay only when several are busy: one SIMD round costs the same for
-//! one message as for sixteen, so a round with fewer than [`SIMD_FROM`]
-//! messages (files finishing one by one) runs the single-stream code
-//! instead. Profiled on 10,000 × 64 KiB, when those still came here, the
-//! lanes' kernel was 12% of the pull's CPU with mostly one or two files per
-//! round.
+//! one message as for sixteen, so files still being written wait a little
+//! for one another to fill a round, and a round with fewer than
+//! [`SIMD_FROM`] messages runs the single-stream code instead. Profiled on
+//! 10,000 × 64 KiB, when those still came here, the lanes' kernel was 12%
+//! of the pull's CPU with mostly one or two files per round.
 //!
 //! A bug in the hasher could only make good files fail verification (and be
 //! downloaded again, then reported), never let a bad file pass: that would
@@ -40,7 +40,7 @@ use std::os::unix::fs::FileExt as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use md5_many::{Md5Many, Md5State};
 use tokio::sync::oneshot;
@@ -54,7 +54,16 @@ pub const LANES: usize = 32;
 /// buffers (2 MiB), which come out of the engine's reserve.
 const CHUNK: usize = 64 << 10;
 /// Rounds with fewer messages than this hash each one with the scalar code.
-const SIMD_FROM: usize = 4;
+const SIMD_FROM: usize = 2;
+/// Messages md5-many's fast kernel takes at once: AVX-512's 16 lanes (two
+/// rounds of AVX2's 8, four of NEON's 4). [`LANES`] is two groups.
+const GROUP: usize = 16;
+/// How long files still being written wait for others to fill a round:
+/// on the benchmark's 16 × 64 MiB single-part objects, rounds of a few
+/// files each spent 0.5 to 0.9 CPU seconds a GiB, against 0.23 for full
+/// ones; a wait of 20 ms left the pull 45% slower than `--verify size`,
+/// one of 60 ms 30%.
+const GATHER: Duration = Duration::from_millis(60);
 
 /// One file to hash.
 struct Job {
@@ -228,10 +237,19 @@ impl Lane {
         written - self.offset
     }
 
-    /// Whether a round can take this file: it has bytes to read, or none
-    /// left (an empty file, answered in the round).
+    /// Whether a round can take this file: it has a whole chunk to read,
+    /// or it is complete and has its last bytes to read, or none (an empty
+    /// file, answered in the round). A file still being written waits for
+    /// a whole chunk, so every message in the lanes is a chunk long.
     fn can_advance(&self) -> bool {
-        self.readable() > 0 || self.offset == self.job.len
+        let readable = self.readable();
+        readable >= CHUNK as u64 || (self.awaited() && (readable > 0 || self.offset == self.job.len))
+    }
+
+    /// Whether the file is complete, so its digest is (or is about to be)
+    /// awaited: a followed file written to its end, or any other.
+    fn awaited(&self) -> bool {
+        self.job.written.as_ref().is_none_or(|written| written.load(Ordering::Acquire) >= self.job.len)
     }
 }
 
@@ -250,16 +268,39 @@ fn hash_files(queue: &mpsc::Receiver<Message>, meter: &VerifyMeter) {
             lanes.push(Lane { job, state: Md5State::new(), offset: 0 });
         }
     };
+    // When a partial round may go ahead (see below).
+    let mut gathering: Option<Instant> = None;
     loop {
         // A job whose caller gave up (its task was cancelled, its follower
         // dropped) leaves.
         lanes.retain(|lane| !lane.job.done.is_closed());
-        if !lanes.iter().any(Lane::can_advance) {
+        let ready = lanes.iter().filter(|lane| lane.can_advance()).count();
+        if ready == 0 {
             match queue.recv() {
                 Ok(message) => take(message, &mut lanes),
                 Err(mpsc::RecvError) => return,
             }
+            continue;
         }
+        // A round costs the same for one file as for a group of them, and
+        // hashing keeps ahead of a download: files still being written wait
+        // for one another to fill a group, unless a digest is awaited now
+        // (a complete file) or nothing else could join. A partial round goes
+        // ahead at most every `GATHER`, so that followed files still make
+        // progress; whatever is left when they complete is hashed at once.
+        let awaited = lanes.iter().any(|lane| lane.can_advance() && lane.awaited());
+        let more_coming = lanes.iter().any(|lane| !lane.can_advance() && !lane.awaited());
+        if ready < GROUP && !awaited && more_coming {
+            let until = *gathering.get_or_insert_with(|| Instant::now() + GATHER);
+            let left = until.saturating_duration_since(Instant::now());
+            if !left.is_zero()
+                && let Ok(message) = queue.recv_timeout(left)
+            {
+                take(message, &mut lanes);
+                continue;
+            }
+        }
+        gathering = None;
         while let Ok(message) = queue.try_recv() {
             take(message, &mut lanes);
         }
@@ -286,17 +327,32 @@ fn hash_files(queue: &mpsc::Receiver<Message>, meter: &VerifyMeter) {
             }
         }
 
-        if round.len() < SIMD_FROM {
-            for (&index, buffer) in round.iter().zip(&buffers) {
-                lanes[index].state.update(buffer);
+        // Whole chunks go to the lanes together, a file's last bytes (less
+        // than a chunk) through the scalar code.
+        let (whole, last): (Vec<usize>, Vec<usize>) = (0..round.len()).partition(|&at| buffers[at].len() == CHUNK);
+        if whole.len() < SIMD_FROM {
+            for &at in whole.iter().chain(&last) {
+                lanes[round[at]].state.update(&buffers[at]);
             }
         } else {
+            // md5-many's fast kernel takes exactly one or two SIMD groups of
+            // equal, block-aligned messages; any other count goes through
+            // its general path, which profiled slower than the scalar code.
+            // So a round is filled up to a group with copies of its first
+            // message, whose digests are dropped: a round of 5 files costs
+            // what one of 16 does, not five scalar passes.
+            let width = if whole.len() <= GROUP { GROUP } else { 2 * GROUP };
             states.clear();
-            states.extend(round.iter().map(|&index| lanes[index].state));
-            let inputs: Vec<&[u8]> = buffers[..round.len()].iter().map(Vec::as_slice).collect();
+            states.extend(whole.iter().map(|&at| lanes[round[at]].state));
+            states.resize(width, Md5State::new());
+            let mut inputs: Vec<&[u8]> = whole.iter().map(|&at| buffers[at].as_slice()).collect();
+            inputs.resize(width, buffers[whole[0]].as_slice());
             engine.update_many(&mut states, &inputs);
-            for (&index, state) in round.iter().zip(&states) {
-                lanes[index].state = *state;
+            for (&at, state) in whole.iter().zip(&states) {
+                lanes[round[at]].state = *state;
+            }
+            for &at in &last {
+                lanes[round[at]].state.update(&buffers[at]);
             }
         }
         for (&index, buffer) in round.iter().zip(&buffers) {
