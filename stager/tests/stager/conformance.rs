@@ -523,27 +523,9 @@ async fn a_pull_killed_inside_a_large_object_fetches_only_the_rest(backend: Back
     let dst = tempfile::tempdir().unwrap();
     let dir = dst.path().to_str().unwrap();
     let uri = server.uri("checkpoint/ckpt");
-    let port = ferry_testkit::free_port();
-    let metrics_addr = format!("127.0.0.1:{port}");
     // Two ranges of 24 MiB, paced so the kill lands inside both.
     let args = ["pull", uri.as_str(), dir, "--part-size", "4MiB", "--concurrency", "2"];
-    let mut child = command(&server, &args)
-        .args(["--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let at_kill = loop {
-        assert!(Instant::now() < deadline, "the pull made no visible progress");
-        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
-        let transferred = scrape(port).map_or(0, |e| transferred_bytes(&e));
-        if transferred >= (16 * MIB) as u64 {
-            break transferred;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    let at_kill = killed_after(&server, &args, (16 * MIB) as u64);
     assert!(!dst.path().join("model.bin").exists(), "no partial file under the final name");
 
     let resumed = stager(&server, &args);
@@ -560,6 +542,31 @@ async fn a_pull_killed_inside_a_large_object_fetches_only_the_rest(backend: Back
     assert!(resumed.summary["verified"]["checksum"].as_u64() == Some(1), "{:#}", resumed.summary);
     let partials = std::fs::read_dir(dst.path().join(".ferry/partial")).map_or(0, |d| d.count());
     assert_eq!(partials, 0, "the partial is gone once the object is in place");
+}
+
+/// Runs `ferry-stager ARGS` paced to 16 MiB/s and SIGKILLs it once its
+/// metrics show `bytes` transferred; returns the bytes it had transferred.
+fn killed_after(server: &Store, args: &[&str], bytes: u64) -> u64 {
+    let port = ferry_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut child = command(server, args)
+        .args(["--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let at_kill = loop {
+        assert!(Instant::now() < deadline, "the pull made no visible progress");
+        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
+        let transferred = scrape(port).map_or(0, |e| transferred_bytes(&e));
+        if transferred >= bytes {
+            break transferred;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    at_kill
 }
 
 /// MinIO only (the one store whose single PUTs keep nothing but an MD5):
@@ -586,25 +593,8 @@ async fn minio_only_a_pull_killed_inside_an_md5_only_object_proves_the_kept_byte
     let dst = tempfile::tempdir().unwrap();
     let dir = dst.path().to_str().unwrap();
     let uri = server.uri("md5/ckpt");
-    let port = ferry_testkit::free_port();
-    let metrics_addr = format!("127.0.0.1:{port}");
     let args = ["pull", uri.as_str(), dir, "--part-size", "4MiB", "--concurrency", "2"];
-    let mut child = command(&server, &args)
-        .args(["--max-bandwidth", "16MiB", "--metrics-addr", &metrics_addr])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "the pull made no visible progress");
-        assert!(child.try_wait().unwrap().is_none(), "the pull finished before it could be interrupted");
-        if scrape(port).map_or(0, |e| transferred_bytes(&e)) >= (16 * MIB) as u64 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    killed_after(&server, &args, (16 * MIB) as u64);
 
     // A kept byte changes on disk (the first range's first piece is kept).
     let part = std::fs::read_dir(dst.path().join(".ferry/partial"))
