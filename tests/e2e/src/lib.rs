@@ -425,7 +425,24 @@ pub fn object_store() -> ferry_testkit::S3Server {
 /// Polls `check` until it returns `Some`, or panics after `deadline` with
 /// `what` and the cluster's diagnostics. Tests wait on conditions, never on
 /// bare sleeps.
-pub async fn wait_for<T, F, Fut>(cluster: &Cluster, what: &str, deadline: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(cluster: &Cluster, what: &str, deadline: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for_telling(cluster, what, deadline, async || String::new(), check).await
+}
+
+/// [`wait_for`] whose report on a time-out starts with what `also` says
+/// then: the objects the wait was about, the log of a process the cluster
+/// does not know of (an operator run beside it).
+pub async fn wait_for_telling<T, F, Fut>(
+    cluster: &Cluster,
+    what: &str,
+    deadline: Duration,
+    also: impl AsyncFn() -> String,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -436,11 +453,14 @@ where
             return value;
         }
         if started.elapsed() > deadline {
-            // The objects' state comes last: a CI log shows the end of a report.
+            // What the caller adds comes first, then the objects' state, then
+            // the components' logs: a CI log that is cut in the middle keeps a
+            // report's first lines and its backtrace, not what lies between.
             panic!(
-                "timed out after {deadline:?} waiting for {what}\n{}{}",
-                cluster.diagnostics(),
-                cluster.state().await
+                "timed out after {deadline:?} waiting for {what}\n{}{}\n{}",
+                also().await,
+                cluster.state().await,
+                cluster.diagnostics()
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -683,8 +703,43 @@ pub fn start_operator_with(
     name: &str,
     env: &[(&str, &str)],
 ) -> (process::ManagedProcess, String) {
+    spawn_operator(std::process::Command::new(workspace_binary("ferry-operator")), cluster, log_dir, name, env)
+}
+
+/// What [`start_operator_restarted`] writes to the operator's log each time
+/// the operator exits, before its exit status.
+pub const OPERATOR_EXITED: &str = "ferry-operator exited with status";
+
+/// [`start_operator`] started again a second after it exits by itself, as
+/// the kubelet restarts the container of the chart's Deployment. The
+/// operator exits when it cannot renew its Lease (an API server down for
+/// longer than the Lease lasts), so a test that restarts the API server
+/// needs what a cluster would do then. Each exit is logged with its status
+/// ([`OPERATOR_EXITED`]), for the test to judge; a kill of the process
+/// group stops the loop with the operator.
+///
+/// # Panics
+/// When the binary cannot start.
+pub fn start_operator_restarted(cluster: &Cluster, log_dir: &Path, name: &str) -> (process::ManagedProcess, String) {
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!(r#"while :; do "$1"; echo "{OPERATOR_EXITED} $?"; sleep 1; done"#))
+        .arg("ferry-operator")
+        .arg(workspace_binary("ferry-operator"));
+    spawn_operator(command, cluster, log_dir, name, &[])
+}
+
+/// Starts `command` (the operator's binary, or something that runs it) with
+/// the operator's environment for `cluster` and `env` besides.
+fn spawn_operator(
+    mut command: std::process::Command,
+    cluster: &Cluster,
+    log_dir: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (process::ManagedProcess, String) {
     let port = ferry_testkit::free_port();
-    let mut command = std::process::Command::new(workspace_binary("ferry-operator"));
     command
         .env("KUBECONFIG", cluster.kubeconfig())
         // The replica's name, as a pod's HOSTNAME; it prefixes its leader-election identity.

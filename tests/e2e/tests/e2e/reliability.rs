@@ -16,15 +16,22 @@ use ferry_crds::names::DATASTAGE as DATASTAGE_LABEL;
 use ferry_crds::names::DataStageKey;
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::process::ManagedProcess;
-use ferry_e2e::{Cluster, NODES, create_namespace, install_crd, object_store, start_operator, wait_for};
+use ferry_e2e::{
+    Cluster, NODES, OPERATOR_EXITED, create_namespace, install_crd, object_store, start_operator,
+    start_operator_restarted, wait_for, wait_for_telling,
+};
 use ferry_testkit::{S3Server, pattern, read_tree};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
+
+/// How a [`Bench`] starts its operator.
+type StartOperator = fn(&Cluster, &std::path::Path, &str) -> (ManagedProcess, String);
 
 /// Whether the long versions run (`FERRY_LONG=1`).
 fn long() -> bool {
@@ -45,6 +52,11 @@ struct Bench {
 
 impl Bench {
     async fn start(files: BTreeMap<String, Vec<u8>>) -> Self {
+        Self::start_with(files, start_operator).await
+    }
+
+    /// [`Bench::start`] with the operator started by `operator`.
+    async fn start_with(files: BTreeMap<String, Vec<u8>>, operator: StartOperator) -> Self {
         let s3 = object_store();
         s3.create_bucket("datasets").await;
         for (key, data) in &files {
@@ -54,7 +66,7 @@ impl Bench {
         let client = cluster.client().await.unwrap();
         install_crd(&cluster).await;
         let logs = tempfile::tempdir().unwrap();
-        let (operator, operator_metrics) = start_operator(&cluster, logs.path(), "operator-1");
+        let (operator, operator_metrics) = operator(&cluster, logs.path(), "operator-1");
         Self { cluster, s3, client, files, logs, operator, operator_metrics }
     }
 
@@ -93,6 +105,20 @@ impl Bench {
         serde_json::from_value(ds).unwrap()
     }
 
+    /// How many times the operator exited by itself and was started again
+    /// ([`start_operator_restarted`]). Panics on an exit other than the
+    /// operator's own, saying why (status 1): a panic or a signal is a crash.
+    fn operator_exits(&self) -> usize {
+        let log = std::fs::read_to_string(self.operator.log_path()).unwrap_or_default();
+        let exits: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix(OPERATOR_EXITED)).map(str::trim).collect();
+        assert!(
+            exits.iter().all(|status| *status == "1"),
+            "the operator crashed (exit statuses {exits:?}):\n{}",
+            self.operator.log_tail(60)
+        );
+        exits.len()
+    }
+
     /// Waits until DataStage `namespace/name` shows `reason` on its
     /// Progressing condition, and returns that condition's message.
     async fn wait_progressing_reason(&self, namespace: &str, name: &str, reason: &str, deadline: Duration) -> String {
@@ -112,7 +138,14 @@ impl Bench {
     /// Waits until a worker pod of DataStage `name` runs in `namespace`,
     /// and returns that pod's name.
     async fn wait_worker_running(&self, namespace: &str, name: &str) -> String {
-        wait_for(&self.cluster, &format!("a worker of {namespace}/{name} running"), Duration::from_secs(120), || {
+        let what = format!("a worker of {namespace}/{name} running");
+        // Which step it waits on (no Job, a Job without a pod, a pod not
+        // started), and whether the operator is there to take the next one.
+        let children_and_operator = async || {
+            let children = self.children(namespace, name).await;
+            format!("--- {namespace}/{name} ---\n{children}\n--- operator ---\n{}", self.operator.log_tail(40))
+        };
+        wait_for_telling(&self.cluster, &what, Duration::from_secs(120), children_and_operator, || {
             let client = self.client.clone();
             async move {
                 let pods: Vec<Pod> =
@@ -177,6 +210,33 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// When each step towards DataStage `namespace/name`'s first running
+    /// worker happened, in seconds after the DataStage was created (the API
+    /// server's timestamps, to the second): its Job made by the operator,
+    /// the pod by the Job controller, the pod bound by the scheduler, its
+    /// container started on the node. Names the component a slow start
+    /// waited on.
+    async fn worker_timeline(&self, namespace: &str, name: &str) -> serde_json::Value {
+        let api: Api<DataStage> = Api::namespaced(self.client.clone(), namespace);
+        let created = api.get(name).await.ok().and_then(|d| d.metadata.creation_timestamp);
+        let jobs: Vec<Job> = ferry_e2e::datastage_jobs(&self.client, namespace, name, ferry_crds::names::WORKER).await;
+        let pods: Vec<Pod> = ferry_e2e::datastage_pods(&self.client, namespace, name, ferry_crds::names::WORKER).await;
+        let pod = pods.iter().find(|p| is_running(p));
+        let status = pod.and_then(|p| p.status.as_ref());
+        let scheduled = status.and_then(|s| {
+            let conditions = s.conditions.as_ref()?;
+            conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True")?.last_transition_time.clone()
+        });
+        let started = status.and_then(|s| s.start_time.clone());
+        let after = |time: Option<Time>| -> Option<i64> { Some(time?.0.duration_since(created.as_ref()?.0).as_secs()) };
+        json!({
+            "job": after(jobs.iter().filter_map(|j| j.metadata.creation_timestamp.clone()).min_by_key(|t| t.0)),
+            "pod": after(pod.and_then(|p| p.metadata.creation_timestamp.clone())),
+            "scheduled": after(scheduled),
+            "started": after(started),
+        })
     }
 
     /// The Jobs and pods of a DataStage in a line each, for failure reports.
@@ -634,7 +694,9 @@ async fn stagings_go_on_through_crashes_of_every_component() {
         files.insert(format!("many/{i:03}.bin"), pattern(100 + i, 20_000 + i as usize * 37));
     }
     files.insert("big/weights.bin".into(), pattern(7, (12 << 20) + 3));
-    let mut bench = Bench::start(files).await;
+    // An operator that cannot renew its Lease while the API server is down
+    // exits, and its pod's kubelet starts it again: so here too.
+    let mut bench = Bench::start_with(files, start_operator_restarted).await;
     for namespace in ["faults-a", "faults-b"] {
         bench.namespace(namespace).await;
     }
@@ -706,6 +768,7 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     stages.extend(create(&bench, wave(&bench, 6)).await);
     bench.wait_worker_running("faults-a", "wave6-0").await;
     let first_worker_after_restarts = after_restarts.elapsed();
+    let first_worker_timeline = bench.worker_timeline("faults-a", "wave6-0").await;
     tokio::task::block_in_place(|| bench.s3.restart(Duration::from_secs(3)));
     log.push("MinIO killed mid-transfer and restarted".into());
 
@@ -723,7 +786,9 @@ async fn stagings_go_on_through_crashes_of_every_component() {
     println!(
         "reliability: {}",
         json!({"scenario": "faults", "datastages": stages.len(), "faults": log,
+               "operator_exits": bench.operator_exits(),
                "first_worker_after_restarts_seconds": first_worker_after_restarts.as_secs_f64(),
+               "first_worker_after_restarts_timeline": first_worker_timeline,
                "operator_reconcile_errors_since_last_restart": metrics.lines()
                    .filter(|l| l.starts_with("ferry_operator_reconcile_errors_total"))
                    .collect::<Vec<_>>()})
