@@ -53,7 +53,10 @@ FERRY_MOTO_BIN="$(hack/tools.sh path moto)"
 FERRY_AZURITE_BLOB_BIN="$(hack/tools.sh path azurite-blob)"
 FERRY_REGISTRY_BIN="$(hack/tools.sh path registry)"
 FERRY_ORAS_BIN="$(hack/tools.sh path oras)"
+FERRY_OLAH_BIN="$(hack/tools.sh path olah)"
+FERRY_HF_BIN="$(hack/tools.sh path hf)"
 export FERRY_MINIO_BIN FERRY_FAKE_GCS_SERVER_BIN FERRY_MOTO_BIN FERRY_AZURITE_BLOB_BIN FERRY_REGISTRY_BIN FERRY_ORAS_BIN
+export FERRY_OLAH_BIN FERRY_HF_BIN
 
 step "format and features"
 cargo fmt --all --check

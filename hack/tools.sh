@@ -5,7 +5,7 @@
 #   hack/tools.sh install TOOL...   install (if missing)
 #   hack/tools.sh path TOOL         install (if missing), print the binary path
 #
-# TOOL is one of: minio, fake-gcs-server, moto, azurite-blob, registry, oras,
+# TOOL is one of: minio, fake-gcs-server, moto, azurite-blob, registry, oras, olah, hf,
 # s5cmd, rclone, bench-python, python-test, etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, helm, prometheus, promtool,
 # and for real nodes: kubelet, containerd, containerd-shim-runc-v2, ctr, runc,
@@ -226,6 +226,9 @@ tool_path() {
     # posts traces to localhost:4318.
     registry) go_tool registry github.com/distribution/distribution/v3/cmd/registry "$DISTRIBUTION_VERSION" registry ;;
     oras)  go_tool oras oras.land/oras/cmd/oras "$ORAS_VERSION" oras ;;
+    olah)  py_tool olah olah "$OLAH_VERSION" olah-cli ;;
+    # The Hub's own CLI, from olah's environment (its huggingface_hub).
+    hf)    echo "$(dirname "$(py_tool olah olah "$OLAH_VERSION" olah-cli)")/hf" ;;
     prometheus|promtool) wrapper_tool "$cache/prometheus/$PROMETHEUS_VERSION" "$1" "Prometheus $PROMETHEUS_VERSION" build_prometheus ;;
     etcd)  wrapper_tool "$cache/etcd/$ETCD_VERSION" etcd "etcd $ETCD_VERSION" build_etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)

@@ -315,6 +315,11 @@ mod tests {
         )
             .prop_map(|(scheme, bucket, prefix)| match scheme {
                 crate::Scheme::Oci => format!("oci://{bucket}:5000/{prefix}model:v1").parse().unwrap(),
+                crate::Scheme::Hf => {
+                    format!("hf://datasets/acme/{}@v1/{prefix}", bucket.replace("..", ".").replace("--", "-"))
+                        .parse()
+                        .unwrap()
+                }
                 _ => format!("{scheme}://{bucket}/{prefix}").parse().unwrap(),
             })
     }

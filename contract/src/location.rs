@@ -1,7 +1,9 @@
 //! Object storage locations as users write them: `s3://bucket/prefix`,
 //! `gs://bucket/prefix`, `az://container/prefix`, or an OCI artifact,
 //! `oci://registry/repository:tag` (whose "bucket" is the whole reference:
-//! an artifact has no prefixes). The scheme is a [`Scheme`], decided here once, so
+//! an artifact has no prefixes), or a Hugging Face Hub repository,
+//! `hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]` (whose "bucket" is
+//! the repository at its revision, see [`crate::hub`]). The scheme is a [`Scheme`], decided here once, so
 //! that the operator, the engine and the budgets match on a type instead of
 //! comparing strings.
 
@@ -20,11 +22,13 @@ pub enum Scheme {
     Azure,
     /// `oci://`: an artifact in an OCI registry, read only.
     Oci,
+    /// `hf://`: a repository on the Hugging Face Hub, read only.
+    Hf,
 }
 
 impl Scheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [Scheme; 4] = [Scheme::S3, Scheme::Gcs, Scheme::Azure, Scheme::Oci];
+    pub const ALL: [Scheme; 5] = [Scheme::S3, Scheme::Gcs, Scheme::Azure, Scheme::Oci, Scheme::Hf];
 
     /// How URIs spell it, before `://`.
     pub fn as_str(self) -> &'static str {
@@ -33,12 +37,14 @@ impl Scheme {
             Scheme::Gcs => "gs",
             Scheme::Azure => "az",
             Scheme::Oci => "oci",
+            Scheme::Hf => "hf",
         }
     }
 
-    /// Whether a push may write to it (OCI artifacts are pulled only).
+    /// Whether a push may write to it (OCI artifacts and Hub
+    /// repositories are pulled only).
     pub fn writable(self) -> bool {
-        self != Scheme::Oci
+        !matches!(self, Scheme::Oci | Scheme::Hf)
     }
 }
 
@@ -50,7 +56,7 @@ impl fmt::Display for Scheme {
 
 /// A scheme no store of Ferry's speaks.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown scheme '{0}': expected one of s3, gs, az, oci")]
+#[error("unknown scheme '{0}': expected one of s3, gs, az, oci, hf")]
 pub struct UnknownScheme(String);
 
 impl FromStr for Scheme {
@@ -88,8 +94,15 @@ impl FromStr for ObjectLocation {
         let err = |reason| LocationError { uri: uri.to_owned(), reason };
         let (scheme, rest) = uri
             .split_once("://")
-            .ok_or_else(|| err("expected s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], az://CONTAINER[/PREFIX] or oci://REGISTRY/REPOSITORY[:TAG]"))?;
-        let scheme: Scheme = scheme.parse().map_err(|_| err("only s3://, gs://, az:// and oci:// are supported"))?;
+            .ok_or_else(|| err("expected s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], az://CONTAINER[/PREFIX] oci://REGISTRY/REPOSITORY[:TAG] or hf://ORG/REPO[@REVISION]"))?;
+        let scheme: Scheme =
+            scheme.parse().map_err(|_| err("only s3://, gs://, az://, oci:// and hf:// are supported"))?;
+        if scheme == Scheme::Hf {
+            let (repo, path) = crate::hub::split_location(rest)
+                .map_err(|_| err("expected hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]"))?;
+            let prefix = if path.is_empty() { path } else { format!("{path}/") };
+            return Ok(Self { scheme, bucket: repo.to_string(), prefix });
+        }
         if scheme == Scheme::Oci {
             let reference = rest.trim_end_matches('/');
             if reference.split('/').filter(|part| !part.is_empty()).count() < 2 {
@@ -138,7 +151,15 @@ mod tests {
         assert_eq!((artifact.bucket.as_str(), artifact.prefix.as_str()), ("127.0.0.1:5000/models/llama:v1", ""));
         assert_eq!(artifact.to_string(), "oci://127.0.0.1:5000/models/llama:v1");
         assert!("oci://registry.example".parse::<ObjectLocation>().is_err(), "a registry is no artifact");
-        assert!(!Scheme::Oci.writable() && Scheme::Azure.writable());
+        assert!(!Scheme::Oci.writable() && !Scheme::Hf.writable() && Scheme::Azure.writable());
+        let model: ObjectLocation = "hf://datasets/acme/corpus@v2/train".parse().unwrap();
+        assert_eq!(
+            (model.scheme, model.bucket.as_str(), model.prefix.as_str()),
+            (Scheme::Hf, "datasets/acme/corpus@v2", "train/")
+        );
+        assert_eq!(model.to_string(), "hf://datasets/acme/corpus@v2/train/");
+        assert_eq!("hf://acme/tiny".parse::<ObjectLocation>().unwrap().to_string(), "hf://acme/tiny/");
+        assert!("hf://tiny".parse::<ObjectLocation>().is_err(), "a repository has an owner");
         assert!("ftp://b/p".parse::<ObjectLocation>().is_err());
         assert!("s3:///p".parse::<ObjectLocation>().is_err());
         assert!("/local/path".parse::<ObjectLocation>().is_err());

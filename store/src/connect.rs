@@ -19,6 +19,7 @@ pub async fn connect(options: &TransferOptions, location: &ObjectLocation) -> Re
         Scheme::Gcs => gcs(options, location).await,
         Scheme::Azure => azure(options, location).await,
         Scheme::Oci => oci(options, location).await,
+        Scheme::Hf => hf(options, location).await,
     }
 }
 
@@ -86,6 +87,35 @@ async fn oci(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc
     Ok(Arc::new(OciStore::connect(reference, &oci)?))
 }
 
+#[cfg(feature = "hf")]
+async fn hf(options: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use crate::hf::{HubOptions, HubStore, token_from_env};
+    use ferry_contract::hub::{DEFAULT_ENDPOINT, HF_ENDPOINT_ENV};
+    // An hf:// location's bucket is the repository at its revision.
+    let repo = location.bucket.parse().map_err(|error: ferry_contract::hub::InvalidHubRepo| StoreError::Rejected {
+        code: "InvalidRepository".into(),
+        message: error.to_string(),
+    })?;
+    // The Hub's own client's conventions: HF_ENDPOINT, HF_TOKEN.
+    let endpoint_url = options
+        .endpoint_url
+        .clone()
+        .or_else(|| std::env::var(HF_ENDPOINT_ENV).ok().filter(|e| !e.is_empty()))
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
+    let hub = HubOptions {
+        endpoint_url,
+        token: if options.anonymous { None } else { token_from_env() },
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+    };
+    Ok(Arc::new(HubStore::connect(repo, &hub)?))
+}
+
+#[cfg(not(feature = "hf"))]
+async fn hf(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(not_compiled(location, "hf"))
+}
+
 #[cfg(not(feature = "oci"))]
 async fn oci(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn ObjectStore>, StoreError> {
     Err(not_compiled(location, "oci"))
@@ -107,7 +137,7 @@ async fn gcs(_: &TransferOptions, location: &ObjectLocation) -> Result<Arc<dyn O
 }
 
 /// A build without the backend a location needs.
-#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure", feature = "oci")))]
+#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure", feature = "oci", feature = "hf")))]
 fn not_compiled(location: &ObjectLocation, feature: &str) -> StoreError {
     StoreError::Rejected {
         code: "UnsupportedScheme".into(),

@@ -21,6 +21,10 @@ pub enum StoredChecksum {
     Sha1([u8; 20]),
     /// SHA-256 of a single-part object.
     Sha256([u8; 32]),
+    /// The id git gives a file's content: the SHA-1 of `blob SIZE\0`
+    /// followed by the bytes (what the Hugging Face Hub lists for a file
+    /// kept in git rather than in LFS).
+    GitBlob([u8; 20]),
 }
 
 impl StoredChecksum {
@@ -31,7 +35,7 @@ impl StoredChecksum {
             StoredChecksum::Crc32c(_) => VerifiedKind::Crc32c,
             StoredChecksum::Crc32(_) => VerifiedKind::Crc32,
             StoredChecksum::Md5(_) => VerifiedKind::Md5,
-            StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) => VerifiedKind::Sha,
+            StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) | StoredChecksum::GitBlob(_) => VerifiedKind::Sha,
         }
     }
 
@@ -44,6 +48,7 @@ impl StoredChecksum {
             StoredChecksum::Md5(_) => "md5",
             StoredChecksum::Sha1(_) => "sha1",
             StoredChecksum::Sha256(_) => "sha256",
+            StoredChecksum::GitBlob(_) => "git-blob",
         }
     }
 
@@ -61,7 +66,7 @@ impl fmt::Display for StoredChecksum {
             StoredChecksum::Crc64Nvme(v) => write!(f, "{algorithm}:{v:016x}"),
             StoredChecksum::Crc32c(v) | StoredChecksum::Crc32(v) => write!(f, "{algorithm}:{v:08x}"),
             StoredChecksum::Md5(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
-            StoredChecksum::Sha1(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
+            StoredChecksum::Sha1(d) | StoredChecksum::GitBlob(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
             StoredChecksum::Sha256(d) => write!(f, "{algorithm}:{}", hex::encode(d)),
         }
     }

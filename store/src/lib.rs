@@ -9,7 +9,8 @@
 //! backend-specific type, and what an object is verified against is an
 //! [`Integrity`] whatever store keeps it.
 //!
-//! Each backend lives behind a cargo feature (`s3`, `gcs`, `azure`) and keeps its
+//! Each backend lives behind a cargo feature (`s3`, `gcs`, `azure`, `oci`,
+//! `hf`) and keeps its
 //! SDK types to itself; [`connect()`] builds the one a location's scheme
 //! names. The engine depends on this crate without features: on the trait
 //! and the integrity types only.
@@ -24,7 +25,9 @@ mod connect;
 pub mod entra;
 #[cfg(feature = "gcs")]
 pub mod gcs;
-#[cfg(any(feature = "s3", feature = "azure", feature = "oci"))]
+#[cfg(feature = "hf")]
+pub mod hf;
+#[cfg(any(feature = "s3", feature = "azure", feature = "oci", feature = "hf"))]
 mod http;
 pub mod integrity;
 #[cfg(feature = "oci")]

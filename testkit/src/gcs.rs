@@ -4,7 +4,7 @@
 
 use std::process::{Child, Command};
 
-use crate::{AzuriteServer, RegistryServer, S3Server, free_port, log_tail, tool_path, wait_until_ready};
+use crate::{AzuriteServer, HubServer, RegistryServer, S3Server, free_port, log_tail, tool_path, wait_until_ready};
 
 /// A running fake-gcs-server (in-memory backend), stopped on drop.
 #[derive(Debug)]
@@ -149,6 +149,9 @@ pub enum Backend {
     /// against it (a bucket is a repository, its objects the layers of the
     /// tag `latest`).
     Registry,
+    /// olah, a self-hosted Hugging Face Hub, through `hf://`: read only;
+    /// a bucket is a repository (`ferry/BUCKET`), a prefix a directory in it.
+    Hub,
 }
 
 /// A running store of either backend, with the same test-side operations.
@@ -162,6 +165,8 @@ pub enum Store {
     Azure(AzuriteServer),
     /// An OCI registry.
     Registry(RegistryServer),
+    /// A Hugging Face Hub.
+    Hub(HubServer),
 }
 
 /// The tag a [`Store::Registry`] bucket's objects are layers of.
@@ -175,6 +180,7 @@ impl Store {
             Backend::FakeGcs => Store::Gcs(GcsServer::start()),
             Backend::Azurite => Store::Azure(AzuriteServer::start()),
             Backend::Registry => Store::Registry(RegistryServer::start()),
+            Backend::Hub => Store::Hub(HubServer::start()),
         }
     }
 
@@ -189,6 +195,7 @@ impl Store {
             Store::Registry(r) => {
                 return format!("{}://{}/{}:{TAG}", ferry_contract::Scheme::Oci, r.host, path.trim_end_matches('/'));
             }
+            Store::Hub(_) => return format!("{}://{}/{path}", ferry_contract::Scheme::Hf, crate::HUB_ORG),
         };
         format!("{scheme}://{path}")
     }
@@ -201,6 +208,7 @@ impl Store {
             Store::Azure(a) => a.create_container(name).await,
             // A repository comes into being with its first artifact.
             Store::Registry(_) => {}
+            Store::Hub(h) => h.create_repo(name),
         }
     }
 
@@ -211,6 +219,7 @@ impl Store {
             Store::Gcs(g) => g.put(bucket, key, body).await,
             Store::Azure(a) => a.put(bucket, key, body).await,
             Store::Registry(r) => drop(r.put(bucket, TAG, key, body).await),
+            Store::Hub(h) => h.put(bucket, key, body).await,
         }
     }
 
@@ -221,6 +230,7 @@ impl Store {
             Store::Gcs(g) => g.get(bucket, key).await,
             Store::Azure(a) => a.get(bucket, key).await,
             Store::Registry(r) => r.get(bucket, TAG, key).await,
+            Store::Hub(h) => h.get(bucket, key).await,
         }
     }
 
@@ -233,6 +243,7 @@ impl Store {
             Store::Registry(r) => {
                 r.list(bucket, TAG).await.into_iter().filter(|(key, _)| key.starts_with(prefix)).collect()
             }
+            Store::Hub(h) => h.list(bucket, prefix),
         }
     }
 
@@ -243,6 +254,7 @@ impl Store {
             Store::Gcs(g) => g.env(),
             Store::Azure(a) => a.env(),
             Store::Registry(r) => r.env(),
+            Store::Hub(h) => h.env(),
         }
     }
 }

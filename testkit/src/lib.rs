@@ -9,7 +9,8 @@
 //!
 //! [`GcsServer`] does the same with fake-gcs-server, [`AzuriteServer`] with
 //! Azurite's blob service, [`RegistryServer`] with the distribution
-//! project's OCI registry, and [`Store`] puts MinIO, fake-gcs-server or
+//! project's OCI registry, [`HubServer`] with olah, a self-hosted Hugging
+//! Face Hub, and [`Store`] puts MinIO, fake-gcs-server or
 //! Azurite behind one interface for tests that run against every backend.
 //!
 //! Binaries are found through `FERRY_MINIO_BIN` / `FERRY_MOTO_BIN`, else by
@@ -18,6 +19,7 @@
 mod azure;
 mod entra;
 mod gcs;
+mod hub;
 mod peer_tls;
 mod proxy;
 mod registry;
@@ -25,6 +27,7 @@ mod registry;
 pub use azure::{AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer};
 pub use entra::EntraServer;
 pub use gcs::{Backend, GcsServer, Store};
+pub use hub::{HUB_ORG, HubServer, LFS_FROM};
 pub use peer_tls::PeerCa;
 pub use proxy::CorruptingProxy;
 pub use registry::{REGISTRY_PASSWORD, REGISTRY_USER, RegistryServer};

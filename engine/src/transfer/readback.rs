@@ -55,12 +55,17 @@ pub async fn digest(
 ) -> io::Result<Option<Integrity>> {
     match expected {
         Integrity::Whole(StoredChecksum::Sha1(_)) => {
-            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha1, md5.meter()).await?;
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha1.into(), md5.meter()).await?;
             Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha1(d))))
         }
         Integrity::Whole(StoredChecksum::Sha256(_)) => {
-            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha256, md5.meter()).await?;
+            let hash = hash_range(received, 0, layout.iter().sum(), PartAlgorithm::Sha256.into(), md5.meter()).await?;
             Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::Sha256(d))))
+        }
+        Integrity::Whole(StoredChecksum::GitBlob(_)) => {
+            let size = layout.iter().sum();
+            let hash = hash_range(received, 0, size, Hasher::git_blob(size), md5.meter()).await?;
+            Ok(hash.try_into().ok().map(|d| Integrity::Whole(StoredChecksum::GitBlob(d))))
         }
         Integrity::Whole(_) => Ok(None),
         Integrity::Parts(PartsChecksum { algorithm: PartAlgorithm::Md5, parts, .. })
@@ -85,7 +90,7 @@ pub async fn digest(
             let hashes = offsets.map(|(start, len)| async move {
                 match received {
                     Received::File(file) => part_digest(md5, file, start, len, *algorithm).await,
-                    Received::Memory(_) => hash_range(received, start, len, *algorithm, md5.meter()).await,
+                    Received::Memory(_) => hash_range(received, start, len, (*algorithm).into(), md5.meter()).await,
                 }
             });
             let part_digests = futures::future::try_join_all(hashes).await?;
@@ -128,7 +133,7 @@ pub async fn part_digest(
 ) -> io::Result<Vec<u8>> {
     match algorithm {
         PartAlgorithm::Md5 => Ok(md5.digest_range(Arc::clone(file), start, len).await?.to_vec()),
-        _ => hash_range(Received::File(file), start, len, algorithm, md5.meter()).await,
+        _ => hash_range(Received::File(file), start, len, algorithm.into(), md5.meter()).await,
     }
 }
 
@@ -138,16 +143,21 @@ async fn hash_range(
     received: Received<'_>,
     start: u64,
     len: u64,
-    algorithm: PartAlgorithm,
+    mut hasher: Hasher,
     meter: &Arc<VerifyMeter>,
 ) -> io::Result<Vec<u8>> {
     match received {
-        Received::Memory(chunks) => Ok(meter.time(|| hash(algorithm, slices(chunks, start, len)))),
+        Received::Memory(chunks) => Ok(meter.time(|| {
+            for piece in slices(chunks, start, len) {
+                hasher.update(piece);
+            }
+            hasher.finish()
+        })),
         Received::File(file) => {
             let (file, meter) = (Arc::clone(file), Arc::clone(meter));
             tokio::task::spawn_blocking(move || {
                 meter.read_back(len);
-                meter.time(|| hash_file_range(&file, start, len, algorithm))
+                meter.time(|| hash_file_range(&file, start, len, hasher))
             })
             .await
             .expect("hashing a file panicked")
@@ -155,9 +165,8 @@ async fn hash_range(
     }
 }
 
-fn hash_file_range(file: &File, start: u64, len: u64, algorithm: PartAlgorithm) -> io::Result<Vec<u8>> {
+fn hash_file_range(file: &File, start: u64, len: u64, mut hasher: Hasher) -> io::Result<Vec<u8>> {
     let mut buffer = vec![0; len.min(CHUNK as u64) as usize];
-    let mut hasher = Hasher::new(algorithm);
     let mut done = 0u64;
     while done < len {
         let step = (len - done).min(buffer.len() as u64) as usize;
@@ -195,13 +204,19 @@ fn hash<'a>(algorithm: PartAlgorithm, pieces: impl IntoIterator<Item = &'a [u8]>
     hasher.finish()
 }
 
-/// One running hash of any part algorithm.
+/// One running hash of any part algorithm, or of a git blob.
 enum Hasher {
     Crc32c(u32),
     Crc32(crc32fast::Hasher),
     Sha1(sha1::Sha1),
     Sha256(sha2::Sha256),
     Md5(md5::Md5),
+}
+
+impl From<PartAlgorithm> for Hasher {
+    fn from(algorithm: PartAlgorithm) -> Self {
+        Hasher::new(algorithm)
+    }
 }
 
 impl Hasher {
@@ -213,6 +228,14 @@ impl Hasher {
             PartAlgorithm::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
             PartAlgorithm::Md5 => Hasher::Md5(md5::Md5::new()),
         }
+    }
+
+    /// A SHA-1 that has taken git's header for a blob of `size` bytes, so
+    /// that the content makes it the blob's id.
+    fn git_blob(size: u64) -> Self {
+        let mut sha1 = sha1::Sha1::new();
+        sha1.update(format!("blob {size}\0").as_bytes());
+        Hasher::Sha1(sha1)
     }
 
     fn update(&mut self, bytes: &[u8]) {
@@ -309,5 +332,22 @@ mod tests {
         assert_eq!(actual, Some(expected));
         let crc = Integrity::Whole(StoredChecksum::Crc32c(0));
         assert_eq!(digest(&Md5Hasher::default(), Received::Memory(&chunks), &crc, &[5000]).await.unwrap(), None);
+    }
+
+    /// The id `git hash-object` gives "hello world", from memory and from a
+    /// file; a changed byte gives another.
+    #[tokio::test]
+    async fn a_git_blob_id_is_what_git_computes() {
+        let id: [u8; 20] = hex::decode("95d09f2b10159347eece71399a7e2e907ea3df4f").unwrap().try_into().unwrap();
+        let expected = Integrity::Whole(StoredChecksum::GitBlob(id));
+        let chunks = [Bytes::from_static(b"hello "), Bytes::from_static(b"world")];
+        let hasher = Md5Hasher::default();
+        assert_eq!(digest(&hasher, Received::Memory(&chunks), &expected, &[11]).await.unwrap(), Some(expected.clone()));
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"hello world").unwrap();
+        let file = Arc::new(file);
+        assert_eq!(digest(&hasher, Received::File(&file), &expected, &[11]).await.unwrap(), Some(expected.clone()));
+        let changed = [Bytes::from_static(b"hello World")];
+        assert_ne!(digest(&hasher, Received::Memory(&changed), &expected, &[11]).await.unwrap(), Some(expected));
     }
 }

@@ -173,7 +173,9 @@ pub fn combined_crc(expected: StoredChecksum, digests: &[RangeDigest]) -> Option
         StoredChecksum::Crc64Nvme(_) => combine_crc64nvme(digests).map(StoredChecksum::Crc64Nvme),
         StoredChecksum::Crc32c(_) => combine_crc32c(digests).map(StoredChecksum::Crc32c),
         StoredChecksum::Crc32(_) => combine_crc32(digests).map(StoredChecksum::Crc32),
-        StoredChecksum::Md5(_) | StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) => None,
+        StoredChecksum::Md5(_) | StoredChecksum::Sha1(_) | StoredChecksum::Sha256(_) | StoredChecksum::GitBlob(_) => {
+            None
+        }
     }
 }
 

@@ -139,6 +139,7 @@ pub async fn delete(server: &Store, bucket: &str, key: &str) {
         }
         Store::Azure(azure) => azure.delete(bucket, key).await,
         Store::Registry(_) => unreachable!("no registry test deletes a layer"),
+        Store::Hub(hub) => hub.delete(bucket, key),
     }
 }
 

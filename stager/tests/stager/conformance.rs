@@ -772,7 +772,7 @@ async fn pending_uploads(server: &Store, bucket: &str, prefix: &str) -> Vec<Stri
         }
         Store::Gcs(_) => server.list(bucket, ".ferry-uploads/").await.into_iter().map(|(key, _)| key).collect(),
         Store::Azure(azure) => azure.pending_uploads(bucket, prefix).await,
-        Store::Registry(_) => Vec::new(),
+        Store::Registry(_) | Store::Hub(_) => Vec::new(),
     }
 }
 
