@@ -1,7 +1,8 @@
 //! The conformance suite: the stager against every backend it supports, a
 //! real MinIO through `s3://`, fake-gcs-server through `gs://`, Azurite
-//! through `az://` and the distribution registry through `oci://` (the
-//! pull tests that fit an artifact). Each test is written once, takes the backend, starts its
+//! through `az://`, the distribution registry through `oci://` (the
+//! pull tests that fit an artifact) and olah, a self-hosted Hugging Face
+//! Hub, through `hf://` (the pull tests). Each test is written once, takes the backend, starts its
 //! own server and uses its own bucket; `conformance!` runs it against each
 //! backend. The few backend-specific tests say so in their names.
 
@@ -1398,6 +1399,26 @@ conformance_on!(
     three_shards_partition_the_dataset_exactly,
     a_second_pull_transfers_nothing_and_a_third_only_what_changed,
     keys_that_would_escape_the_destination_are_refused,
+    an_unreachable_endpoint_ends_quickly_with_a_clear_message,
+    a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
+);
+
+// A Hub repository is read only, and its paths are prefixes: the pull
+// tests run against it. Keys a git tree cannot hold (`..` segments) are
+// refused by the engine whatever the store (tested on the others); a
+// missing repository, gated ones, a moved branch and a wrong byte from the
+// Hub or its storage are in hub.rs. (The killed-pull test sets its data
+// up with a push.)
+conformance_on!(
+    hub,
+    Hub,
+    objects_uploaded_by_other_clients_are_verified_against_the_stores_checksum,
+    include_and_exclude_select_by_relative_key,
+    three_shards_partition_the_dataset_exactly,
+    a_second_pull_transfers_nothing_and_a_third_only_what_changed,
+    a_resync_with_delete_removed_moves_only_changes_and_removes_what_left_the_store,
+    snapshots_are_equal_exactly_when_the_data_is,
+    a_pull_killed_inside_a_large_object_fetches_only_the_rest,
     an_unreachable_endpoint_ends_quickly_with_a_clear_message,
     a_destination_too_small_fails_with_insufficient_capacity_and_leaves_no_partial_file,
 );
