@@ -56,6 +56,7 @@ pub const MAX_NAME_LENGTH: usize = 63;
 #[x_kube(validation = Rule::new("!(has(self.source.uri) && has(self.destination.uri))").message("one of spec.source and spec.destination must be a volume: Ferry stages between object storage and volumes, not bucket to bucket"))]
 #[x_kube(validation = Rule::new("!has(self.reclaimPolicy) || self.reclaimPolicy == 'Retain' || has(self.source.uri)").message("reclaimPolicy Delete removes what a pull staged; a push's source volume is never deleted: use Retain"))]
 #[x_kube(validation = Rule::new("!has(self.destination.uri) || !self.destination.uri.startsWith('oci://')").message("oci:// is a source only: Ferry pulls OCI artifacts and does not push them; push to s3://, gs:// or az://"))]
+#[x_kube(validation = Rule::new("!has(self.destination.uri) || !self.destination.uri.startsWith('hf://')").message("hf:// is a source only: Ferry pulls from the Hugging Face Hub and does not push to it; push to s3://, gs:// or az://"))]
 #[x_kube(validation = Rule::new("!has(self.schedule) || has(self.source.uri)").message("spec.schedule re-syncs a pull; a push runs once: remove schedule, or create a new DataStage per upload"))]
 #[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("spec.timeZone applies to spec.schedule: set schedule too"))]
 #[x_kube(validation = Rule::new("!has(self.fanout) || self.fanout != 'PeerToPeer' || has(self.source.uri)").message("spec.fanout PeerToPeer applies to pulls (the nodes feed each other what they download); a push reads one volume: remove fanout or set it to Direct"))]
@@ -236,12 +237,16 @@ pub struct Location {
     /// or `az://container/prefix` (Azure Blob; the account is the
     /// credentials Secret's `AZURE_STORAGE_ACCOUNT`, or the endpoint's);
     /// for a pull, also `oci://registry/repository:tag` (or `@sha256:…`):
-    /// each layer of the artifact named by its title annotation is a file.
+    /// each layer of the artifact named by its title annotation is a file;
+    /// or a Hugging Face Hub repository, `hf://ORG/REPO` (a model),
+    /// `hf://datasets/ORG/REPO` or `hf://spaces/ORG/REPO`, optionally
+    /// `@REVISION` (a branch, tag or commit; default `main`) and a path in
+    /// it: a run copies one commit's files, and the status shows the commit.
     /// The prefix names a directory: `s3://b/data` means keys under `data/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Bounded, so that the API server's estimate of the rule's cost fits.
     #[schemars(length(max = 2048))]
-    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs|az)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$') || self.matches('^oci://[a-z0-9.-]+(:[0-9]+)?/[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})?$')").message("uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or oci://registry/repository:tag"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^(s3|gs|az)://[a-z0-9][a-z0-9._-]*[a-z0-9](/.*)?$') || self.matches('^oci://[a-z0-9.-]+(:[0-9]+)?/[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})?$') || self.matches('^hf://((datasets|spaces|models)/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}(@[^/@ ]+)?(/.*)?$')").message("uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, oci://registry/repository:tag or hf://org/repo@revision"))]
     pub uri: Option<String>,
 
     /// Endpoint URL: an S3-compatible server (MinIO, a private endpoint),
@@ -249,7 +254,9 @@ pub struct Location {
     /// emulator, Private Service Connect), or for `az://` the account's
     /// blob endpoint (`http://azurite:10000/devstoreaccount1`), or for
     /// `oci://` the registry's URL (`http://registry:5000` for one without
-    /// TLS). Default: the provider's public endpoint.
+    /// TLS), or for `hf://` a Hub mirror or private hub (`HF_ENDPOINT`).
+    /// Default: the provider's public endpoint (`https://huggingface.co`
+    /// for `hf://`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^https?://')").message("endpoint must be an http:// or https:// URL"))]
     pub endpoint: Option<String>,
@@ -272,8 +279,8 @@ pub struct Location {
     #[x_kube(validation = Rule::new("has(self.name) != has(self.webIdentity)").message("credentials: set exactly one of name (a Secret of keys) or webIdentity"))]
     pub credentials: Option<StoreCredentials>,
 
-    /// `gs://`, `az://` and `oci://` only: send no credentials at all
-    /// (public buckets, containers and repositories, emulators).
+    /// `gs://`, `az://`, `oci://` and `hf://` only: send no credentials at
+    /// all (public buckets, containers and repositories, emulators).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous: Option<bool>,
 
@@ -301,7 +308,8 @@ pub struct StoreCredentials {
     /// `AZURE_STORAGE_KEY` (the account key), `AZURE_STORAGE_SAS_TOKEN`, or
     /// a service principal's `AZURE_TENANT_ID`, `AZURE_CLIENT_ID` and
     /// `AZURE_CLIENT_SECRET`; for `oci://`, a `kubernetes.io/dockerconfigjson` Secret (`kubectl
-    /// create secret docker-registry`).
+    /// create secret docker-registry`); for `hf://`, `HF_TOKEN` (a Hub
+    /// access token, sent to the Hub's own host only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub name: Option<String>,

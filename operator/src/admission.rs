@@ -98,7 +98,7 @@ pub fn validate(
         return Err(Invalid {
             reason: reasons::UNSUPPORTED_STORE,
             message:
-                "anonymous applies to gs://, az:// and oci:// only; for s3:// give credentials or rely on the pod's identity"
+                "anonymous applies to gs://, az://, oci:// and hf:// only; for s3:// give credentials or rely on the pod's identity"
                     .into(),
         });
     }

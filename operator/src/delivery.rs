@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use ferry_contract::Scheme;
+use ferry_contract::hub::HF_TOKEN_ENV;
 use ferry_contract::options::{
     AZURE_CLIENT_ID_ENV, AZURE_CLIENT_SECRET_ENV, AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV,
     AZURE_STORAGE_SAS_TOKEN_ENV, AZURE_TENANT_ID_ENV,
@@ -82,6 +83,7 @@ pub fn credential_keys(scheme: Scheme) -> &'static [&'static str] {
             AZURE_CLIENT_SECRET_ENV,
         ],
         Scheme::Oci => &[".dockerconfigjson"],
+        Scheme::Hf => &[HF_TOKEN_ENV],
     }
 }
 

@@ -25,6 +25,7 @@ use ferry_contract::cli::{
     Concurrency, LogFormat, MAX_CONCURRENCY, Owner, ProgressMode, Purpose, StagerCli, StagerCommand, TransferOptions,
     WebIdentityOptions,
 };
+use ferry_contract::hub::HF_TOKEN_ENV;
 use ferry_contract::options::{
     AZURE_CLIENT_ID_ENV, AZURE_CLIENT_SECRET_ENV, AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV,
     AZURE_STORAGE_SAS_TOKEN_ENV, AZURE_TENANT_ID_ENV, DOCKER_CONFIG_ENV,
@@ -571,6 +572,8 @@ fn credentials(plan: &Plan<'_>, home: &Home) -> (Vec<EnvVar>, Option<(Volume, Vo
             ];
             (secret_env(secret, &keys), None)
         }
+        // A Hub access token, under the name the Hub's own client reads.
+        Scheme::Hf => (secret_env(secret, &[(HF_TOKEN_ENV, false)]), None),
     }
 }
 
@@ -1879,6 +1882,28 @@ mod tests {
         assert_eq!((item.key.as_str(), item.path.as_str()), (".dockerconfigjson", "config.json"));
         let StagerCommand::Pull { source, .. } = parsed(&pod).command else { panic!("a pull") };
         assert_eq!(source.to_string(), "oci://registry.example/models/llama:v1");
+    }
+
+    #[test]
+    fn a_hub_source_reads_its_token_from_the_secret_copy_and_keeps_its_revision() {
+        let ds = datastage(json!({
+            "source": {"uri": "hf://datasets/acme/corpus@v2/train", "credentials": {"name": "hf"}, "endpoint": "http://hub-mirror:8090"},
+            "destination": {"volume": {"hostPath": "/mnt/ferry/corpus"}},
+        }));
+        let plan = ds.spec.plan().unwrap();
+        let pod = pod(&build_job(&ds, &plan, &Worker::on_node("a"), &[], 1, &WorkerDefaults::image("stager:1")));
+        let env = pod.containers[0].env.clone().unwrap();
+        let token = env.iter().find(|e| e.name == HF_TOKEN_ENV).expect("HF_TOKEN");
+        let from = token.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!(
+            (from.name.as_str(), from.key.as_str()),
+            (held(&ds, crate::delivery::CREDENTIALS).as_str(), HF_TOKEN_ENV)
+        );
+        assert_eq!(crate::delivery::credential_keys(Scheme::Hf), [HF_TOKEN_ENV], "the copy holds the token only");
+        let StagerCommand::Pull { source, options, .. } = parsed(&pod).command else { panic!("a pull") };
+        assert_eq!(source.to_string(), "hf://datasets/acme/corpus@v2/train/");
+        // A short host is the DataStage namespace's service, wherever the workers run.
+        assert_eq!(options.endpoint_url.as_deref(), Some("http://hub-mirror.ml:8090"));
     }
 
     #[test]
