@@ -376,6 +376,10 @@ pub struct Snapshot {
     pub bytes: u64,
     /// 32 hex digits.
     pub digest: String,
+    /// The revision of the source the data was read at, where the source
+    /// has one: the commit of an `hf://` repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 /// Builds a [`Snapshot`] one object at a time, in any order.
@@ -397,7 +401,7 @@ impl SnapshotBuilder {
 
     /// The snapshot of everything added.
     pub fn finish(&self) -> Snapshot {
-        Snapshot { objects: self.objects, bytes: self.bytes, digest: format!("{:032x}", self.sum) }
+        Snapshot { objects: self.objects, bytes: self.bytes, digest: format!("{:032x}", self.sum), revision: None }
     }
 }
 
@@ -406,12 +410,19 @@ impl Snapshot {
     /// dataset). `None` when a part's digest is malformed.
     pub fn combine<'a>(parts: impl IntoIterator<Item = &'a Snapshot>) -> Option<Snapshot> {
         let mut total = SnapshotBuilder::default();
+        // The parts' revision when they agree on one.
+        let mut revision: Option<Option<&String>> = None;
         for part in parts {
             total.objects += part.objects;
             total.bytes += part.bytes;
             total.sum = total.sum.wrapping_add(u128::from_str_radix(&part.digest, 16).ok()?);
+            revision = match revision {
+                None => Some(part.revision.as_ref()),
+                Some(seen) if seen == part.revision.as_ref() => Some(seen),
+                Some(_) => Some(None),
+            };
         }
-        Some(total.finish())
+        Some(Snapshot { revision: revision.flatten().cloned(), ..total.finish() })
     }
 }
 
@@ -665,6 +676,18 @@ mod tests {
         shard1.add("b/c", "e2", 20);
         shard1.add("d", "e3", 300);
         assert_eq!(Snapshot::combine([&shard0.finish(), &shard1.finish()]), Some(forward.finish()));
+        // Shards read at one revision keep it; at two, the whole has none.
+        let at = |builder: &SnapshotBuilder, revision: &str| Snapshot {
+            revision: Some(revision.into()),
+            ..builder.finish()
+        };
+        let combined = Snapshot::combine([&at(&shard0, "c1"), &at(&shard1, "c1")]).unwrap();
+        assert_eq!((combined.revision.as_deref(), &combined.digest), (Some("c1"), &forward.finish().digest));
+        assert_eq!(Snapshot::combine([&at(&shard0, "c1"), &at(&shard1, "c2")]).unwrap().revision, None);
+        assert_eq!(Snapshot::combine([&at(&shard0, "c1"), &shard1.finish()]).unwrap().revision, None);
+        let json = serde_json::to_string(&combined).unwrap();
+        assert_eq!(serde_json::from_str::<Snapshot>(&json).unwrap(), combined, "{json}");
+        assert!(!serde_json::to_string(&forward.finish()).unwrap().contains("revision"), "absent when unknown");
 
         let mut changed = SnapshotBuilder::default();
         [("a", "e1", 1), ("b/c", "e2-new", 20), ("d", "e3", 300)].iter().for_each(|(k, v, s)| changed.add(k, v, *s));

@@ -743,6 +743,10 @@ pub struct SnapshotStatus {
     /// size: equal digests mean identical datasets. `ferry-stager wait
     /// --snapshot DIGEST` waits for it.
     pub digest: String,
+    /// The revision of the source it was read at, where the source has one:
+    /// for `hf://`, the commit the branch or tag named pointed at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 /// The versions of a `Versioned` pull on its nodes.
@@ -855,6 +859,10 @@ pub struct WorkerStatus {
     /// Digest of the dataset version this worker staged (pulls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// The revision of the source that version was read at, where the
+    /// source has one (the commit of an `hf://` repository).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
     /// Fleet staging: written by the worker itself, where it serves its
     /// peers, `IP:PORT`. Peers read it here.
     #[serde(default, skip_serializing_if = "Option::is_none")]

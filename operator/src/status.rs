@@ -260,6 +260,7 @@ fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, 
                 entry.throughput_bytes_per_second = summary.throughput_bytes_per_second as i64;
             }
             entry.snapshot = summary.snapshot.as_ref().map(|s| s.digest.clone());
+            entry.revision = summary.snapshot.as_ref().and_then(|s| s.revision.clone());
             entry.reason = summary.reason.map(|r| r.to_string());
             // What a quota refused is the whole dataset the worker selected,
             // as far as it listed: the operator waits for room for that much.
@@ -524,6 +525,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
                     objects: first.objects_total,
                     bytes: first.bytes_total,
                     digest: first.snapshot.clone().unwrap_or_default(),
+                    revision: first.revision.clone(),
                 });
                 status.snapshot_retries = None;
             }
@@ -681,7 +683,12 @@ mod tests {
             bytes: Counts { selected: bytes, transferred: bytes, ..Counts::default() },
             throughput_bytes_per_second: 1048576.0,
             changes: Some(Changes { added: Amount { objects: 2, bytes }, ..Changes::default() }),
-            snapshot: Some(Snapshot { objects: 2, bytes, digest: digest.into() }),
+            snapshot: Some(Snapshot {
+                objects: 2,
+                bytes,
+                digest: digest.into(),
+                revision: Some(format!("commit-{digest}")),
+            }),
             ..Summary::default()
         }))
     }
@@ -760,6 +767,11 @@ mod tests {
         assert_eq!(status.totals.as_ref().unwrap().bytes_done, 2 << 20);
         assert_eq!(status.throughput.as_deref(), Some("1 MiB/s"), "2 MiB in 2 s, not 0 B/s");
         assert_eq!(status.snapshot.as_ref().map(|s| s.digest.as_str()), Some("aa"));
+        assert_eq!(
+            status.snapshot.as_ref().and_then(|s| s.revision.as_deref()),
+            Some("commit-aa"),
+            "the source's revision"
+        );
         let sync = status.last_sync.clone().unwrap();
         assert_eq!((sync.added.objects, sync.added.bytes), (4, 2 << 20));
         assert_eq!(status.last_sync_time, Some(time("2026-01-01T00:00:02Z")));

@@ -240,7 +240,7 @@ mod tests {
         DataStageStatus {
             run: Some(run),
             phase: Some(phase),
-            snapshot: Some(SnapshotStatus { objects: 1, bytes: 1, digest: staged.into() }),
+            snapshot: Some(SnapshotStatus { objects: 1, bytes: 1, digest: staged.into(), revision: None }),
             versions,
             workers: vec![ferry_crds::WorkerStatus {
                 name: "n1".into(),

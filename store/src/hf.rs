@@ -167,14 +167,6 @@ impl HubStore {
         })
     }
 
-    /// The commit the revision resolved to (resolving it on first use).
-    ///
-    /// # Errors
-    /// As [`ObjectStore::list_page`].
-    pub async fn commit(&self) -> Result<&str, StoreError> {
-        Ok(&self.snapshot().await?.commit)
-    }
-
     async fn snapshot(&self) -> Result<&Snapshot, StoreError> {
         self.snapshot.get_or_try_init(|| self.resolve()).await
     }
@@ -396,7 +388,11 @@ impl ObjectStore for HubStore {
         format!("hf://{}", self.repo)
     }
 
-    /// A mirror holds other bytes under the same names than the Hub.
+    fn revision(&self) -> Option<String> {
+        self.snapshot.get().map(|s| s.commit.clone())
+    }
+
+    /// A mirror may hold other bytes than the Hub under the same names.
     fn identity(&self) -> String {
         format!("{}/{}", self.base, self.repo)
     }

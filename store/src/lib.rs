@@ -259,6 +259,13 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
         self.describe()
     }
 
+    /// The revision the store's objects are read at, once a listing has
+    /// fixed it: the commit of a Hub repository. `None` for stores whose
+    /// objects have no common revision.
+    fn revision(&self) -> Option<String> {
+        None
+    }
+
     /// Lists one page of objects whose keys start with `prefix`.
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError>;
 

@@ -165,6 +165,10 @@ impl ObjectStore for PeerStore {
         self.inner.identity()
     }
 
+    fn revision(&self) -> Option<String> {
+        self.inner.revision()
+    }
+
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {
         self.inner.list_page(prefix, token).await
     }

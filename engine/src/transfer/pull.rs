@@ -423,6 +423,9 @@ pub async fn pull(
     summary.concurrency = Some(engine.concurrency_used());
     summary.throttled = engine.metrics.throttles();
     summary.disk = ledger.as_ref().and_then(SpaceLedger::measure_now);
+    if let Some(snapshot) = summary.snapshot.as_mut() {
+        snapshot.revision = engine.store.revision();
+    }
     Ok(summary)
 }
 

@@ -118,6 +118,9 @@ async fn a_moved_branch_resyncs_only_what_changed_and_a_commit_stays_pinned() {
     let again = stager(&server, &["pull", &uri, dir]);
     again.assert_ok();
     assert_eq!((again.transferred(), again.skipped()), (1, files.len() as u64 - 1), "{:#}", again.summary);
+    let moved = hub.commit("moving", "main");
+    assert_ne!(moved, first);
+    assert_eq!(again.summary["snapshot"]["revision"].as_str(), Some(moved.as_str()), "the commit read");
     assert_eq!(hub.resolved()[before..], ["model.safetensors".to_owned()], "only the changed file is read");
     let mut now = files.clone();
     now.insert("model.safetensors".into(), changed);
