@@ -5,8 +5,13 @@ against rclone's azureblob backend, the Azure SDK for Python
 (azure-storage-blob) and obstore (object_store's Azure backend), both
 directions. OCI registries (the distribution project's registry on
 loopback): ferry-stager pull against `oras pull` of the same artifact, each
-file one layer. azcopy is not among them: it is not served by the package
-registries this project installs from.
+file one layer. The Hugging Face Hub (olah, a self-hosted Hub, behind the
+testkit's front that redirects LFS files to MinIO as the Hub redirects them
+to its storage: `ferry-test-hub`): ferry-stager pull against the Hub's own
+client, `hf download` (huggingface_hub 2, plain HTTP) and
+`huggingface-cli download` with `hf_transfer` (huggingface_hub 0.36, the
+last that uses it), into `--local-dir`. azcopy is not among them: it is not
+served by the package registries this project installs from.
 
 Every run is a fresh process under bench/measure (wall time, CPU of the
 tree, peak RSS); tools alternate within each repetition; a download counts
@@ -43,11 +48,12 @@ CONTAINER = "bench"
 REPOSITORY = "bench"
 
 # name: (object count, object size in MiB) at scale 1.0
-WORKLOADS = {"medium": (32, 8), "large": (2, 128)}
-SMOKE = {"medium": (4, 1), "large": (1, 6)}
+WORKLOADS = {"medium": (32, 8), "large": (2, 128), "many": (500, 1 / 16)}
+SMOKE = {"medium": (4, 1), "large": (1, 6), "many": (20, 1 / 16)}
 
 AZURE_TOOLS = ["ferry", "rclone", "azure-sdk", "obstore"]
 REGISTRY_TOOLS = ["ferry", "oras"]
+HUB_TOOLS = ["ferry", "hf", "hf-transfer"]
 
 
 def wait_for(url, proc, log, what):
@@ -140,6 +146,47 @@ class Registry(LocalServer):
 
 
 
+class Hub(LocalServer):
+    """`ferry-test-hub`: olah serving `source` as repository ferry/NAME,
+    behind the front that redirects LFS files to MinIO."""
+
+    def __init__(self, source, name, log_path):
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen([tool("ferry-test-hub"), str(source), name], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"ferry-test-hub exited during start-up; see {log_path}")
+        started = json.loads(line)
+        self.endpoint, self.repo = started["endpoint"], started["repo"]
+
+    def stop(self):
+        self.proc.stdin.close()
+        super().stop()
+
+
+def hub_command(t, hub, local, concurrency, home):
+    if t == "ferry":
+        return [tool("ferry-stager"), "pull", f"hf://{hub.repo}", local, "--endpoint-url", hub.endpoint,
+                "--progress", "never"]
+    if t == "hf":
+        return [tool("hf"), "download", hub.repo, "--local-dir", local, "--max-workers", str(concurrency)]
+    if t == "hf-transfer":
+        # huggingface_hub 0.36 in the benchmark environment, with hf_transfer
+        # (HF_HUB_ENABLE_HF_TRANSFER in hub_env).
+        cli = str(Path(tool("bench-python")).parent / "huggingface-cli")
+        return [cli, "download", hub.repo, "--local-dir", local, "--max-workers", str(concurrency)]
+    raise ValueError(t)
+
+
+def hub_env(t, base_env, hub, home):
+    env = dict(base_env, HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("HF_TOKEN", None)
+    if t == "hf-transfer":
+        env["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
+    return env
+
+
 def azure_command(t, direction, prefix, local, concurrency, azurite):
     """The command line of tool `t` for one Azure run."""
     c = str(concurrency)
@@ -186,8 +233,9 @@ def one_run(cmd, env, log, direction, check, target=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="azure,registry", help="azure, registry or both")
-    parser.add_argument("--workloads", default="medium,large")
+    parser.add_argument("--backends", default="azure,registry,hub", help="azure, registry, hub (comma-separated)")
+    parser.add_argument("--workloads", default="medium,large,many",
+                        help="medium and large for every store; many (small files) for the Hub only")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply object counts (large: object size)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16, help="the peers' concurrency")
@@ -206,7 +254,7 @@ def main():
             size = max(1, round(size * args.scale))
         else:
             count = max(1, round(count * args.scale))
-        chosen[name] = (count, size * MIB)
+        chosen[name] = (count, int(size * MIB))
     stores = args.backends.split(",")
 
     out = Path(args.out)
@@ -222,10 +270,16 @@ def main():
                    for name, (count, size) in chosen.items()}
         digests = {name: tree_digest(path) for name, path in sources.items()}
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "FERRY_ENDPOINT"))}
+        # The many-small-files shape is the Hub's (a dataset of shards); the
+        # other stores' rows keep the two shapes they always had.
+        both = {name: shape for name, shape in chosen.items() if name != "many"}
+        their_sources = {name: sources[name] for name in both}
         if "azure" in stores:
-            results += bench_azure(args, chosen, sources, digests, server_root, scratch, base_env, log, out)
+            results += bench_azure(args, both, their_sources, digests, server_root, scratch, base_env, log, out)
         if "registry" in stores:
-            results += bench_registry(args, chosen, sources, digests, server_root, scratch, base_env, log, out)
+            results += bench_registry(args, both, their_sources, digests, server_root, scratch, base_env, log, out)
+        if "hub" in stores:
+            results += bench_hub(args, chosen, sources, digests, scratch, base_env, log, out)
         (out / "stores.json").write_text(json.dumps(results, indent=2))
         table = report(results, chosen, args)
         (out / "stores.md").write_text(table)
@@ -317,6 +371,35 @@ def bench_registry(args, chosen, sources, digests, server_root, scratch, base_en
     return results
 
 
+def bench_hub(args, chosen, sources, digests, scratch, base_env, log, out):
+    results = []
+    for name in chosen:
+        hub = Hub(sources[name], name, out / "hub.log")
+        try:
+            for rep in range(args.reps):
+                for t in rotate(HUB_TOOLS, rep):
+                    local = scratch / "target" / t
+                    home = scratch / "hf-home" / t
+                    shutil.rmtree(local, ignore_errors=True)
+                    shutil.rmtree(home, ignore_errors=True)
+                    local.mkdir(parents=True)
+
+                    def check(local=local, name=name):
+                        # The Hub's client keeps its metadata beside the files.
+                        shutil.rmtree(local / ".cache", ignore_errors=True)
+                        return tree_digest(local) == digests[name]
+
+                    cmd = hub_command(t, hub, str(local), args.concurrency, home)
+                    r = one_run(cmd, hub_env(t, base_env, hub, home), log, "download", check, local)
+                    r.update(store="Hugging Face Hub (olah, LFS from MinIO)", workload=name, tool=t, rep=rep)
+                    results.append(r)
+                    print(f"rep {rep + 1} hub {name} download {t}: {r['seconds']:.2f} s "
+                          f"{'ok' if r['ok'] else 'FAILED'}", flush=True)
+        finally:
+            hub.stop()
+    return results
+
+
 def rotate(tools, rep):
     """The tools in a different order each repetition: none always runs first."""
     k = rep % len(tools)
@@ -336,7 +419,7 @@ def report(results, chosen, args):
     groups = {}
     for r in results:
         groups.setdefault((r["store"], r["workload"], r["direction"], r["tool"]), []).append(r)
-    order = {t: i for i, t in enumerate(AZURE_TOOLS + REGISTRY_TOOLS[1:])}
+    order = {t: i for i, t in enumerate(AZURE_TOOLS + REGISTRY_TOOLS[1:] + HUB_TOOLS[1:])}
     for (store, workload, direction, t), runs in sorted(groups.items(), key=lambda kv: (
             kv[0][0], list(chosen).index(kv[0][1]), kv[0][2], order[kv[0][3]])):
         ok = [r for r in runs if r["ok"]]

@@ -1,9 +1,11 @@
 """Real servers for the `ferry` package's tests: MinIO for s3://,
-fake-gcs-server for gs://, Azurite for az:// and distribution's registry
-(artifacts pushed with oras) for oci://, the pinned binaries hack/tools.sh
+fake-gcs-server for gs://, Azurite for az://, distribution's registry
+(artifacts pushed with oras) for oci:// and olah, a self-hosted Hugging Face
+Hub serving git repositories, for hf://: the pinned binaries hack/tools.sh
 installs (found through FERRY_MINIO_BIN, FERRY_FAKE_GCS_SERVER_BIN,
-FERRY_AZURITE_BLOB_BIN, FERRY_REGISTRY_BIN and FERRY_ORAS_BIN, as the Rust
-tests find them). Each server runs once per test session, on loopback."""
+FERRY_AZURITE_BLOB_BIN, FERRY_REGISTRY_BIN, FERRY_ORAS_BIN, FERRY_OLAH_BIN
+and FERRY_HF_BIN, as the Rust tests find them). Each server runs once per
+test session, on loopback."""
 
 import base64
 import email.utils
@@ -192,6 +194,78 @@ class Registry(Server):
         return reference
 
 
+class Hub(Server):
+    """olah, offline, serving the git repositories under `root/mirrors`
+    (`models/ORG/REPO`); files from 1 MiB on are kept in LFS, as the Hub
+    keeps large files. Offline olah serves LFS files itself and ignores
+    Range (the Rust tests put the Hub's redirect to ranged storage before
+    it), so the tests here read files whole."""
+
+    LFS_FROM = 1 << 20
+
+    def __init__(self, root):
+        self.mirrors = os.path.join(root, "mirrors")
+        os.makedirs(os.path.join(self.mirrors, "models"), exist_ok=True)
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        config = os.path.join(root, "olah.toml")
+        with open(config, "w") as f:
+            f.write(f'[basic]\nhost = "127.0.0.1"\nport = {self.port}\nrepos-path = "{root}/repos"\n'
+                    f'mirrors-path = ["{self.mirrors}"]\nhf-scheme = "http"\nhf-netloc = "127.0.0.1:9"\n'
+                    f'hf-lfs-netloc = "127.0.0.1:9"\nmirror-scheme = "http"\n'
+                    f'mirror-netloc = "127.0.0.1:{self.port}"\nmirror-lfs-netloc = "127.0.0.1:{self.port}"\n'
+                    f'[accessibility]\noffline = true\n')
+        log = os.path.join(root, "olah.log")
+        self.process = subprocess.Popen(
+            [binary("FERRY_OLAH_BIN", "olah"), "-c", config, "--log-path", os.path.join(root, "logs")],
+            cwd=root, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        # Any answer means it is up (an unknown repository is a 401).
+        wait_until(lambda: http_answers(f"{self.endpoint}/api/models/ferry/none/revision/main"), "olah",
+                   self.process, log)
+
+    def repository(self, repo, files):
+        """Commits `files` (path -> bytes) as repository `repo` (`ORG/NAME`)
+        on branch main; returns the commit."""
+        directory = os.path.join(self.mirrors, "models", repo)
+        os.makedirs(directory)
+        git = lambda *args: subprocess.run(
+            ["git", "-c", "user.name=ferry-tests", "-c", "user.email=tests@ferry.invalid",
+             "-c", "commit.gpgsign=false", *args], cwd=directory, check=True, capture_output=True).stdout
+        git("init", "-q", "-b", "main")
+        for path, content in files.items():
+            target = os.path.join(directory, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if len(content) >= self.LFS_FROM:
+                sha = hashlib.sha256(content).hexdigest()
+                objects = os.path.join(directory, ".git", "lfs", "objects", sha[:2], sha[2:4])
+                os.makedirs(objects, exist_ok=True)
+                with open(os.path.join(objects, sha), "wb") as f:
+                    f.write(content)
+                content = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(content)}\n".encode()
+            with open(target, "wb") as f:
+                f.write(content)
+        git("add", "-A")
+        git("commit", "-q", "-m", "files")
+        return git("rev-parse", "HEAD").decode().strip()
+
+    def hf_download(self, repo, directory):
+        """`hf download REPO --local-dir DIRECTORY`, the Hub's own client."""
+        env = dict(os.environ, HF_ENDPOINT=self.endpoint, HF_HOME=os.path.join(directory, ".hf-home"),
+                   HF_HUB_DISABLE_TELEMETRY="1")
+        subprocess.run([binary("FERRY_HF_BIN", "hf"), "download", repo, "--local-dir", directory],
+                       env=env, check=True, capture_output=True)
+
+
+def http_answers(url):
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def servers_root():
     root = tempfile.mkdtemp(prefix="ferry-pytest-")
@@ -229,6 +303,13 @@ def azurite(servers_root):
     # The engine takes the account and its key from the environment, as the CLI does.
     os.environ["AZURE_STORAGE_ACCOUNT"] = AZURITE_ACCOUNT
     os.environ["AZURE_STORAGE_KEY"] = AZURITE_KEY
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def hub(servers_root):
+    server = Hub(os.path.join(servers_root, "hub"))
     yield server
     server.stop()
 

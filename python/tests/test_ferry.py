@@ -1,5 +1,5 @@
 """The `ferry` package against real servers (MinIO, fake-gcs-server,
-Azurite, distribution's registry): round trips, verification, errors,
+Azurite, distribution's registry, olah): round trips, verification, errors,
 threads, asyncio and cancellation."""
 
 import asyncio
@@ -189,6 +189,35 @@ def test_an_oci_artifact_is_pulled_layer_by_layer_and_a_push_to_it_is_refused(re
     # Refused before anything is read, like every invalid argument.
     with pytest.raises(ValueError, match="does not write"):
         ferry.push(tmp_path / "down", f"oci://{reference}", **options)
+
+
+def test_a_hub_repository_is_pulled_as_hf_download_writes_it_and_a_push_to_it_is_refused(hub, tmp_path):
+    files = {
+        "config.json": b'{"hidden_size": 64}',
+        "tokenizer/vocab.txt": data(300 << 10, seed=11),
+        "model.safetensors": data(3 * MiB + 5, seed=12),
+        "empty.txt": b"",
+    }
+    commit = hub.repository("ferry/tiny", files)
+    # Files whole (see conftest.Hub): a part size above the largest file.
+    options = {"endpoint_url": hub.endpoint, "part_size": "8MiB"}
+    pulled = ferry.pull("hf://ferry/tiny", tmp_path / "down", **options)
+    # Every file is verified against what the Hub lists: the LFS file's
+    # SHA-256, the others' git blob ids.
+    assert pulled.complete and pulled["verified"]["sha"] == len(files)
+    assert pulled["snapshot"]["revision"] == commit
+    hub.hf_download("ferry/tiny", str(tmp_path / "hf"))
+    for path, content in files.items():
+        assert (tmp_path / "down" / path).read_bytes() == content
+        assert (tmp_path / "hf" / path).read_bytes() == content
+    # The same files, each tool's bookkeeping aside (Ferry's .ferry, the
+    # Hub client's .cache/huggingface).
+    def listed(root, own):
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                      if p.is_file() and not str(p.relative_to(root)).startswith(own))
+    assert listed(tmp_path / "down", (".ferry",)) == listed(tmp_path / "hf", (".cache", ".hf-home")) == sorted(files)
+    with pytest.raises(ValueError, match="does not write"):
+        ferry.push(tmp_path / "down", "hf://ferry/tiny", **options)
 
 
 # --- verification --------------------------------------------------------------

@@ -392,9 +392,12 @@ impl ObjectStore for HubStore {
         self.snapshot.get().map(|s| s.commit.clone())
     }
 
-    /// A mirror may hold other bytes than the Hub under the same names.
+    /// The endpoint and the repository without its revision: a mirror may
+    /// hold other bytes than the Hub under the same names, and two
+    /// revisions of one repository share every file whose id is the same
+    /// (the id is the ETag, which tells versions apart).
     fn identity(&self) -> String {
-        format!("{}/{}", self.base, self.repo)
+        format!("{}/{}{}", self.base, self.repo.kind.url_prefix(), self.repo.id)
     }
 
     async fn list_page(&self, prefix: &str, token: Option<String>) -> Result<ListPage, StoreError> {

@@ -192,6 +192,21 @@ impl HubServer {
     /// LFS (its object in the repository and in the storage) when large or
     /// a `*.safetensors`, else in git.
     pub async fn put(&self, name: &str, key: &str, body: Vec<u8>) {
+        self.write(name, key, body).await;
+        git(&self.repo_dir(name), &["commit", "-q", "--allow-empty", "-m", &format!("put {key}")]);
+    }
+
+    /// Writes every file of `files` into repository `name`, then commits
+    /// them on `main` in one commit (a dataset of many files).
+    pub async fn put_all(&self, name: &str, files: impl IntoIterator<Item = (String, Vec<u8>)>) {
+        for (key, body) in files {
+            self.write(name, &key, body).await;
+        }
+        git(&self.repo_dir(name), &["commit", "-q", "--allow-empty", "-m", "put files"]);
+    }
+
+    /// Writes and stages one file of [`HubServer::put`].
+    async fn write(&self, name: &str, key: &str, body: Vec<u8>) {
         self.create_repo(name);
         let dir = self.repo_dir(name);
         let path = dir.join(key);
@@ -208,7 +223,6 @@ impl HubServer {
             std::fs::write(&path, &body).expect("file");
         }
         git(&dir, &["add", "--", key]);
-        git(&dir, &["commit", "-q", "--allow-empty", "-m", &format!("put {key}")]);
         self.sizes.lock().unwrap().entry(name.to_owned()).or_default().insert(key.to_owned(), body.len() as u64);
     }
 

@@ -78,7 +78,7 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
         &raw,
         "scheme",
         spec,
-        "uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or oci://registry/repository:tag",
+        "uri must look like s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, oci://registry/repository:tag or hf://org/repo@revision",
     )
     .await;
 
@@ -88,6 +88,13 @@ async fn invalid_datastages_are_refused_at_admission_with_messages_that_say_what
     let mut spec = pull_spec();
     spec["source"]["uri"] = json!("oci://registry.example/Models:v1");
     assert_refused(&raw, "oci-name", spec, "oci://registry/repository:tag").await;
+
+    let spec = json!({"source": {"volume": {"hostPath": "/mnt/ckpt"}}, "destination": {"uri": "hf://acme/ckpt"}});
+    assert_refused(&raw, "hf-push", spec, "hf:// is a source only").await;
+
+    let mut spec = pull_spec();
+    spec["source"]["uri"] = json!("hf://acme");
+    assert_refused(&raw, "hf-name", spec, "hf://org/repo@revision").await;
 
     let mut spec = pull_spec();
     spec["transfer"] = json!({"concurrency": 0, "partSize": "lots"});

@@ -533,6 +533,76 @@ async fn an_oci_artifact_is_staged_onto_every_node_and_a_moved_tag_resyncs_only_
     setup.cluster.stop().await;
 }
 
+/// A model from the Hugging Face Hub (olah behind the testkit's front),
+/// gated, with its token from a Secret: staged onto both nodes, which feed
+/// each other (PeerToPeer), as `Versioned`; the status names the commit.
+/// The branch then moves (one file rewritten) and the next scheduled sync
+/// stages the new commit as a new version, copying only that file, and
+/// switches both nodes to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hub_model_is_staged_onto_every_node_with_peers_and_a_moved_branch_becomes_a_new_version() {
+    use ferry_contract::hub::HF_TOKEN_ENV;
+    let setup = setup("hf").await;
+    let hub = ferry_testkit::HubServer::start();
+    for (key, data) in &setup.files {
+        hub.put("demo", key, data.clone()).await;
+    }
+    hub.gate("demo", "hf_e2e_token");
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
+        "stringData": {HF_TOKEN_ENV: "hf_e2e_token"}});
+    setup.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    setup
+        .apply_spec(
+            "from-hf",
+            json!({
+                "source": {"uri": "hf://ferry/demo", "endpoint": hub.endpoint, "credentials": {"name": "hf"}},
+                "destination": {"volume": {"hostPath": "/mnt/ferry/from-hf"}},
+                "placement": {"nodeSelector": {"kubernetes.io/os": "linux"}},
+                "fanout": "PeerToPeer",
+                "updateStrategy": "Versioned",
+                "schedule": "*/3 * * * * *",
+                // Suspended while the branch moves (see the scheduled test).
+                "suspend": true,
+            }),
+        )
+        .await;
+    let first = setup.wait_status("from-hf", "Succeeded", |s| s.phase == Some(Phase::Succeeded)).await;
+    assert_eq!(first.nodes.as_deref(), Some("2/2"));
+    let snapshot = first.snapshot.clone().unwrap();
+    assert_eq!(snapshot.revision, Some(hub.commit("demo", "main")), "the commit read: {first:?}");
+    let d1 = first.versions.clone().and_then(|v| v.current).expect("a current version");
+    assert_eq!(d1, snapshot.digest);
+    assert!(first.totals.clone().unwrap().bytes_from_peers.unwrap_or(0) > 0, "the nodes fed each other: {first:?}");
+    let current = |node: &str| setup.cluster.node_dir(node).map(|dir| dir.join("mnt/ferry/from-hf/current"));
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = current(node) {
+            assert_eq!(read_tree(&dir), setup.files, "{node}'s copy is byte-identical");
+        }
+    }
+
+    let changed = pattern(98, 54_321);
+    hub.put("demo", "train/004.bin", changed.clone()).await;
+    let resume = json!({"spec": {"suspend": false}});
+    setup.datastages.patch("from-hf", &PatchParams::default(), &Patch::Merge(&resume)).await.unwrap();
+    let moved = setup
+        .wait_status("from-hf", "the moved branch's version", |s| {
+            s.phase == Some(Phase::Succeeded)
+                && s.versions.as_ref().and_then(|v| v.current.as_deref()).is_some_and(|c| c != d1)
+        })
+        .await;
+    assert_eq!(moved.snapshot.clone().unwrap().revision, Some(hub.commit("demo", "main")), "{moved:?}");
+    let versions = moved.versions.clone().unwrap();
+    assert_eq!(versions.previous.as_deref(), Some(d1.as_str()), "{moved:?}");
+    let mut expected = setup.files.clone();
+    expected.insert("train/004.bin".into(), changed);
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = current(node) {
+            assert_eq!(read_tree(&dir), expected, "{node} switched to the new commit's files");
+        }
+    }
+    setup.cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_secret_is_a_condition_that_recovers_once_the_secret_exists() {
     let setup = setup("secret").await;
