@@ -161,8 +161,15 @@ class Hub(LocalServer):
         self.endpoint, self.repo = started["endpoint"], started["repo"]
 
     def stop(self):
+        # Closing its input lets it stop olah and MinIO itself; a signal
+        # would end it before it does.
         self.proc.stdin.close()
-        super().stop()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 def hub_command(t, hub, local, concurrency, home):
@@ -445,7 +452,7 @@ def write_section(path, table):
     if begin in text and end in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
-        text = text.rstrip() + f"\n\n## Azure Blob and OCI registries\n\n{block}\n"
+        text = text.rstrip() + f"\n\n## Azure Blob, OCI registries and the Hugging Face Hub\n\n{block}\n"
     path.write_text(text)
 
 

@@ -9,7 +9,8 @@
 //!
 //! commits every file under DIR as `ferry/NAME` on `main` (files from 1 MiB
 //! on in LFS), prints one JSON line, `{"endpoint": …, "repo": "ferry/NAME",
-//! "commit": …}`, and serves until its standard input closes.
+//! "commit": …}`, and serves until its standard input closes or it is
+//! told to stop (SIGTERM, SIGINT).
 
 use std::io::{BufRead as _, Write as _};
 use std::path::Path;
@@ -33,10 +34,24 @@ async fn main() {
     });
     println!("{line}");
     std::io::stdout().flush().expect("stdout");
-    // Until the caller closes our standard input.
-    for line in std::io::stdin().lock().lines() {
-        if line.is_err() {
-            break;
+    // Until the caller closes our standard input, or signals: either way
+    // `hub` is dropped on the way out, which stops olah and MinIO (a
+    // process killed by a signal's default action would leave them).
+    let input = tokio::task::spawn_blocking(|| {
+        for line in std::io::stdin().lock().lines() {
+            if line.is_err() {
+                break;
+            }
         }
+    });
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+    tokio::select! {
+        _ = input => {}
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
+    drop(hub);
+    // Not a return: the runtime would wait for the thread still reading
+    // standard input after a signal.
+    std::process::exit(0);
 }
