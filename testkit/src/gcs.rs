@@ -165,8 +165,8 @@ pub enum Store {
     Azure(AzuriteServer),
     /// An OCI registry.
     Registry(RegistryServer),
-    /// A Hugging Face Hub.
-    Hub(HubServer),
+    /// A Hugging Face Hub (boxed: it holds a MinIO and a front beside olah).
+    Hub(Box<HubServer>),
 }
 
 /// The tag a [`Store::Registry`] bucket's objects are layers of.
@@ -180,7 +180,7 @@ impl Store {
             Backend::FakeGcs => Store::Gcs(GcsServer::start()),
             Backend::Azurite => Store::Azure(AzuriteServer::start()),
             Backend::Registry => Store::Registry(RegistryServer::start()),
-            Backend::Hub => Store::Hub(HubServer::start()),
+            Backend::Hub => Store::Hub(Box::new(HubServer::start())),
         }
     }
 

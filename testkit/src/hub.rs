@@ -51,6 +51,9 @@ pub const LFS_FROM: usize = 1 << 20;
 /// The bucket of the storage that LFS files are redirected to.
 const LFS_BUCKET: &str = "lfs";
 
+/// An LFS object: its SHA-256 (hex) and size.
+type LfsObject = (String, u64);
+
 /// What an LFS pointer file starts with.
 const LFS_POINTER: &str = "version https://git-lfs.github.com/spec/v1\n";
 
@@ -86,7 +89,7 @@ struct Front {
     gated: Mutex<HashMap<String, String>>,
     /// The LFS object of a file at a commit (`None`: kept in git), by
     /// (repository directory, commit, path).
-    lfs: Mutex<HashMap<(PathBuf, String, String), Option<(String, u64)>>>,
+    lfs: Mutex<HashMap<(PathBuf, String, String), Option<LfsObject>>>,
     /// The path of every `resolve` request, in order.
     resolved: Mutex<Vec<String>>,
 }
@@ -427,7 +430,7 @@ fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
 }
 
 /// The object id and size an LFS pointer file names.
-fn lfs_pointer(blob: &[u8]) -> Option<(String, u64)> {
+fn lfs_pointer(blob: &[u8]) -> Option<LfsObject> {
     let text = std::str::from_utf8(blob).ok()?.strip_prefix(LFS_POINTER)?;
     let sha = text.lines().find_map(|l| l.strip_prefix("oid sha256:"))?.to_owned();
     let size = text.lines().find_map(|l| l.strip_prefix("size "))?.parse().ok()?;
@@ -481,7 +484,7 @@ fn route(path: &str) -> Option<(String, Option<(String, String)>)> {
         _ => ("models", &segments[..]),
     };
     let [org, repo, "resolve", revision, ..] = rest else { return None };
-    let file = path.splitn(2, &format!("/resolve/{revision}/")).nth(1)?;
+    let (_, file) = path.split_once(&format!("/resolve/{revision}/"))?;
     Some((format!("{kind}/{org}/{repo}"), Some((percent_decode(revision), percent_decode(file)))))
 }
 
