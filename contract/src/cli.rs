@@ -316,9 +316,10 @@ mod tests {
             .prop_map(|(scheme, bucket, prefix)| match scheme {
                 crate::Scheme::Oci => format!("oci://{bucket}:5000/{prefix}model:v1").parse().unwrap(),
                 crate::Scheme::Hf => {
-                    format!("hf://datasets/acme/{}@v1/{prefix}", bucket.replace("..", ".").replace("--", "-"))
-                        .parse()
-                        .unwrap()
+                    // A repository name the Hub allows: no `..`, `--` or
+                    // dot or dash at either end.
+                    let name: String = bucket.chars().filter(char::is_ascii_alphanumeric).collect();
+                    format!("hf://datasets/acme/{name}@v1/{prefix}").parse().unwrap()
                 }
                 _ => format!("{scheme}://{bucket}/{prefix}").parse().unwrap(),
             })
