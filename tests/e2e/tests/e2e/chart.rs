@@ -6,7 +6,9 @@
 //! * It installs, upgrades and uninstalls; uninstalling leaves nothing but
 //!   the CRDs. The operator it installs runs as a pod (through the node
 //!   agent) under the chart's ServiceAccount and stages a DataStage end to
-//!   end, in namespaces that enforce the `restricted` Pod Security Standard:
+//!   end (and, after an upgrade, a gated model from the Hugging Face Hub
+//!   with its token from a Secret), in namespaces that enforce the
+//!   `restricted` Pod Security Standard:
 //!   that proves the RBAC suffices. A `kubectl auth can-i` matrix proves it
 //!   grants no more than that.
 //! * A real Prometheus scrapes the operator and the stager pods through the
@@ -1029,6 +1031,48 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
         async move { (datastages.get("corpus-again").await.ok()?.status?.phase == Some(Phase::Succeeded)).then_some(()) }
     })
     .await;
+
+    // And a gated model from the Hugging Face Hub (olah behind the
+    // testkit's front), its token from a Secret, read by the chart's
+    // stager image in the restricted namespace: byte for byte, at the
+    // commit the status names.
+    let hub = ferry_testkit::HubServer::start();
+    let model: BTreeMap<String, Vec<u8>> = [
+        ("config.json".to_owned(), br#"{"hidden_size": 64}"#.to_vec()),
+        ("model.safetensors".to_owned(), pattern(500, (2 << 20) + 3)),
+    ]
+    .into();
+    hub.put_all("chart-model", model.clone()).await;
+    hub.gate("chart-model", "hf_chart_token");
+    let token: Secret =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
+        "stringData": {ferry_contract::hub::HF_TOKEN_ENV: "hf_chart_token"}}))
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &token).await.unwrap();
+    let from_hub: DataStage = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "model"},
+        "spec": {
+            "source": {"uri": "hf://ferry/chart-model", "endpoint": hub.endpoint, "credentials": {"name": "hf"}},
+            "destination": {"volume": {"persistentVolumeClaim": {"claimName": "corpus", "subPath": "model"}}},
+            "placement": {"nodeSelector": {"ferry.dev/e2e-node": "node-b"}},
+        },
+    }))
+    .unwrap();
+    datastages.create(&PostParams::default(), &from_hub).await.unwrap();
+    let staged = wait_for(&cluster, "the model from the Hub", Duration::from_secs(120), || {
+        let datastages = datastages.clone();
+        async move {
+            let status = datastages.get("model").await.ok()?.status?;
+            assert_ne!(status.phase, Some(Phase::Failed), "the model failed: {status:?}");
+            (status.phase == Some(Phase::Succeeded)).then_some(status)
+        }
+    })
+    .await;
+    let revision = staged.snapshot.and_then(|s| s.revision);
+    assert_eq!(revision, Some(hub.commit("chart-model", "main")), "the status names the commit");
+    if let Some(node_b) = cluster.node_dir("node-b") {
+        assert_eq!(read_tree(&node_b.join("mnt/ferry/corpus/model")), model, "the model byte for byte");
+    }
 
     // helm uninstall leaves nothing behind but the CRDs.
     tools
