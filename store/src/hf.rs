@@ -39,8 +39,8 @@ use http_body_util::Full;
 use serde::Deserialize;
 
 use crate::http::{
-    Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
-    header_value, range_header, read_body,
+    Failed, HttpClient, authority_of, body_stream, check_range, client_for, content_length, encode_uri, exchange,
+    header_text, header_value, is_redirect, range_header, read_body, redirect_target,
 };
 use crate::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
@@ -259,18 +259,10 @@ impl HubStore {
                 Ok(response) => return Ok(response),
                 Err(failed) => failed,
             };
-            if !matches!(failed.status, 301 | 302 | 303 | 307 | 308) {
+            if !is_redirect(&failed) {
                 return Err(self.classify(&failed, missing));
             }
-            let location = header_text(&failed.headers, "location").ok_or_else(|| StoreError::Rejected {
-                code: failed.status.to_string(),
-                message: format!("a redirect without a Location from {url}"),
-            })?;
-            url = if location.starts_with('/') {
-                format!("{}{location}", authority_of(&url).unwrap_or_default())
-            } else {
-                location.to_owned()
-            };
+            url = redirect_target(&failed, &url)?;
         }
         Err(StoreError::Rejected {
             code: "TooManyRedirects".into(),
@@ -292,9 +284,11 @@ impl HubStore {
         match (failed.status, code.as_str()) {
             (401 | 403, _) => {
                 let hint = if self.token.is_some() {
-                    "; the token was refused or lacks access to this repository"
+                    "; the token was refused or lacks access to this repository".to_owned()
                 } else {
-                    "; a gated or private repository needs a token: set HF_TOKEN (the HF_TOKEN key of a DataStage's credentials Secret)"
+                    format!(
+                        "; a gated or private repository needs a token: set {HF_TOKEN_ENV} (the {HF_TOKEN_ENV} key of a DataStage's credentials Secret)"
+                    )
                 };
                 let code = if code.is_empty() { failed.status.to_string() } else { code };
                 StoreError::AccessDenied { code, message: format!("{}: {message}{hint}", self.describe()) }
@@ -332,16 +326,6 @@ impl HubStore {
 enum Missing {
     Repository,
     File,
-}
-
-/// `scheme://host[:port]` of an http(s) URL.
-fn authority_of(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    if !matches!(scheme, "http" | "https") {
-        return None;
-    }
-    let host = rest.split(['/', '?', '#']).next().filter(|h| !h.is_empty())?;
-    Some(format!("{}://{}", scheme.to_ascii_lowercase(), host.to_ascii_lowercase()))
 }
 
 /// The URL of the `rel="next"` entry of a `Link` header.

@@ -85,6 +85,36 @@ pub(crate) fn check_range(response: &Response<Incoming>, range: &Range<u64>, key
     ))
 }
 
+/// Whether a failed response is a redirect to follow.
+pub(crate) fn is_redirect(failed: &Failed) -> bool {
+    matches!(failed.status, 301 | 302 | 303 | 307 | 308)
+}
+
+/// Where the redirect `failed`, the answer to a request for `from`, points:
+/// its `Location`, a path taken as on `from`'s host.
+pub(crate) fn redirect_target(failed: &Failed, from: &str) -> Result<String, StoreError> {
+    let location = header_text(&failed.headers, "location").ok_or_else(|| StoreError::Rejected {
+        code: failed.status.to_string(),
+        message: format!("a redirect without a Location from {from}"),
+    })?;
+    Ok(if location.starts_with('/') {
+        format!("{}{location}", authority_of(from).unwrap_or_default())
+    } else {
+        location.to_owned()
+    })
+}
+
+/// `scheme://host[:port]` of an http(s) URL, lower-cased: what tells one
+/// server from another (where credentials may go).
+pub(crate) fn authority_of(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !matches!(scheme, "http" | "https") {
+        return None;
+    }
+    let host = rest.split(['/', '?', '#']).next().filter(|h| !h.is_empty())?;
+    Some(format!("{}://{}", scheme.to_ascii_lowercase(), host.to_ascii_lowercase()))
+}
+
 /// A whole response body within `timeout`, at most `limit` bytes; `what`
 /// names it in errors (`a listing`).
 pub(crate) async fn read_body(

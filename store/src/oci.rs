@@ -41,7 +41,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::http::{
     Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
-    header_value, range_header, read_body,
+    header_value, is_redirect, range_header, read_body, redirect_target,
 };
 use crate::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
@@ -384,17 +384,8 @@ impl OciStore {
                     let value = self.authorize(&challenge).await?;
                     *self.authorization.write().await = Some(value);
                 }
-                301 | 302 | 303 | 307 | 308 => {
-                    let location = header_text(&failed.headers, "location").ok_or_else(|| StoreError::Rejected {
-                        code: failed.status.to_string(),
-                        message: format!("a redirect without a Location from {url}"),
-                    })?;
-                    let target = if location.starts_with('/') {
-                        let authority = self.base.split('/').take(3).collect::<Vec<_>>().join("/");
-                        format!("{authority}{location}")
-                    } else {
-                        location.to_owned()
-                    };
+                _ if is_redirect(&failed) => {
+                    let target = redirect_target(&failed, &url)?;
                     // The registry's storage (a presigned URL): never the registry's credentials.
                     return match self.send(&target, headers, None).await? {
                         Ok(response) => Ok(response),

@@ -213,6 +213,7 @@ impl HubServer {
         self.create_repo(name);
         let dir = self.repo_dir(name);
         let path = dir.join(key);
+        let size = body.len() as u64;
         std::fs::create_dir_all(path.parent().expect("a file has a parent")).expect("file's directory");
         if body.len() >= LFS_FROM || key.ends_with(".safetensors") {
             let sha = hex::encode(sha2::Sha256::digest(&body));
@@ -221,12 +222,12 @@ impl HubServer {
             std::fs::write(&object, &body).expect("LFS object");
             std::fs::write(&path, format!("{LFS_POINTER}oid sha256:{sha}\nsize {}\n", body.len())).expect("pointer");
             self.storage_bucket().await;
-            self.storage.put(LFS_BUCKET, &sha, body.clone()).await;
+            self.storage.put(LFS_BUCKET, &sha, body).await;
         } else {
             std::fs::write(&path, &body).expect("file");
         }
         git(&dir, &["add", "--", key]);
-        self.sizes.lock().unwrap().entry(name.to_owned()).or_default().insert(key.to_owned(), body.len() as u64);
+        self.sizes.lock().unwrap().entry(name.to_owned()).or_default().insert(key.to_owned(), size);
     }
 
     /// Removes `key` from repository `name` in a commit on `main`.
