@@ -35,6 +35,8 @@
 //!    the namespace's account, requested by the operator and exchanged at a
 //!    store that trusts the cluster's issuer; a token for an audience the
 //!    admin did not allow is refused at admission.
+//! 7. A gated model from the Hugging Face Hub, its token from a Secret,
+//!    onto both nodes peer to peer.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -79,7 +81,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     }
 
     let mut cluster = Cluster::start_with_real_nodes().await.unwrap_or_else(|e| panic!("real nodes: {e}"));
-    let endpoint = endpoint_for_pods(&mut cluster, &s3).await;
+    let endpoint = endpoint_for_pods(&mut cluster, &s3.endpoint).await;
     let client = cluster.client().await.unwrap();
 
     // 1. The chart, as a user installs it, with the images built here.
@@ -384,7 +386,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     for (key, body) in &secured {
         tls.put("private", &format!("set/{key}"), body.clone()).await;
     }
-    let tls_endpoint = endpoint_for_pods(&mut cluster, &tls).await;
+    let tls_endpoint = endpoint_for_pods(&mut cluster, &tls.endpoint).await;
     let ca_pem = std::fs::read_to_string(tls.ca_file.as_ref().unwrap()).unwrap();
     let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "store-ca"},
         "data": {"root.pem": ca_pem}});
@@ -448,7 +450,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     for (key, body) in &model {
         keyless.put("models", &format!("small/{key}"), body.clone()).await;
     }
-    let keyless_endpoint = endpoint_for_pods(&mut cluster, &keyless).await;
+    let keyless_endpoint = endpoint_for_pods(&mut cluster, &keyless.endpoint).await;
     let role = keyless.openid_role_arn.clone().unwrap();
     let keyless_pull = |audience: &str| {
         json!({"source": {"uri": "s3://models/small", "endpoint": keyless_endpoint,
@@ -470,6 +472,46 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
         assert!(staged == model, "{node}: the keyless pull differs from the bucket");
     }
 
+    // 7. A gated model from the Hugging Face Hub (olah behind the
+    //    testkit's front, its LFS files redirected to storage), its token
+    //    from a Secret, onto both nodes peer to peer by the chart's
+    //    operator and stager image: byte for byte, at the commit the
+    //    status names. Pods reach the Hub and its storage through
+    //    forwarders, so the redirects name the forwarded storage.
+    let hub = ferry_testkit::HubServer::start();
+    let hub_endpoint = endpoint_for_pods(&mut cluster, &hub.endpoint).await;
+    hub.redirect_storage_to(&endpoint_for_pods(&mut cluster, &hub.storage_endpoint()).await);
+    let hub_model: BTreeMap<String, Vec<u8>> = objects([
+        ("config.json", br#"{"hidden_size": 64}"#.to_vec()),
+        ("model-00001-of-00002.safetensors", pattern(93, (7 << 20) + 11)),
+        ("model-00002-of-00002.safetensors", pattern(94, (5 << 20) + 1)),
+        ("tokenizer/vocab.txt", b"a\nb\nc\n".to_vec()),
+    ]);
+    hub.put_all("nodes-model", hub_model.clone()).await;
+    hub.gate("nodes-model", "hf_nodes_token");
+    let token: Secret =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
+        "stringData": {ferry_contract::hub::HF_TOKEN_ENV: "hf_nodes_token"}}))
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &token).await.unwrap();
+    let from_hub = json!({
+        "source": {"uri": "hf://ferry/nodes-model", "endpoint": hub_endpoint, "credentials": {"name": "hf"}},
+        "destination": {"volume": {"nodeCache": "local"}},
+        "fanout": "PeerToPeer",
+        "transfer": {"partSize": "5MiB", "concurrency": 4},
+    });
+    stages.create(&PostParams::default(), &datastage("hub-model", from_hub)).await.unwrap();
+    let staged = finished(&cluster, &stages, "hub-model", 1).await;
+    let totals = staged.totals.clone().unwrap();
+    assert_eq!(totals.objects_done as usize, 2 * hub_model.len(), "every file on both nodes: {staged:?}");
+    assert!(totals.bytes_from_peers.unwrap_or(0) > 0, "the nodes fed each other: {totals:?}");
+    let revision = staged.snapshot.as_ref().and_then(|s| s.revision.clone());
+    assert_eq!(revision, Some(hub.commit("nodes-model", "main")), "the status names the commit");
+    for node in ["node-a", "node-b"] {
+        let on_node = read_tree(&cluster.node_dir(node).unwrap().join(CACHE_DIR).join("hub-model"));
+        assert!(on_node == hub_model, "{node}: the model differs from the Hub's");
+    }
+
     cluster.stop().await;
 }
 
@@ -478,10 +520,10 @@ fn objects<const N: usize>(pairs: [(&str, Vec<u8>); N]) -> BTreeMap<String, Vec<
     pairs.into_iter().map(|(key, body)| (key.to_owned(), body)).collect()
 }
 
-/// `store`'s loopback endpoint as pods reach it, through a forwarder on
+/// A loopback `endpoint` (`http://127.0.0.1:PORT`) as pods reach it, through a forwarder on
 /// the host.
-async fn endpoint_for_pods(cluster: &mut Cluster, store: &ferry_testkit::S3Server) -> String {
-    let (scheme, address) = store.endpoint.split_once("://").expect("an endpoint URL");
+async fn endpoint_for_pods(cluster: &mut Cluster, endpoint: &str) -> String {
+    let (scheme, address) = endpoint.split_once("://").expect("an endpoint URL");
     let address: SocketAddr = address.parse().expect("a loopback endpoint");
     let seen_by_pods = cluster.reachable_from_pods(address).await.expect("forward the store").expect("a local cluster");
     format!("{scheme}://{seen_by_pods}")
