@@ -34,23 +34,13 @@ use std::time::Duration;
 use ferry_contract::peers::wire::{ObjectQuery, PeerState, WaitAnswer};
 use tokio::sync::watch;
 
+pub use super::spill::Held;
 use super::spill::Run;
 
 /// Bytes of entries a catalog holds in memory before it writes some to
 /// disk. Enough for the thousands of objects a pull has in flight to
 /// commit out of order without starting a new run on disk.
 pub const MEMORY: usize = 2 << 20;
-
-/// One object a worker holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Held {
-    /// Where the file is.
-    pub path: PathBuf,
-    /// The version (ETag) it is.
-    pub etag: String,
-    /// Its size.
-    pub size: u64,
-}
 
 /// An object a worker is fetching in ranges now.
 #[derive(Clone, Debug)]

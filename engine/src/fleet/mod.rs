@@ -44,6 +44,7 @@
 pub mod catalog;
 mod handover;
 mod peer_store;
+mod permitted;
 pub mod server;
 mod spill;
 pub mod tls;

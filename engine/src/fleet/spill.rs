@@ -25,7 +25,16 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
-use super::catalog::Held;
+/// An entry: one object a worker holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Where the file is.
+    pub path: PathBuf,
+    /// The version (ETag) it is.
+    pub etag: String,
+    /// Its size.
+    pub size: u64,
+}
 
 /// Bytes of entries per indexed block: a lookup reads at most this much.
 pub const BLOCK: u64 = 64 << 10;

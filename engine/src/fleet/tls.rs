@@ -8,7 +8,7 @@
 //!
 //! Handshakes run off the accept loop ([`TlsListener`]), so a client that
 //! stalls mid-handshake delays nobody else; how many connections are open
-//! at once, handshaking or served, is capped ([`super::server::Permitted`]).
+//! at once, handshaking or served, is capped ([`super::permitted::Permitted`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::server::TlsStream;
 
-use super::server::Permitted;
+use super::permitted::Permitted;
 
 /// How long a client has to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
