@@ -11,7 +11,7 @@ use ferry_engine::metrics::Metrics;
 use ferry_engine::transfer::TransferError;
 use tokio::sync::watch;
 
-use crate::cli::TransferOptions;
+use ferry_contract::cli::TransferOptions;
 
 /// A worker's part in a fleet, running.
 #[derive(Debug)]
