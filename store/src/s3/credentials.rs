@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::config::{ProvideCredentials as _, SharedCredentialsProvider};
 use aws_smithy_runtime_api::client::identity::Identity;
 
-use super::StoreError;
+use crate::StoreError;
 
 /// How long before they expire credentials are replaced, at most (the SDK's
 /// identity cache uses a similar margin).

@@ -25,15 +25,32 @@ use http::{HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use super::credentials::CachedCredentials;
-use super::{
-    CHECKSUM_MODE_ENABLED, CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, DataPathSetup, GetResponse,
-    StoreError, classify_response, encode_crc, integrity,
+use super::answers::{
+    CHECKSUM_MODE_ENABLED, CHECKSUM_MODE_HEADER, CRC32C_HEADER, ChecksumHeaders, classify_response, encode_crc,
+    integrity,
 };
+use super::credentials::CachedCredentials;
 use crate::http::{
     HttpClient, body_stream, content_length, encode_uri, exchange, header_value, pooled_client, range_header,
     strip_quotes,
 };
+use crate::{GetResponse, StoreError};
+
+/// What the data path shares with the SDK's view of a bucket,
+/// resolved once when the store connects.
+pub(super) struct DataPathSetup<'a> {
+    pub(super) bucket: &'a str,
+    /// The bucket's URL without a trailing slash, as the SDK's endpoint
+    /// resolver gives it (path style: `<endpoint>/<bucket>`).
+    pub(super) bucket_url: String,
+    /// The region requests are signed for.
+    pub(super) region: String,
+    pub(super) credentials: Arc<CachedCredentials>,
+    /// Time allowed to establish a connection.
+    pub(super) connect_timeout: std::time::Duration,
+    /// Time allowed for one request.
+    pub(super) request_timeout: std::time::Duration,
+}
 
 /// One bucket's data requests over hyper.
 pub(super) struct HyperDataPath {
@@ -59,7 +76,7 @@ impl std::fmt::Debug for HyperDataPath {
 impl HyperDataPath {
     /// A pooled client for the bucket `setup` describes.
     pub(super) fn new(setup: &DataPathSetup<'_>) -> Result<Self, String> {
-        let client = pooled_client(setup.options.connect_timeout, setup.bucket_url.starts_with("http://"))?;
+        let client = pooled_client(setup.connect_timeout, setup.bucket_url.starts_with("http://"))?;
         let mut settings = SigningSettings::default();
         // What S3 wants, as the SDK's S3 signer sets it: the key is encoded
         // once and never normalised (`a/../b` and `a//b` are keys), and the
@@ -73,7 +90,7 @@ impl HyperDataPath {
             bucket_url: setup.bucket_url.clone(),
             region: setup.region.clone(),
             credentials: Arc::clone(&setup.credentials),
-            request_timeout: setup.options.request_timeout,
+            request_timeout: setup.request_timeout,
             settings,
         })
     }

@@ -22,6 +22,8 @@ use aws_credential_types::provider::{self, ProvideCredentials, future};
 use aws_sdk_sts::error::{ProvideErrorMetadata as _, SdkError};
 use ferry_contract::options::WebIdentityOptions;
 
+use crate::StoreError;
+
 /// Where the token is and what to exchange it for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebIdentity {
@@ -147,9 +149,8 @@ fn default_session_name() -> String {
 
 /// `AccessDenied` with the STS's code and message, when the STS refused
 /// the exchange that `error` came from.
-pub(super) fn access_denied(error: &(dyn std::error::Error + 'static)) -> Option<super::StoreError> {
-    refusal(error)
-        .map(|refused| super::StoreError::AccessDenied { code: refused.code.clone(), message: refused.to_string() })
+pub(super) fn access_denied(error: &(dyn std::error::Error + 'static)) -> Option<StoreError> {
+    refusal(error).map(|refused| StoreError::AccessDenied { code: refused.code.clone(), message: refused.to_string() })
 }
 
 /// The STS refusal under `error`, if the request failed because of one.
