@@ -36,7 +36,6 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use crate::home::Home;
-use crate::jobs::WEB_IDENTITY_TOKEN_FILE;
 
 /// The operator's copy of the DataStage's credentials Secret.
 pub const CREDENTIALS: &str = "credentials";
@@ -44,6 +43,9 @@ pub const CREDENTIALS: &str = "credentials";
 pub const CA_BUNDLE: &str = "ca-bundle";
 /// The web identity token the operator requested for the DataStage.
 pub const WEB_IDENTITY: &str = "web-identity";
+/// The token's key in [`WEB_IDENTITY`], and so its file where worker pods
+/// mount it.
+pub const WEB_IDENTITY_TOKEN_FILE: &str = "token";
 /// The file (and key of the copy) the CA bundle is in.
 pub const CA_FILE: &str = "ca.pem";
 

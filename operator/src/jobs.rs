@@ -48,6 +48,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt as _;
 
+use crate::delivery::WEB_IDENTITY_TOKEN_FILE;
 use crate::home::{Home, qualified_endpoint};
 pub use crate::worker::{Worker, plan_workers};
 
@@ -65,10 +66,9 @@ pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
 /// worker pods, as the `config.json` of a Docker config directory.
 pub const REGISTRY_CONFIG_MOUNT: &str = "/var/run/secrets/ferry/registry";
 /// Where a web identity's projected service-account token is mounted in
-/// worker pods, as the file [`WEB_IDENTITY_TOKEN_FILE`].
+/// worker pods, as the file [`WEB_IDENTITY_TOKEN_FILE`] (the key the
+/// operator delivers it under).
 pub const WEB_IDENTITY_MOUNT: &str = "/var/run/secrets/ferry/web-identity";
-/// The token's file in [`WEB_IDENTITY_MOUNT`].
-pub const WEB_IDENTITY_TOKEN_FILE: &str = "token";
 /// Where a DataStage's `caBundle` is mounted in worker pods, as the file
 /// `ca.pem` that `SSL_CERT_FILE` names.
 pub const CA_BUNDLE_MOUNT: &str = "/var/run/ferry/ca";

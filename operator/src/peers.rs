@@ -31,7 +31,7 @@ use kube::ResourceExt as _;
 
 use crate::certs::{self, Bundle, CertError, Lifetimes, Purpose};
 use crate::home::Home;
-use crate::jobs::Worker;
+use crate::worker::Worker;
 
 /// Name of the worker container port on which a worker serves its peers.
 pub const PEER_PORT_NAME: &str = "peers";

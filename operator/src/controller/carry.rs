@@ -17,12 +17,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt as _};
 
+use super::error::Error;
 use super::evicting::{Evicting, evict, evicts_or_was_evicted, in_use};
-use super::prepare::{Blocked, missing_ca_bundle, missing_secret, node_cache, node_cache_refusal};
+use super::prepare::{Blocked, missing_ca_bundle, missing_secret, needs_cleanup, node_cache, node_cache_refusal};
 use super::versioning::{Versioning, advance_versions, versions_jobs_at_work};
-use super::writes::{publish, update_status, write_blocked};
-use super::{Context, Error, FIELD_MANAGER, now};
+use super::writes::{FIELD_MANAGER, create_job, delete_job, now, publish, update_status, write_blocked};
 use crate::cache::Caches;
+use crate::context::Context;
 use crate::disks::AfterRefusal;
 use crate::home::Home;
 use crate::jobs::{WorkerDefaults, build_job};
@@ -560,27 +561,6 @@ async fn publish_run_started(ds: &DataStage, ctx: &Context, run: &Run, why: Opti
     }
 }
 
-/// Creates a worker's Job, and says whether this call created it. The cache
-/// may not show a Job created a moment ago (its watch event can trail the
-/// DataStage's), so one that already exists is taken as it is, if it was
-/// made for the same DataStage (its labels say so): one Job per worker and
-/// run, one Event.
-pub(super) async fn create_job(jobs: &Api<Job>, job: &Job) -> Result<(Job, bool), Error> {
-    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-    match jobs.create(&params, job).await {
-        Ok(created) => Ok((created, true)),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => {
-            let found = jobs.get(&job.name_any()).await?;
-            let uid = |job: &Job| job.labels().get(names::DATASTAGE_UID).cloned();
-            if uid(&found) != uid(job) {
-                return Err(Error::Taken(format!("Job {}", job.name_any())));
-            }
-            Ok((found, false))
-        }
-        Err(error) => Err(error.into()),
-    }
-}
-
 /// What a DataStage says when the API server refuses its worker Job as
 /// invalid (`message`, the API server's words): the fields the operator
 /// does not judge itself are copied into the Job from the spec.
@@ -741,16 +721,6 @@ pub(super) async fn retire_strays(ds: &DataStage, ctx: &Context, home: &Home) ->
     Ok(())
 }
 
-/// Deletes Job `name` and, in the background, its pods. Returns whether this
-/// call deleted it: false when it was gone already.
-pub(super) async fn delete_job(api: &Api<Job>, name: &str) -> Result<bool, Error> {
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(error) => Err(error.into()),
-    }
-}
-
 /// Deletes, from `jobs` and the cluster, the worker Jobs pinned to nodes
 /// that no longer exist, with an Event each. A deleted node stops matching
 /// the placement (docs/reliability.md), and its Job could only wait: the
@@ -889,7 +859,7 @@ pub fn departed(ds: &DataStage, workers: &[Worker], plan: &Plan<'_>, jobs: &[Job
     if !plan.per_node() {
         return Vec::new();
     }
-    let fate = if super::needs_cleanup(ds) {
+    let fate = if needs_cleanup(ds) {
         "its data is removed when the DataStage is deleted (reclaimPolicy Delete)"
     } else {
         "its data stays there (reclaimPolicy Retain)"

@@ -14,8 +14,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
+use super::error::Error;
 use super::prepare::{Blocked, node_cache};
-use super::{Context, Error, FIELD_MANAGER};
+use super::writes::FIELD_MANAGER;
+use crate::context::Context;
 use crate::home::{DataStageKey, Home};
 use crate::jobs::data_layout;
 use crate::status::reasons;

@@ -7,31 +7,23 @@
 use std::time::Duration;
 
 use ferry_crds::names::{CLEANUP, CLEANUP_FINALIZER, WORKER};
-use ferry_crds::plan::Direction;
-use ferry_crds::{DataStage, Phase, ReclaimPolicy};
+use ferry_crds::{DataStage, Phase};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt as _};
 
-use super::carry::{delete_job, settle};
+use super::carry::settle;
+use super::error::Error;
 use super::evicting::start_cleanup;
-use super::writes::{publish, set_finalizer};
-use super::{Context, Error, now};
+use super::writes::{delete_job, now, publish, set_finalizer};
 use crate::cache::Caches;
+use crate::context::Context;
 use crate::jobs::build_cleanup_job;
 use crate::status;
 use crate::status::reasons;
 use crate::worker::Worker;
-
-/// Whether deleting this DataStage must remove staged data: a pull into a
-/// volume with `reclaimPolicy: Delete`. A push's volume is the user's source
-/// and is never cleaned.
-pub fn needs_cleanup(ds: &DataStage) -> bool {
-    ds.spec.reclaim_policy == Some(ReclaimPolicy::Delete)
-        && ds.spec.plan().is_ok_and(|plan| plan.direction == Direction::Pull)
-}
 
 pub(super) fn has_finalizer(ds: &DataStage) -> bool {
     ds.finalizers().iter().any(|f| f == CLEANUP_FINALIZER)

@@ -12,10 +12,11 @@ use kube::api::PostParams;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt as _};
 
-use super::carry::delete_job;
-use super::writes::publish;
-use super::{Context, Error, FIELD_MANAGER};
+use super::error::Error;
+use super::writes::FIELD_MANAGER;
+use super::writes::{delete_job, publish};
 use crate::cache::Caches;
+use crate::context::Context;
 use crate::home::Home;
 use crate::jobs::{WorkerDefaults, build_cleanup_job};
 use crate::status::{self, reasons};

@@ -25,6 +25,7 @@
 mod carry;
 mod claims;
 mod cleanup;
+mod error;
 mod evicting;
 mod prepare;
 mod versioning;
@@ -40,72 +41,21 @@ use ferry_crds::{DataStage, names};
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 
 pub use carry::{departed, jobs_on_deleted_nodes, workers_to_start};
-pub use cleanup::{cleanup_targets, needs_cleanup};
-pub use prepare::per_node_workers;
-pub use writes::applies_nothing;
+pub use cleanup::cleanup_targets;
+pub use error::Error;
+pub use prepare::{needs_cleanup, per_node_workers};
+pub use writes::{FIELD_MANAGER, applies_nothing};
 
 use crate::cache::CacheWriters;
 use crate::context::Context;
 use crate::home::DataStageKey;
 use crate::watch_backoff::WatchBackoff;
-
-/// The one field manager of everything the operator applies.
-pub const FIELD_MANAGER: &str = names::OPERATOR_MANAGER;
-
-/// Errors of one reconciliation.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API server refused or failed a request.
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// An object under a name the operator makes belongs to another
-    /// DataStage (its labels say so); the reconciliation waits for it to go.
-    #[error("{0} exists and was made for another DataStage")]
-    Taken(String),
-}
-
-impl From<crate::delivery::DeliveryError> for Error {
-    fn from(error: crate::delivery::DeliveryError) -> Self {
-        match error {
-            crate::delivery::DeliveryError::Kube(error) => Error::Kube(error),
-        }
-    }
-}
-
-impl Error {
-    /// A static category for metrics and events: the API's status reason
-    /// where there is one (a `Forbidden` says the RBAC is short), else
-    /// whether the API server could be reached at all. Always one of
-    /// [`crate::metrics::RECONCILE_ERROR_REASONS`].
-    pub fn category(&self) -> &'static str {
-        match self {
-            Error::Kube(kube::Error::Api(status)) => match status.code {
-                401 => "Unauthorized",
-                403 => "Forbidden",
-                404 => "NotFound",
-                409 => "Conflict",
-                422 => "Invalid",
-                429 => "TooManyRequests",
-                500..=599 => "ServerError",
-                _ => "KubeApi",
-            },
-            Error::Kube(kube::Error::HyperError(_) | kube::Error::Service(_)) => "Unreachable",
-            Error::Kube(_) => "KubeApi",
-            Error::Taken(_) => "Conflict",
-        }
-    }
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
 
 /// One reconciliation of one DataStage.
 async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Error> {

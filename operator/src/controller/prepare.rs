@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use ferry_crds::plan::{Direction, Plan, Volume};
-use ferry_crds::{DataStage, Phase};
+use ferry_crds::{DataStage, Phase, ReclaimPolicy};
 use kube::ResourceExt as _;
 
-use super::Context;
+use super::error::Error;
 use crate::admission::{Facts, Invalid};
+use crate::context::Context;
 use crate::schedule::Schedule;
 use crate::status::reasons;
 use crate::worker::{Worker, plan_workers};
@@ -73,7 +74,7 @@ pub(super) async fn node_cache_refusal(
     ds: &DataStage,
     plan: &Plan<'_>,
     ctx: &Context,
-) -> Result<Option<Blocked>, super::Error> {
+) -> Result<Option<Blocked>, Error> {
     let Some(cache) = node_cache(plan, ctx) else { return Ok(None) };
     if cache.spec.namespace_selector.is_none() {
         return Ok(None);
@@ -132,11 +133,7 @@ pub fn per_node_workers(plan: &Plan<'_>, matching: &[String]) -> Result<Vec<Work
 /// The credentials Secret of a claim's workers (which read it themselves,
 /// in the DataStage's namespace), when the spec names one that does not
 /// exist. Workers elsewhere get theirs delivered ([`crate::delivery`]).
-pub(super) async fn missing_secret(
-    ds: &DataStage,
-    plan: &Plan<'_>,
-    ctx: &Context,
-) -> Result<Option<Blocked>, super::Error> {
+pub(super) async fn missing_secret(ds: &DataStage, plan: &Plan<'_>, ctx: &Context) -> Result<Option<Blocked>, Error> {
     // A web identity has no Secret: a refused token shows up as the
     // workers' AccessDenied.
     let Some(secret) = plan.store.credentials.as_ref().and_then(|c| c.name.as_ref()) else { return Ok(None) };
@@ -171,7 +168,7 @@ pub(super) async fn missing_ca_bundle(
     ds: &DataStage,
     plan: &Plan<'_>,
     ctx: &Context,
-) -> Result<Option<Blocked>, super::Error> {
+) -> Result<Option<Blocked>, Error> {
     let Some(reference) = &plan.store.ca_bundle else { return Ok(None) };
     let namespace = ds.namespace().unwrap_or_default();
     let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -191,4 +188,12 @@ pub(super) async fn missing_ca_bundle(
         reasons::CA_BUNDLE_NOT_FOUND,
         format!("{problem}; create it with the PEM certificates of the CA that signed the store's certificate"),
     )))
+}
+
+/// Whether deleting this DataStage must remove staged data: a pull into a
+/// volume with `reclaimPolicy: Delete`. A push's volume is the user's source
+/// and is never cleaned.
+pub fn needs_cleanup(ds: &DataStage) -> bool {
+    ds.spec.reclaim_policy == Some(ReclaimPolicy::Delete)
+        && ds.spec.plan().is_ok_and(|plan| plan.direction == Direction::Pull)
 }

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use serde_json::json;
 
+use super::writes::now;
 use super::*;
 use crate::jobs::build_job;
 use crate::status::reasons;

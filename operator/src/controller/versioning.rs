@@ -11,10 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt as _};
 
-use super::carry::{create_job, delete_job};
-use super::writes::publish;
-use super::{Context, Error};
+use super::error::Error;
+use super::writes::{create_job, delete_job, publish};
 use crate::cache::Caches;
+use crate::context::Context;
 use crate::home::Home;
 use crate::jobs::WorkerDefaults;
 use crate::runs::Run;

@@ -1,17 +1,28 @@
 //! What a reconciliation writes: the status (server-side applied, only
 //! apiVersion, kind and status, and only when it changes something), the
-//! finalizer, and the Events of transitions.
+//! finalizer, the Events of transitions, and the Jobs it creates and
+//! deletes, all as the one [`FIELD_MANAGER`].
 
-use ferry_crds::{DataStage, DataStageStatus, Phase};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Patch, PatchParams};
+use ferry_crds::{DataStage, DataStageStatus, Phase, names};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource as _, ResourceExt as _};
 
+use super::error::Error;
 use super::prepare::Blocked;
-use super::{Context, Error, FIELD_MANAGER, now};
+use crate::context::Context;
 use crate::status::{self, reasons};
+
+/// The one field manager of everything the operator applies.
+pub const FIELD_MANAGER: &str = names::OPERATOR_MANAGER;
+
+/// The time a condition or an Event is stamped with.
+pub(super) fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
 
 /// Records why the DataStage cannot proceed, and when to look again.
 pub(super) async fn write_blocked(ds: &DataStage, ctx: &Context, blocked: Blocked) -> Result<Action, Error> {
@@ -138,4 +149,35 @@ pub(super) async fn set_finalizer(ds: &DataStage, ctx: &Context, present: bool) 
     };
     api.patch(&ds.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     Ok(())
+}
+
+/// Creates a worker's Job, and says whether this call created it. The cache
+/// may not show a Job created a moment ago (its watch event can trail the
+/// DataStage's), so one that already exists is taken as it is, if it was
+/// made for the same DataStage (its labels say so): one Job per worker and
+/// run, one Event.
+pub(super) async fn create_job(jobs: &Api<Job>, job: &Job) -> Result<(Job, bool), Error> {
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+    match jobs.create(&params, job).await {
+        Ok(created) => Ok((created, true)),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            let found = jobs.get(&job.name_any()).await?;
+            let uid = |job: &Job| job.labels().get(names::DATASTAGE_UID).cloned();
+            if uid(&found) != uid(job) {
+                return Err(Error::Taken(format!("Job {}", job.name_any())));
+            }
+            Ok((found, false))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Deletes Job `name` and, in the background, its pods. Returns whether this
+/// call deleted it: false when it was gone already.
+pub(super) async fn delete_job(api: &Api<Job>, name: &str) -> Result<bool, Error> {
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }

@@ -18,6 +18,8 @@
 pub mod server;
 pub mod wiring;
 
+pub use server::look_up_datastages;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -47,24 +49,6 @@ pub enum WebhookError {
     /// `external` certificates, but nobody has written the Secret yet.
     #[error("Secret {0} does not exist yet (waiting for its issuer, e.g. cert-manager)")]
     NoSecret(String),
-}
-
-/// The DataStages `names` in `namespace`, in order (`None`: it does not
-/// exist): what both the webhook and the gate controller judge a pod by.
-///
-/// # Errors
-/// When the API server refuses or cannot be reached.
-pub async fn look_up_datastages(
-    client: &kube::Client,
-    namespace: &str,
-    names: &[String],
-) -> Result<Vec<Option<ferry_crds::DataStage>>, kube::Error> {
-    let api = Api::<ferry_crds::DataStage>::namespaced(client.clone(), namespace);
-    let mut found = Vec::with_capacity(names.len());
-    for name in names {
-        found.push(api.get_opt(name).await?);
-    }
-    Ok(found)
 }
 
 /// Starts the webhook: binds its address, then keeps its certificate

@@ -168,7 +168,7 @@ async fn admit(client: &kube::Client, request: &AdmissionRequest<Pod>) -> Result
     let Some(pod) = request.object.as_ref() else { return Ok(None) };
     let Some(data) = DataRequest::of(pod).map_err(|e| e.to_string())? else { return Ok(None) };
     let namespace = request.namespace.clone().unwrap_or_default();
-    let found = super::look_up_datastages(client, &namespace, &data.names).await.map_err(|e| {
+    let found = look_up_datastages(client, &namespace, &data.names).await.map_err(|e| {
         format!("cannot read the DataStages {} in {namespace} to wire this pod: {e}", data.names.join(", "))
     })?;
     let found: Vec<Option<&DataStage>> = found.iter().map(Option::as_ref).collect();
@@ -233,4 +233,22 @@ async fn judge(handler: &Handler, request: &AdmissionRequest<DataStage>) -> Resu
     };
     let facts = crate::admission::Facts { node_cache: node_cache.as_ref(), namespace_labels: labels.as_ref() };
     crate::admission::validate(&ds, &plan, &handler.config, &facts).map(|_| ()).map_err(|invalid| invalid.message)
+}
+
+/// The DataStages `names` in `namespace`, in order (`None`: it does not
+/// exist): what both the webhook and the gate controller judge a pod by.
+///
+/// # Errors
+/// When the API server refuses or cannot be reached.
+pub async fn look_up_datastages(
+    client: &kube::Client,
+    namespace: &str,
+    names: &[String],
+) -> Result<Vec<Option<ferry_crds::DataStage>>, kube::Error> {
+    let api = kube::Api::<ferry_crds::DataStage>::namespaced(client.clone(), namespace);
+    let mut found = Vec::with_capacity(names.len());
+    for name in names {
+        found.push(api.get_opt(name).await?);
+    }
+    Ok(found)
 }
