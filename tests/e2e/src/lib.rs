@@ -11,6 +11,7 @@ pub mod real_node;
 pub mod tools;
 
 pub use agent::network::pod_network_routed;
+pub use process::workspace_binary;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,17 +26,6 @@ pub const NODES: [&str; 2] = ["node-a", "node-b"];
 /// The namespace the operator started by [`start_operator`] runs the
 /// workers of node-local DataStages in ([`install_crd`] creates it).
 pub const WORKERS_NS: &str = "ferry-workers";
-
-/// A binary of this workspace, built in the same profile as the running
-/// executable (`target/<profile>/<name>`; tests run from `target/<profile>/deps`).
-pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current executable");
-    let mut dir = exe.parent().expect("executable directory").to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    dir.join(name)
-}
 
 /// The cluster a test runs against: by default a local control plane with
 /// node agents; with `FERRY_E2E_KUBECONFIG` set, an existing cluster (kind, a

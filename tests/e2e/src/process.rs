@@ -124,3 +124,14 @@ pub fn tail(path: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// A binary of this workspace, built in the same profile as the running
+/// executable (`target/<profile>/<name>`; tests run from `target/<profile>/deps`).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let mut dir = exe.parent().expect("executable directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}

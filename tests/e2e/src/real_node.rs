@@ -59,7 +59,7 @@ pub fn test_image(name: &str) -> String {
 
 /// `<target>/images`, where `hack/images.sh` writes the archives.
 pub fn images_dir() -> PathBuf {
-    let release = crate::workspace_binary("ferry-stager");
+    let release = crate::process::workspace_binary("ferry-stager");
     release.parent().and_then(Path::parent).map_or_else(|| PathBuf::from("target/images"), |t| t.join("images"))
 }
 

@@ -24,7 +24,7 @@ impl ImageMap {
     pub fn workspace() -> Self {
         let mut map = Self::default();
         for binary in ["ferry-stager", "ferry-operator"] {
-            map.insert(binary, crate::workspace_binary(binary));
+            map.insert(binary, crate::process::workspace_binary(binary));
         }
         map.insert(SHELL_IMAGE, PathBuf::from("/bin/sh"));
         map

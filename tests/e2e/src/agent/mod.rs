@@ -16,7 +16,6 @@ pub mod paths;
 pub mod pod;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use images::ImageMap;
+pub use pod::AgentContext;
 
 /// Field manager of everything the agent writes.
 const FIELD_MANAGER: &str = "ferry.dev/e2e-node-agent";
@@ -39,25 +38,6 @@ const FIELD_MANAGER: &str = "ferry.dev/e2e-node-agent";
 /// ([`crate::control_plane::NODE_GRACE_PERIOD`]), so a busy machine does
 /// not make a node look lost.
 const HEARTBEAT: Duration = Duration::from_secs(5);
-
-/// What every pod runner of one node shares.
-pub struct AgentContext {
-    /// Admin client (the agent is trusted test infrastructure).
-    pub client: kube::Client,
-    /// Node name.
-    pub node: String,
-    /// `<root>/<node>`: the node's local disk.
-    pub node_dir: PathBuf,
-    /// Image → program.
-    pub images: ImageMap,
-    /// API server URL, for pod kubeconfigs.
-    pub server: String,
-    /// CA bundle for the API server, for pod kubeconfigs.
-    pub ca_pem: Vec<u8>,
-    /// Process groups of running containers, killed if the agent is dropped
-    /// without a shutdown (a panicking test), so no process outlives it.
-    pub process_groups: Mutex<HashSet<u32>>,
-}
 
 impl std::fmt::Debug for AgentContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -5,10 +5,10 @@
 //! an HTTP readiness probe is ready once the probe answers 2xx or 3xx, so a
 //! Service sends nothing to a server that is still starting.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -22,9 +22,28 @@ use rustix::process::{Pid, Signal, kill_process_group};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::AgentContext;
+use super::images::ImageMap;
 use super::network::{bind_to_pod, pod_ip};
 use super::paths::{PathMap, node_path};
+
+/// What every pod runner of one node shares.
+pub struct AgentContext {
+    /// Admin client (the agent is trusted test infrastructure).
+    pub client: kube::Client,
+    /// Node name.
+    pub node: String,
+    /// `<root>/<node>`: the node's local disk.
+    pub node_dir: PathBuf,
+    /// Image → program.
+    pub images: ImageMap,
+    /// API server URL, for pod kubeconfigs.
+    pub server: String,
+    /// CA bundle for the API server, for pod kubeconfigs.
+    pub ca_pem: Vec<u8>,
+    /// Process groups of running containers, killed if the agent is dropped
+    /// without a shutdown (a panicking test), so no process outlives it.
+    pub process_groups: Mutex<HashSet<u32>>,
+}
 
 /// Termination messages are cut to this size, as the kubelet does.
 const MAX_TERMINATION_MESSAGE: usize = 4096;
