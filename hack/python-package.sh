@@ -9,7 +9,7 @@
 #
 # PYTHON is the interpreter that will import it (its extension suffix names
 # the module). Users install the package with `pip install ./python`
-# instead (README.md), which builds a wheel with maturin.
+# instead (docs/python.md), which builds a wheel with maturin.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"

@@ -308,7 +308,7 @@ async fn the_identities_ferry_runs_as_can_do_what_their_job_needs_and_nothing_ac
     let applied = apply_rbac(&client, &render_chart_rbac()).await;
     assert!(applied >= 8, "the chart rendered {applied} RBAC objects");
     // A user's training job: may read the DataStages of its namespace, as
-    // the README tells users to set it up.
+    // docs/training-pods.md tells users to set it up.
     let trainer = r#"
 apiVersion: v1
 kind: ServiceAccount
