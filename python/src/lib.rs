@@ -24,7 +24,7 @@ use ferry_contract::summary::Summary;
 use ferry_contract::{ObjectLocation, TransferOptions};
 use ferry_engine::error_chain;
 use ferry_engine::metrics::Metrics;
-use ferry_engine::transfer::pull::ObjectError;
+use ferry_engine::transfer::receive::ObjectError;
 use ferry_engine::transfer::tally::{Operation, Tally, one_line};
 use ferry_engine::transfer::{Engine, TransferConfig, TransferError, memory, pull, push};
 use futures::StreamExt as _;

@@ -23,11 +23,11 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use md5::Digest as _;
 
-use super::pull::{
-    ObjectError, again_on_mismatch, check_received, ended_early, expect_announced, more_than_announced, next_chunk,
-};
 use super::ranges::{download_range_size, plan_ranges, upload_part_size};
 use super::readback::Received;
+use super::receive::{
+    ObjectError, again_on_mismatch, check_received, ended_early, expect_announced, more_than_announced, next_chunk,
+};
 use super::tally::Verified;
 use super::verify::{Digester, RangeDigest, Wanted};
 use super::{Engine, VerifyMode};

@@ -20,6 +20,7 @@ pub mod buffers;
 pub mod capacity;
 #[cfg(test)]
 mod fault_tests;
+mod listing;
 pub mod md5;
 pub mod memory;
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub mod push_resume;
 mod push_resume_tests;
 pub mod ranges;
 pub mod readback;
+pub mod receive;
 #[cfg(test)]
 mod resync_tests;
 #[cfg(test)]

@@ -31,19 +31,22 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::StreamExt as _;
-use futures::stream::BoxStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
+use super::listing::list_all;
 use super::md5::Md5Follower;
 use super::ranges::{download_range_size, plan_ranges};
 use super::readback::{self, Received};
-use super::tally::{Summary, Verified, VerifiedKind};
-use super::verify::{Digester, RangeDigest, Wanted, combined_crc};
+use super::receive::{
+    ObjectError, again_on_mismatch, check_received, ended_early, expect_announced, more_than_announced, next_chunk,
+    part_layout,
+};
+use super::tally::{Summary, Verified};
+use super::verify::{Digester, RangeDigest, Wanted};
 use super::{
-    Engine, ObjectTasks, REQUEST_OVERHEAD, Reason, RequestSlot, TransferError, VerifyMode, dooms_the_run, join_objects,
+    Engine, ObjectTasks, REQUEST_OVERHEAD, RequestSlot, TransferError, VerifyMode, dooms_the_run, join_objects,
     object_slot,
 };
 use crate::fleet::LandingGuard;
@@ -56,71 +59,7 @@ use crate::local::sorted::{RunWriter, SortedRun};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::md5_from_etag;
-use crate::store::{
-    Integrity, ListPage, ObjectMeta, PartAlgorithm, PartsChecksum, RetryReason, StoreError, StoredChecksum,
-};
-
-/// A checksum mismatch re-downloads the whole object this many times in all.
-const MISMATCH_ATTEMPTS: u32 = 3;
-
-/// Why one object could not be staged.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The local disk failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The bytes do not hash to the store's checksum.
-    #[error("checksum mismatch: the store has {expected}, the downloaded bytes have {actual}")]
-    Mismatch {
-        /// The store's checksum.
-        expected: Integrity,
-        /// What the bytes hash to.
-        actual: Integrity,
-    },
-    /// The file on disk is not the object's size.
-    #[error("size mismatch: the store has {expected} bytes, {actual} were written")]
-    Size {
-        /// The store's size.
-        expected: u64,
-        /// The written size.
-        actual: u64,
-    },
-}
-
-impl ObjectError {
-    /// Why the object could not be read or written, as the run-level
-    /// reasons name it.
-    pub fn reason(&self) -> Reason {
-        match self {
-            ObjectError::Store(error) => error.reason(),
-            ObjectError::Mismatch { .. } | ObjectError::Size { .. } => Reason::ChecksumMismatch,
-            ObjectError::Io { .. } => Reason::DestinationUnusable,
-        }
-    }
-
-    /// Wraps an I/O error with what was being done.
-    pub fn io_error(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
-        move |source| ObjectError::Io { what, source }
-    }
-}
-
-impl super::Retryable for ObjectError {
-    fn retry_reason(&self) -> Option<RetryReason> {
-        match self {
-            ObjectError::Store(e) => e.retry_reason(),
-            _ => None,
-        }
-    }
-}
+use crate::store::{Integrity, ObjectMeta, PartAlgorithm, PartsChecksum, StoreError, StoredChecksum};
 
 /// An object selected for this run, with its destination path.
 #[derive(Debug, Clone)]
@@ -517,30 +456,6 @@ async fn sole_owner<T>(mut shared: Arc<T>) -> T {
     }
 }
 
-/// Lists `prefix` page by page into `pages` until done, failed or dropped.
-pub(super) async fn list_all(engine: Arc<Engine>, prefix: String, pages: mpsc::Sender<Result<ListPage, StoreError>>) {
-    let mut token: Option<String> = None;
-    loop {
-        let page = engine.retrying(Operation::List, || engine.store.list_page(&prefix, token.clone())).await;
-        match page {
-            Err(e) => {
-                let _ = pages.send(Err(e)).await;
-                return;
-            }
-            Ok(page) => {
-                let next = page.next.clone();
-                if pages.send(Ok(page)).await.is_err() {
-                    return;
-                }
-                match next {
-                    Some(next) => token = Some(next),
-                    None => return,
-                }
-            }
-        }
-    }
-}
-
 /// Removes the files of objects that left the store (unless changed since
 /// staged) and counts them; returns the entries whose files could not be
 /// removed (written to `retained`), for the manifest to keep.
@@ -702,30 +617,6 @@ fn placed(engine: &Engine, staging: &StagingArea, planned: &Planned) {
         engine.tally.added(size)
     }
     engine.tally.in_place(planned.rel.as_str(), planned.version(), size);
-}
-
-/// Runs `attempt`, the transfer of one whole object, again when its bytes
-/// do not hash to the store's checksum: up to [`MISMATCH_ATTEMPTS`] in all,
-/// each repeat counted as a retry.
-pub(super) async fn again_on_mismatch<T, F, Fut>(engine: &Engine, key: &str, mut attempt: F) -> Result<T, ObjectError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ObjectError>>,
-{
-    let mut attempts = 1;
-    loop {
-        match attempt().await {
-            Err(ObjectError::Mismatch { expected, actual }) if attempts < MISMATCH_ATTEMPTS => {
-                // A store that read these bytes from a peer stops trusting it.
-                engine.store.distrust(key);
-                tracing::warn!(%key, %expected, %actual, attempt = attempts, "checksum mismatch; downloading again");
-                engine.metrics.retry(RetryReason::ChecksumMismatch);
-                engine.tally.retried();
-                attempts += 1;
-            }
-            other => return other,
-        }
-    }
 }
 
 /// Downloads, verifies, commits and records one object; its first request
@@ -1069,91 +960,6 @@ async fn download_in_memory(
 const MD5_OF_NOTHING: StoredChecksum = StoredChecksum::Md5([
     0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8, 0x42, 0x7e,
 ]);
-
-/// Checks the received bytes against the object: their size, then (with
-/// `--verify checksum`) what the store says they hash to, when it says so.
-pub(super) async fn check_received(
-    engine: &Engine,
-    object: &ObjectMeta,
-    received: Received<'_>,
-    expected: Option<&Integrity>,
-    digests: &[RangeDigest],
-    precomputed: Option<Integrity>,
-) -> Result<Verified, ObjectError> {
-    if engine.config.verify == VerifyMode::None {
-        return Ok(Verified::Unverified);
-    }
-    let size = object.size;
-    let actual_size = match received {
-        // One fstat of a file just written: no need for a blocking thread.
-        Received::File(file) => file.metadata().map_err(ObjectError::io_error("checking the size"))?.len(),
-        Received::Memory(chunks) => chunks.iter().map(|c| c.len() as u64).sum(),
-    };
-    if actual_size != size {
-        return Err(ObjectError::Size { expected: size, actual: actual_size });
-    }
-    let Some(expected) = expected else { return Ok(Verified::As(VerifiedKind::SizeOnly)) };
-    let not_computed = |what: &str| ObjectError::Io {
-        what: "verifying",
-        source: std::io::Error::other(format!("the {what} was not computed")),
-    };
-    let actual = match expected {
-        Integrity::Whole(crc) if crc.is_combinable() => {
-            Integrity::Whole(combined_crc(*crc, digests).ok_or_else(|| not_computed("CRC of every range"))?)
-        }
-        // Hashed behind the download (see `HashBehind`).
-        Integrity::Parts(_) | Integrity::Whole(StoredChecksum::Md5(_)) if precomputed.is_some() => {
-            precomputed.expect("checked")
-        }
-        Integrity::Whole(StoredChecksum::Md5(_)) => Integrity::Whole(StoredChecksum::Md5(match received {
-            Received::File(file) => engine
-                .md5
-                .digest(Arc::clone(file), size)
-                .await
-                .map_err(ObjectError::io_error("reading back for MD5"))?,
-            Received::Memory(_) => digests.first().and_then(|d| d.md5).ok_or_else(|| not_computed("MD5"))?,
-        })),
-        Integrity::Parts(parts) => {
-            let layout = part_layout(engine, object, parts.parts).await?;
-            readback::digest(&engine.md5, received, expected, &layout)
-                .await
-                .map_err(ObjectError::io_error("reading back for the part checksums"))?
-                .ok_or_else(|| not_computed("part checksum"))?
-        }
-        Integrity::Whole(_) => readback::digest(&engine.md5, received, expected, &[size])
-            .await
-            .map_err(ObjectError::io_error("reading back for the checksum"))?
-            .ok_or_else(|| not_computed("checksum"))?,
-    };
-    if actual != *expected {
-        return Err(ObjectError::Mismatch { expected: expected.clone(), actual });
-    }
-    Ok(Verified::As(expected.kind()))
-}
-
-/// The sizes of the parts a multipart object was uploaded in, one HEAD with
-/// `partNumber` per part (as many at a time as ranges are fetched), each
-/// conditional on the listed ETag so a replaced object is noticed.
-async fn part_layout(engine: &Engine, object: &ObjectMeta, parts: u32) -> Result<Vec<u64>, ObjectError> {
-    let key = object.key.as_str();
-    let if_match = object.etag.as_deref();
-    let sizes: Vec<u64> = futures::stream::iter(1..=parts)
-        .map(|number| engine.retrying(Operation::Head, move || engine.store.part_size(key, number, if_match)))
-        .buffered(engine.config.concurrency.max(1))
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    let total: u64 = sizes.iter().sum();
-    if total != object.size {
-        return Err(StoreError::Rejected {
-            code: "InconsistentParts".into(),
-            message: format!("the parts of '{key}' add up to {total} bytes, the object has {}", object.size),
-        }
-        .into());
-    }
-    Ok(sizes)
-}
 
 /// Where a range's bytes go as they arrive.
 #[derive(Clone)]
@@ -1505,39 +1311,6 @@ async fn fetch_attempt(
     }
     let held = matches!(sink, Sink::Memory).then_some((pending, memory));
     Ok(Fetched { digests: pieces, checksum, held })
-}
-
-/// A GET must announce the `len` bytes it asked for.
-pub(super) fn expect_announced(announced: u64, len: u64) -> Result<(), StoreError> {
-    if announced == len {
-        return Ok(());
-    }
-    Err(StoreError::transient(
-        RetryReason::TruncatedBody,
-        format!("expected {len} bytes, the store announced {announced}"),
-    ))
-}
-
-/// The next chunk of a response body, `None` at its end. A body that
-/// delivers nothing for `stall` fails as a timeout, which is retried.
-pub(super) async fn next_chunk(
-    body: &mut BoxStream<'static, Result<Bytes, StoreError>>,
-    stall: std::time::Duration,
-) -> Result<Option<Bytes>, StoreError> {
-    match tokio::time::timeout(stall, body.next()).await {
-        Err(_) => Err(StoreError::transient(RetryReason::Timeout, format!("no data for {stall:?}"))),
-        Ok(chunk) => chunk.transpose(),
-    }
-}
-
-/// A body that sent more than its announced length.
-pub(super) fn more_than_announced() -> StoreError {
-    StoreError::transient(RetryReason::TruncatedBody, "more bytes than announced")
-}
-
-/// A body that ended after `received` of its `len` announced bytes.
-pub(super) fn ended_early(received: u64, len: u64) -> StoreError {
-    StoreError::transient(RetryReason::TruncatedBody, format!("body ended after {received} of {len} bytes"))
 }
 
 /// A piece is written: recorded in the partial object, if the file is one,

@@ -25,9 +25,9 @@ use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use super::pull::ObjectError;
 use super::push_resume::{MultipartStart, Resume};
 use super::ranges::{plan_ranges, upload_part_size};
+use super::receive::ObjectError;
 use super::tally::{Summary, Verified, VerifiedKind};
 use super::{Engine, ObjectTasks, REQUEST_OVERHEAD, TransferError, dooms_the_run, join_objects, object_slot};
 use crate::local::push_state::StartedUpload;

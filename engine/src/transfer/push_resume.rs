@@ -31,7 +31,7 @@ use std::time::SystemTime;
 
 use tokio::sync::mpsc;
 
-use super::pull::ObjectError;
+use super::receive::ObjectError;
 use super::{Engine, dooms_the_run};
 use crate::local::push_state::{PushState, PushStateError, PushedFile, StartedUpload};
 use crate::local::sorted::Ascending;
@@ -307,7 +307,7 @@ impl Destination {
     /// Starts listing `prefix`.
     fn list(engine: &Arc<Engine>, prefix: &str) -> Self {
         let (pages_tx, pages) = mpsc::channel(2);
-        tokio::spawn(super::pull::list_all(Arc::clone(engine), prefix.to_owned(), pages_tx));
+        tokio::spawn(super::listing::list_all(Arc::clone(engine), prefix.to_owned(), pages_tx));
         Self { pages, page: Vec::new().into_iter(), head: None, sought: Ascending::default(), ended: false }
     }
 
