@@ -18,6 +18,7 @@ pub mod disk;
 pub mod exit;
 pub mod hash;
 pub mod hub;
+pub mod layout;
 pub mod location;
 pub mod options;
 pub mod ownership;

@@ -3,21 +3,14 @@
 //! pods and tells workers when to switch) must agree on.
 //!
 //! A versioned directory `DIR` holds each complete version as a tree below
-//! [`VERSIONS_DIR`], named by its snapshot digest, and a symbolic link
-//! [`CURRENT_LINK`] to the tree pods read now. See `docs/design/node-cache.md`.
+//! [`VERSIONS_DIR`](crate::layout::VERSIONS_DIR), named by its snapshot
+//! digest, and a symbolic link [`CURRENT_LINK`](crate::layout::CURRENT_LINK)
+//! to the tree pods read now. See `docs/design/node-cache.md`.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-
-/// The directory below a versioned `DIR` that holds its trees, the tree
-/// being built and the objects they link.
-pub const VERSIONS_DIR: &str = ".ferry-versions";
-
-/// The symbolic link below a versioned `DIR` that names the current tree;
-/// pods mount `DIR/current`.
-pub const CURRENT_LINK: &str = "current";
 
 /// What a versioned pull does once its tree is complete.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -26,6 +26,7 @@ use ferry_contract::cli::{
     WebIdentityOptions,
 };
 use ferry_contract::hub::HF_TOKEN_ENV;
+use ferry_contract::layout::SHARED_OBJECTS_DIR;
 use ferry_contract::options::{
     AZURE_CLIENT_ID_ENV, AZURE_CLIENT_SECRET_ENV, AZURE_STORAGE_ACCOUNT_ENV, AZURE_STORAGE_KEY_ENV,
     AZURE_STORAGE_SAS_TOKEN_ENV, AZURE_TENANT_ID_ENV, DOCKER_CONFIG_ENV,
@@ -57,9 +58,6 @@ pub const DATA_MOUNT: &str = "/ferry/data";
 /// Where a pull that shares its objects mounts the node directory that
 /// holds them and its own (see [`data_layout`]).
 pub const SHARED_MOUNT: &str = "/ferry/node";
-/// The shared-objects directory, directly below a shared host path or a
-/// NodeCache's root (or namespace directory).
-pub const SHARED_OBJECTS_DIR: &str = ".ferry-shared";
 /// Where a `gs://` credentials Secret (`key.json`) is mounted in worker pods.
 pub const GCS_KEY_MOUNT: &str = "/var/run/secrets/ferry/gcs";
 /// Where an `oci://` credentials Secret (`.dockerconfigjson`) is mounted in

@@ -86,7 +86,7 @@ pub fn persistent_volume(ds: &DataStage, plan: &Plan<'_>, layout: &DataLayout) -
     // A versioned pull's pods read the link to the current version, which
     // the kubelet resolves as it mounts the volume for a new pod.
     let path = match ds.spec.versioned() {
-        true => format!("{dir}/{}", ferry_contract::versions::CURRENT_LINK),
+        true => format!("{dir}/{}", ferry_contract::layout::CURRENT_LINK),
         false => dir.to_owned(),
     };
     let (label, uid) = node_label(&key);

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_s3::config::{Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_http_client::tls;
+use ferry_contract::layout::STATE_DIR;
 
 /// How long a server may take to become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -649,7 +650,7 @@ pub fn read_tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
             let entry = entry.expect("dir entry");
             let path = entry.path();
             let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
-            if rel == ".ferry" {
+            if rel == STATE_DIR {
                 continue;
             }
             let kind = entry.file_type().expect("file type");

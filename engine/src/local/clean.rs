@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::STATE_DIR;
 use super::manifest::{ManifestCursor, ManifestEntry};
 use super::paths::{KeyPath, key_to_path};
 use super::staging::FileStamp;
+use ferry_contract::layout::{STATE_DIR, TEMP_DIR};
 
 /// Errors of a clean-up.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +116,7 @@ pub fn clean(root: &Path, shared_objects: Option<&Path>) -> Result<CleanReport, 
     let mut remover = Remover::new(root, Directories::Remove);
     // Manifests from before they were sorted are sorted here first; the
     // scratch files go with the state directory below.
-    let scratch = root.join(STATE_DIR).join("tmp").join(format!("clean-{}", std::process::id()));
+    let scratch = root.join(STATE_DIR).join(TEMP_DIR).join(format!("clean-{}", std::process::id()));
     let manifest = ManifestCursor::open(root, &scratch)
         .map_err(|source| CleanError::ReadManifest { path: root.join(STATE_DIR), source })?;
     for entry in manifest {

@@ -25,11 +25,11 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::STATE_DIR;
 use super::paths::RelPath;
 use super::sorted::{Ascending, JsonLines, Keyed, Merged, RunWriter, SORT_MEMORY, SortedRun, SortedWriter, Stream};
 use super::staging::FileStamp;
 use crate::store::ObjectMeta;
+use ferry_contract::layout::STATE_DIR;
 
 /// One staged file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,7 +337,7 @@ mod tests {
         // A torn line from a killed writer must not hide the good ones.
         std::fs::OpenOptions::new()
             .append(true)
-            .open(dir.path().join(".ferry/manifest.journal"))
+            .open(dir.path().join(STATE_DIR).join("manifest.journal"))
             .unwrap()
             .write_all(b"{\"path\":\"b")
             .unwrap();
@@ -352,8 +352,11 @@ mod tests {
         assert!(!found.reusable(dir.path(), &rel, &object("e1", 5)), "changed on disk");
         writer.finish(None).unwrap();
         assert_eq!(everything(dir.path()), pairs(&[("a.bin", "e1")]));
-        assert!(!dir.path().join(".ferry/manifest.journal").exists(), "the journal goes once the manifest is written");
-        assert!(is_sorted(&dir.path().join(".ferry/manifest.jsonl")));
+        assert!(
+            !dir.path().join(STATE_DIR).join("manifest.journal").exists(),
+            "the journal goes once the manifest is written"
+        );
+        assert!(is_sorted(&dir.path().join(STATE_DIR).join("manifest.jsonl")));
     }
 
     #[test]
@@ -365,7 +368,8 @@ mod tests {
             .iter()
             .map(|e| serde_json::to_string(e).unwrap())
             .collect();
-        std::fs::write(dir.path().join(".ferry/manifest.jsonl"), format!("{}\n{{\"path", lines.join("\n"))).unwrap();
+        std::fs::write(dir.path().join(STATE_DIR).join("manifest.jsonl"), format!("{}\n{{\"path", lines.join("\n")))
+            .unwrap();
         assert_eq!(everything(dir.path()), pairs(&[("a", "1"), ("b", "2"), ("z", "1")]));
     }
 

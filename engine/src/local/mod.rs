@@ -18,9 +18,3 @@ pub mod sorted;
 pub mod staging;
 pub mod versions;
 pub mod walk;
-
-/// Name of the directory, directly under the destination, that holds the
-/// manifest and in-progress temporary files (and, in a push's source, the
-/// push state). Keys that would land in it are refused, and a push's walk
-/// skips it.
-pub const STATE_DIR: &str = ".ferry";

@@ -32,7 +32,7 @@ use ferry_contract::ownership::{Owner, Purpose};
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 
-use super::STATE_DIR;
+use ferry_contract::layout::STATE_DIR;
 
 /// What [`prepare`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -252,6 +252,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt as _;
 
     use super::*;
+    use ferry_contract::layout::SHARED_OBJECTS_DIR;
 
     /// Who the tests hand entries to: the worker's user when they run as
     /// root (as CI does), so the change of owner is real; otherwise the
@@ -282,7 +283,7 @@ mod tests {
     #[test]
     fn a_pull_gets_its_shared_objects_directory_made_and_handed_over_but_never_through_a_link() {
         let root = tempfile::tempdir().unwrap();
-        let (target, shared) = (root.path().join("team/data"), root.path().join(".ferry-shared"));
+        let (target, shared) = (root.path().join("team/data"), root.path().join(SHARED_OBJECTS_DIR));
         let prepared = prepare(&target, Purpose::Pull, worker(), Some(&shared)).unwrap();
         // The destination, the shared directory and its objects/.
         assert_eq!(prepared.entries, 3);

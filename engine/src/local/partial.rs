@@ -28,11 +28,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::STATE_DIR;
 use super::paths::RelPath;
-
-/// The directory of partial objects below the destination.
-pub const PARTIAL_DIR: &str = "partial";
+use ferry_contract::layout::{PARTIAL_DIR, STATE_DIR};
 
 /// Which object a partial holds, and how it was cut: the first line of its
 /// record. A partial is resumed only when every field is the same.
@@ -278,7 +275,7 @@ mod tests {
         // A kill while writing the third record leaves half a line.
         std::fs::OpenOptions::new()
             .append(true)
-            .open(dir.path().join(".ferry/partial/a.ranges"))
+            .open(dir.path().join(STATE_DIR).join(PARTIAL_DIR).join("a.ranges"))
             .unwrap()
             .write_all(b"{\"offset\":80,\"le")
             .unwrap();
@@ -305,10 +302,10 @@ mod tests {
         let other = PartialHeader { key: "someone-elses".into(), ..header("e1") };
         drop(PartialObject::open(dir.path(), "c", &other).unwrap().unwrap());
         assert_eq!(sweep(dir.path(), |key| key != "someone-elses"), 1, "only the partial no run holds goes");
-        assert!(dir.path().join(".ferry/partial/c.part").exists(), "another shard's partial stays");
+        assert!(dir.path().join(STATE_DIR).join(PARTIAL_DIR).join("c.part").exists(), "another shard's partial stays");
         assert!(held.part_path().exists());
         held.discard();
         assert_eq!(sweep(dir.path(), |_| true), 1);
-        assert_eq!(std::fs::read_dir(dir.path().join(".ferry/partial")).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(dir.path().join(STATE_DIR).join(PARTIAL_DIR)).unwrap().count(), 0);
     }
 }

@@ -12,7 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::STATE_DIR;
+use ferry_contract::layout::STATE_DIR;
 
 /// Longest file name most Linux filesystems accept.
 const MAX_SEGMENT_BYTES: usize = 255;

@@ -145,10 +145,10 @@ pub fn prune(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::STATE_DIR;
     use crate::local::manifest::{ManifestCursor, ManifestWriter};
     use crate::local::staging::{FileStamp, StagingArea};
     use crate::selection::Shard;
+    use ferry_contract::layout::STATE_DIR;
 
     /// Stages `files` (relative path → content) under `root` as a pull of
     /// `prefix` would have, with a manifest that records them.

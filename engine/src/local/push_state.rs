@@ -40,11 +40,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::STATE_DIR;
 use super::sorted::{Keyed, Merged, SORT_MEMORY, SortedRun, SortedWriter};
-
-/// The subdirectory of the state directory that holds push states.
-const PUSH_STATE_DIR: &str = "push";
+use ferry_contract::layout::{PUSH_STATE_DIR, STATE_DIR};
 
 /// Why the push state cannot be kept.
 #[derive(Debug, thiserror::Error)]
@@ -513,7 +510,7 @@ mod tests {
         state.upload_completed("p/b", "u2");
         state.file_pushed(pushed("b"));
         drop(state);
-        let file = dir.path().join(".ferry/push").join(PushState::file_name("s3://b/p/"));
+        let file = dir.path().join(STATE_DIR).join(PUSH_STATE_DIR).join(PushState::file_name("s3://b/p/"));
         std::fs::OpenOptions::new().append(true).open(&file).unwrap().write_all(b"{\"record\":\"upload_sta").unwrap();
 
         let again = PushState::open(dir.path(), "s3://b/p/").unwrap();
@@ -546,7 +543,7 @@ mod tests {
         assert_eq!(state.unclaimed(), vec![upload("p/x", "open")]);
         state.finish().unwrap();
 
-        let file = dir.path().join(".ferry/push").join(PushState::file_name("gs://b/p/"));
+        let file = dir.path().join(STATE_DIR).join(PUSH_STATE_DIR).join(PushState::file_name("gs://b/p/"));
         let lines = std::fs::read_to_string(file).unwrap();
         assert_eq!(lines.lines().count(), 3, "{lines}");
         let state = PushState::open(dir.path(), "gs://b/p/").unwrap();

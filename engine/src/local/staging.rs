@@ -29,9 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
-use super::STATE_DIR;
 use super::partial::PartialObject;
 use super::paths::{DirMaker, RelPath};
+use ferry_contract::layout::{STATE_DIR, TEMP_DIR};
 
 /// Files at or below this size are not preallocated: one write does it.
 const PREALLOCATE_ABOVE: u64 = 1 << 20;
@@ -109,7 +109,7 @@ impl StagingArea {
         }
         std::fs::create_dir_all(root).map_err(prepare(root))?;
         let state = root.join(STATE_DIR);
-        let tmp = state.join("tmp");
+        let tmp = state.join(TEMP_DIR);
         for dir in [&state, &tmp] {
             real_dir(dir)?;
         }
@@ -427,7 +427,7 @@ fn link_unnamed_to(file: &File, to: &Path) -> rustix::io::Result<()> {
 
 /// How many runs hold their lock on `root`'s staging area right now.
 pub fn live_runs(root: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(root.join(STATE_DIR).join("tmp")) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(root.join(STATE_DIR).join(TEMP_DIR)) else { return 0 };
     entries
         .flatten()
         .map(|entry| entry.path())
@@ -498,7 +498,7 @@ mod tests {
             area.close();
         }
         assert_eq!(entries(&dir.path().join("a")), ["0.bin", "1.bin"], "nothing of the dropped files");
-        assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(dir.path().join(STATE_DIR).join(TEMP_DIR)).unwrap().count(), 0);
     }
 
     #[test]
@@ -521,7 +521,7 @@ mod tests {
             area.close();
         }
         assert_eq!(std::fs::read(outside.path().join("victim")).unwrap(), b"keep");
-        assert_eq!(entries(dir.path()), [".ferry", "link.bin", "old.bin"]);
+        assert_eq!(entries(dir.path()), [STATE_DIR, "link.bin", "old.bin"]);
     }
 
     #[test]
@@ -550,7 +550,7 @@ mod tests {
     #[test]
     fn leftovers_of_a_dead_run_are_swept_but_a_live_run_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join(".ferry/tmp");
+        let tmp = dir.path().join(STATE_DIR).join(TEMP_DIR);
         std::fs::create_dir_all(tmp.join("dead")).unwrap();
         std::fs::write(tmp.join("dead/0.part"), b"half").unwrap();
         File::create(tmp.join("dead.lock")).unwrap();

@@ -32,15 +32,16 @@ use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use ferry_contract::versions::{CURRENT_LINK, SnapshotDigest, VERSIONS_DIR};
+use ferry_contract::layout::{
+    CURRENT_LINK, STATE_DIR, TEMP_DIR, VERSION_BUILDING as BUILDING, VERSION_TREES as TREES, VERSIONS_DIR,
+};
+use ferry_contract::versions::SnapshotDigest;
 use ferry_contract::{Snapshot, SnapshotBuilder};
 use serde::Serialize;
 
 use super::manifest::ManifestCursor;
 use super::shared_objects::{Collected, collect_garbage};
 
-const TREES: &str = "trees";
-const BUILDING: &str = "building";
 /// What the tree in `building/` is being built from: a build from other
 /// inputs starts it afresh, since the pull keeps files that its selection
 /// leaves out, and those must not end up in another version.
@@ -336,7 +337,7 @@ impl VersionedDir {
 /// pull that wrote them reported.
 pub fn digest_of(tree: &Path) -> io::Result<Snapshot> {
     // Manifests from before they were sorted are sorted here first.
-    let scratch = tree.join(super::STATE_DIR).join("tmp").join(format!("digest-{}", std::process::id()));
+    let scratch = tree.join(STATE_DIR).join(TEMP_DIR).join(format!("digest-{}", std::process::id()));
     let mut snapshot = SnapshotBuilder::default();
     let summed = ManifestCursor::open(tree, &scratch).map(|entries| {
         for entry in entries {
@@ -404,7 +405,7 @@ mod tests {
     /// into the objects, and a manifest.
     fn build(dir: &VersionedDir, inputs: &str, files: &[(&str, &str)]) -> Snapshot {
         let building = dir.prepare_build(inputs).unwrap();
-        std::fs::create_dir_all(building.join(crate::local::STATE_DIR)).unwrap();
+        std::fs::create_dir_all(building.join(ferry_contract::layout::STATE_DIR)).unwrap();
         let scratch = tempfile::tempdir().unwrap();
         let writer = ManifestWriter::open(&building, "manifest.jsonl", scratch.path()).unwrap();
         let mut snapshot = SnapshotBuilder::default();

@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::STATE_DIR;
 use super::paths::{RelPath, path_to_key};
 use super::sorted::{Keyed, Merged, SortedRun, SortedWriter};
+use ferry_contract::layout::STATE_DIR;
 
 /// Bytes of entries of one directory held in memory; a directory with more
 /// is sorted on disk. A directory of 10,000 files of ImageNet-like names
@@ -385,17 +385,18 @@ fn read_directory(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_contract::layout::{PUSH_STATE_DIR, TEMP_DIR};
 
     #[test]
     fn walk_lists_files_skips_state_and_refuses_links_out() {
         let root = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("d/e")).unwrap();
-        std::fs::create_dir_all(root.path().join(".ferry/tmp")).unwrap();
+        std::fs::create_dir_all(root.path().join(STATE_DIR).join(TEMP_DIR)).unwrap();
         std::fs::write(root.path().join("d/e/f.txt"), b"x").unwrap();
-        std::fs::write(root.path().join(".ferry/manifest.jsonl"), b"").unwrap();
-        std::fs::create_dir_all(root.path().join(".ferry/push")).unwrap();
-        std::fs::write(root.path().join(".ferry/push/0123456789abcdef.jsonl"), b"").unwrap();
+        std::fs::write(root.path().join(STATE_DIR).join("manifest.jsonl"), b"").unwrap();
+        std::fs::create_dir_all(root.path().join(STATE_DIR).join(PUSH_STATE_DIR)).unwrap();
+        std::fs::write(root.path().join(STATE_DIR).join(PUSH_STATE_DIR).join("0123456789abcdef.jsonl"), b"").unwrap();
         std::fs::write(outside.path().join("secret"), b"s").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("out")).unwrap();
         std::os::unix::fs::symlink(root.path().join("d/e/f.txt"), root.path().join("in")).unwrap();

@@ -268,6 +268,7 @@ impl SpaceLedger {
 mod tests {
     use super::*;
     use crate::local::paths::{KeyPath, key_to_path};
+    use ferry_contract::layout::{PARTIAL_DIR, STATE_DIR};
 
     const MIB: u64 = 1 << 20;
 
@@ -391,7 +392,7 @@ mod tests {
     #[test]
     fn space_a_partial_already_holds_is_not_counted_again() {
         let dir = tempfile::tempdir().unwrap();
-        let partials = dir.path().join(".ferry/partial");
+        let partials = dir.path().join(STATE_DIR).join(PARTIAL_DIR);
         std::fs::create_dir_all(&partials).unwrap();
         // An earlier run's partial of "ckpt.bin", 8 MiB allocated on disk.
         let part = partials.join(format!("{}.part", partial::name_for(&rel("ckpt.bin"))));

@@ -10,6 +10,7 @@ use super::capacity::{CapacityCheck, FreeSpace};
 use super::{Engine, Reason, RetryPolicy, TransferConfig, pull::pull, push::push};
 use crate::metrics::Metrics;
 use crate::store::memory::{Fault, MemoryStore};
+use ferry_contract::layout::{PARTIAL_DIR, STATE_DIR, TEMP_DIR};
 
 const MIB: usize = 1 << 20;
 
@@ -93,7 +94,7 @@ async fn a_persistent_mismatch_fails_the_object_and_leaves_no_file() {
     assert!(summary.failures[0].error.contains("checksum mismatch"), "{:?}", summary.failures);
     assert!(!dir.path().join("bad").exists(), "a file that failed verification never appears");
     assert_eq!(std::fs::read(dir.path().join("good")).unwrap(), data(5, 4096));
-    assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(dir.path().join(STATE_DIR).join(TEMP_DIR)).unwrap().count(), 0);
 }
 
 #[tokio::test]
@@ -243,7 +244,7 @@ async fn a_pull_that_does_not_fit_fails_before_writing_and_only_what_reuse_leave
         "{message}"
     );
     assert!(!dir.path().join("d").exists(), "nothing was written");
-    assert_eq!(std::fs::read_dir(dir.path().join(".ferry/tmp")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(dir.path().join(STATE_DIR).join(TEMP_DIR)).unwrap().count(), 0);
     assert_eq!(partial_files(dir.path()), 0);
     assert_eq!(store.calls().gets, 3, "no GET for what does not fit");
 
@@ -295,7 +296,7 @@ async fn a_dataset_over_its_quota_is_refused_before_writing_and_every_shard_coun
 }
 
 fn partial_files(root: &std::path::Path) -> usize {
-    std::fs::read_dir(root.join(".ferry/partial")).map_or(0, |entries| entries.count())
+    std::fs::read_dir(root.join(STATE_DIR).join(PARTIAL_DIR)).map_or(0, |entries| entries.count())
 }
 
 #[tokio::test]

@@ -211,7 +211,7 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         let files = |dir: &Path| {
             walkdir::WalkDir::new(dir)
                 .into_iter()
-                .filter_entry(|e| e.file_name() != crate::local::STATE_DIR)
+                .filter_entry(|e| e.file_name() != ferry_contract::layout::STATE_DIR)
                 .flatten()
                 .filter(|e| e.file_type().is_file())
                 .count() as u64

@@ -16,6 +16,7 @@ use crate::local::walk::mtime_ns;
 use crate::metrics::Metrics;
 use crate::store::ObjectStore as _;
 use crate::store::memory::{Fault, MemoryStore};
+use ferry_contract::layout::{PUSH_STATE_DIR, STATE_DIR};
 
 const MIB: usize = 1 << 20;
 const PART: usize = 5 * MIB;
@@ -149,7 +150,7 @@ async fn an_unchanged_file_still_in_the_store_is_skipped_and_anything_else_sent_
     std::fs::write(dir.path().join("c"), data(10, 3000)).unwrap();
     assert_eq!(push_all(&store, dir.path()).await.objects.transferred, 3);
     // A run killed while appending leaves a torn line: it costs nothing.
-    let state_file = dir.path().join(".ferry/push").join(PushState::file_name(DESTINATION));
+    let state_file = dir.path().join(STATE_DIR).join(PUSH_STATE_DIR).join(PushState::file_name(DESTINATION));
     let mut torn = std::fs::read(&state_file).unwrap();
     torn.extend_from_slice(b"{\"record\":\"pushed\",\"pa");
     std::fs::write(&state_file, torn).unwrap();
@@ -197,7 +198,7 @@ async fn a_source_that_cannot_hold_state_is_pushed_without_resume() {
     std::fs::write(dir.path().join("a"), data(13, 1000)).unwrap();
     std::fs::write(dir.path().join("big"), data(14, 2 * PART)).unwrap();
     // A file where the state directory would go: no state, whoever runs it.
-    std::fs::write(dir.path().join(".ferry"), b"").unwrap();
+    std::fs::write(dir.path().join(STATE_DIR), b"").unwrap();
     let unrecorded = store.create_multipart("p/big").await.unwrap();
 
     assert_eq!(push_all(&store, dir.path()).await.objects.transferred, 2);

@@ -166,7 +166,7 @@ pub fn wire(pod: &Pod, request: &DataRequest, found: &[Option<&DataStage>]) -> R
         }
         // A versioned pull's pods mount the link to the current version,
         // which the kubelet resolves as the container starts.
-        let current = ds.spec.versioned().then_some(ferry_contract::versions::CURRENT_LINK);
+        let current = ds.spec.versioned().then_some(ferry_contract::layout::CURRENT_LINK);
         let (source, sub_path) = match plan.volume {
             // Node-local data: the claim Ferry binds in the pod's namespace
             // to its volume on the nodes that hold a copy, read-only (and

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use ferry_contract::layout::{STATE_DIR, TEMP_DIR};
 use ferry_testkit::Store;
 
 /// The stager binary built for these tests.
@@ -152,7 +153,7 @@ pub fn small_files(dir: &str, count: usize, seed: u64) -> BTreeMap<String, Vec<u
 
 /// Files left in the run's temporary area (should be none after a run).
 pub fn leftover_temp_files(root: &Path) -> Vec<String> {
-    let tmp = root.join(".ferry/tmp");
+    let tmp = root.join(STATE_DIR).join(TEMP_DIR);
     let mut out = Vec::new();
     if let Ok(entries) = std::fs::read_dir(&tmp) {
         for entry in entries.flatten() {

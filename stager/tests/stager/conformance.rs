@@ -16,6 +16,7 @@ use aws_sdk_s3::config::RequestChecksumCalculation;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
 use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
+use ferry_contract::layout::{PARTIAL_DIR, STATE_DIR, TEMP_DIR, VERSION_BUILDING, VERSION_TREES, VERSIONS_DIR};
 use ferry_contract::summary::Snapshot;
 use ferry_engine::local::manifest::ManifestCursor;
 use ferry_testkit::{Backend, CorruptingProxy, S3Server, SmallFilesystem, Store, pattern, read_tree};
@@ -432,7 +433,7 @@ async fn a_second_pull_transfers_nothing_and_a_third_only_what_changed(backend: 
     assert_eq!(report["files_removed"].as_u64(), Some(51), "{report}");
     let left = read_tree(dst.path());
     assert_eq!(left, BTreeMap::from([("f/notes.txt".to_owned(), b"mine".to_vec())]));
-    assert!(!dst.path().join(".ferry").exists());
+    assert!(!dst.path().join(STATE_DIR).exists());
 }
 
 async fn a_killed_pull_leaves_no_partial_file_and_resumes_with_only_what_is_missing(backend: Backend) {
@@ -541,7 +542,7 @@ async fn a_pull_killed_inside_a_large_object_fetches_only_the_rest(backend: Back
     assert_eq!(kept + sent, size as u64, "{:#}", resumed.summary);
     assert_eq!(resumed.summary["resumed"]["objects"].as_u64(), Some(1));
     assert!(resumed.summary["verified"]["checksum"].as_u64() == Some(1), "{:#}", resumed.summary);
-    let partials = std::fs::read_dir(dst.path().join(".ferry/partial")).map_or(0, |d| d.count());
+    let partials = std::fs::read_dir(dst.path().join(STATE_DIR).join(PARTIAL_DIR)).map_or(0, |d| d.count());
     assert_eq!(partials, 0, "the partial is gone once the object is in place");
 }
 
@@ -598,7 +599,7 @@ async fn minio_only_a_pull_killed_inside_an_md5_only_object_proves_the_kept_byte
     killed_after(&server, &args, (16 * MIB) as u64);
 
     // A kept byte changes on disk (the first range's first piece is kept).
-    let part = std::fs::read_dir(dst.path().join(".ferry/partial"))
+    let part = std::fs::read_dir(dst.path().join(STATE_DIR).join(PARTIAL_DIR))
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .find(|path| path.extension().is_some_and(|e| e == "part"))
@@ -886,7 +887,7 @@ async fn a_push_that_cannot_keep_state_still_removes_the_uploads_of_killed_runs(
     let src = tempfile::tempdir().unwrap();
     std::fs::write(src.path().join("big.bin"), &data).unwrap();
     // A file where the state directory would go: no state, whoever runs it.
-    std::fs::write(src.path().join(".ferry"), b"").unwrap();
+    std::fs::write(src.path().join(STATE_DIR), b"").unwrap();
     let destination = server.uri("stateless/out/");
     let push = ["push", src.path().to_str().unwrap(), destination.as_str(), "--part-size", "5MiB"];
 
@@ -1019,14 +1020,14 @@ async fn s3_only_a_switch_killed_anywhere_leaves_one_whole_version_and_completes
         let finished = child.wait().unwrap().success();
         let seen = read_tree(&current);
         assert!(seen == v1 || seen == v2, "after a kill at {delay_ms} ms, current is neither version whole");
-        let left_v1 = dst.path().join(".ferry-versions/trees").join(&d1).exists();
+        let left_v1 = dst.path().join(VERSIONS_DIR).join(VERSION_TREES).join(&d1).exists();
         if !finished && (seen == v2 || !left_v1) {
             killed_midway += 1;
         }
         let again = std::process::Command::new(common::STAGER).args(["switch", "--to", &d2, dir]).output().unwrap();
         assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
         assert_eq!(read_tree(&current), v2);
-        let trees: Vec<_> = std::fs::read_dir(dst.path().join(".ferry-versions/trees"))
+        let trees: Vec<_> = std::fs::read_dir(dst.path().join(VERSIONS_DIR).join(VERSION_TREES))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
@@ -1218,10 +1219,10 @@ fn distinct_bytes(root: &Path) -> u64 {
 fn state_bytes(root: &Path) -> u64 {
     fn visit(dir: &Path, in_state: bool) -> u64 {
         let mut bytes = 0;
-        let notes = dir.file_name().is_some_and(|name| name == ".ferry-versions");
+        let notes = dir.file_name().is_some_and(|name| name == VERSIONS_DIR);
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
             let meta = entry.path().symlink_metadata().unwrap();
-            let in_state = in_state || entry.file_name() == ".ferry" || (notes && meta.is_file());
+            let in_state = in_state || entry.file_name() == STATE_DIR || (notes && meta.is_file());
             if meta.is_dir() {
                 bytes += visit(&entry.path(), in_state);
             } else if meta.is_file() && in_state {
@@ -1291,9 +1292,9 @@ async fn versions_switch_whole_share_unchanged_files_and_a_change_back_copies_no
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let building = dst.path().join(".ferry-versions/building");
+    let building = dst.path().join(VERSIONS_DIR).join(VERSION_BUILDING);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !building.join(".ferry/tmp").exists() || recorded_in_place(&building).len() < 10 {
+    while !building.join(STATE_DIR).join(TEMP_DIR).exists() || recorded_in_place(&building).len() < 10 {
         assert!(Instant::now() < deadline, "the build made no visible progress");
         assert!(child.try_wait().unwrap().is_none(), "the build finished before it could be interrupted");
         std::thread::sleep(Duration::from_millis(20));
@@ -1324,7 +1325,7 @@ async fn versions_switch_whole_share_unchanged_files_and_a_change_back_copies_no
     };
     let (code, stderr) = switch(&["--to", &d1b, "--keep", &d2]);
     assert_eq!(code, 0, "{stderr}");
-    let trees = |path: &Path| std::fs::read_dir(path.join(".ferry-versions/trees")).unwrap().count();
+    let trees = |path: &Path| std::fs::read_dir(path.join(VERSIONS_DIR).join(VERSION_TREES)).unwrap().count();
     assert_eq!(trees(dst.path()), 2, "v1b and v2");
     let (code, stderr) = switch(&["--to", &d1]);
     assert_eq!(code, 4, "{stderr}");

@@ -44,6 +44,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::time::Duration;
 
+use ferry_contract::layout::{CURRENT_LINK, SHARED_OBJECTS_DIR, VERSION_TREES, VERSIONS_DIR};
 use ferry_crds::{DataStage, Phase};
 use ferry_e2e::real_node::{self, ferry_image, test_image};
 use ferry_e2e::tools::Tools;
@@ -190,7 +191,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
         std::fs::metadata(node_a.join("again/weights/model.bin")).unwrap(),
     );
     assert_eq!(one.ino(), two.ino(), "one file in two directories");
-    let shared = std::fs::metadata(node_a.join(".ferry-shared/objects")).unwrap();
+    let shared = std::fs::metadata(node_a.join(SHARED_OBJECTS_DIR).join("objects")).unwrap();
     assert_eq!((shared.uid(), shared.mode() & 0o777), (65532, 0o755), "the shared objects are the worker's");
 
     // 2c. Versions (`updateStrategy: Versioned`): a source edited while a
@@ -227,8 +228,11 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let d1 = first.versions.clone().and_then(|v| v.current).expect("a current version");
     assert_eq!(Some(&d1), first.snapshot.as_ref().map(|s| &s.digest));
     let model_dir = node_a.join("model");
-    let tree = |digest: &str| model_dir.join(".ferry-versions/trees").join(digest);
-    assert_eq!(std::fs::read_link(model_dir.join("current")).unwrap(), Path::new(".ferry-versions/trees").join(&d1));
+    let tree = |digest: &str| model_dir.join(VERSIONS_DIR).join(VERSION_TREES).join(digest);
+    assert_eq!(
+        std::fs::read_link(model_dir.join(CURRENT_LINK)).unwrap(),
+        Path::new(VERSIONS_DIR).join(VERSION_TREES).join(&d1)
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), DATA_NS);
     // Reads until deleted: the restricted level admits no hostPath to
     // signal it through.
@@ -294,7 +298,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     })
     .await;
     assert!(!tree(&d1).exists() && tree(&d2).is_dir());
-    assert_eq!(read_tree(&model_dir.join("current")).get("version").map(Vec::as_slice), Some(&b"two\n"[..]));
+    assert_eq!(read_tree(&model_dir.join(CURRENT_LINK)).get("version").map(Vec::as_slice), Some(&b"two\n"[..]));
 
     // A node that joins gets the current version; only it switches.
     let everywhere = Patch::Merge(json!({"spec": {"placement": null}}));
@@ -302,8 +306,11 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     let fifth = finished(&cluster, &stages, "model", 5).await;
     assert_eq!(switched_to(&fifth), (d2.clone(), d1.clone(), Some(false)), "no new version: {fifth:?}");
     let on_b = cluster.node_dir("node-b").unwrap().join(CACHE_DIR).join("model");
-    assert_eq!(std::fs::read_link(on_b.join("current")).unwrap(), Path::new(".ferry-versions/trees").join(&d2));
-    assert_eq!(read_tree(&on_b.join("current")), read_tree(&model_dir.join("current")));
+    assert_eq!(
+        std::fs::read_link(on_b.join(CURRENT_LINK)).unwrap(),
+        Path::new(VERSIONS_DIR).join(VERSION_TREES).join(&d2)
+    );
+    assert_eq!(read_tree(&on_b.join(CURRENT_LINK)), read_tree(&model_dir.join(CURRENT_LINK)));
     assert!(fifth.workers.iter().all(|w| w.current_version.as_deref() == Some(d2.as_str())), "{fifth:?}");
 
     // 3. Training pods read what was staged, as a user of their own.

@@ -24,6 +24,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 use std::time::Duration;
 
+use ferry_contract::layout::STATE_DIR;
 use ferry_crds::{DataStage, Phase, names};
 use ferry_e2e::chart::{CHART_WORKERS_NS, SYSTEM_NS, helm_install, image_values};
 use ferry_e2e::tools::Tools;
@@ -133,7 +134,7 @@ fn inodes(dir: &Path) -> BTreeSet<(u64, u64)> {
     let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let Ok(meta) = entry.metadata() else { continue };
-        if meta.is_dir() && entry.file_name() == ".ferry" {
+        if meta.is_dir() && entry.file_name() == STATE_DIR {
             continue;
         }
         if meta.is_dir() {
