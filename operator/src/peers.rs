@@ -270,6 +270,28 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The chart's NetworkPolicy and notes name the peer port through one
+    /// helper; it must be the port the operator renders.
+    #[test]
+    fn the_charts_peer_port_is_the_one_workers_listen_on() {
+        let templates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ferry/templates");
+        let helpers = std::fs::read_to_string(templates.join("_helpers.tpl")).unwrap();
+        let body = helpers.split(r#"{{- define "ferry.peerPort" -}}"#).nth(1).expect("the ferry.peerPort helper");
+        let port: u16 = body.split("{{- end -}}").next().unwrap().trim().parse().unwrap();
+        assert_eq!(port, DEFAULT_PEER_PORT);
+        for template in std::fs::read_dir(&templates).unwrap() {
+            let path = template.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            if path.file_name().is_some_and(|name| name != "_helpers.tpl") {
+                assert!(
+                    !text.contains(&port.to_string()),
+                    "{} spells the peer port: include \"ferry.peerPort\"",
+                    path.display()
+                );
+            }
+        }
+    }
+
     fn home(name: &str) -> Home {
         let ds: ferry_crds::DataStage = serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage",

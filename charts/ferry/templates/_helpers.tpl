@@ -99,3 +99,10 @@ reinvocationPolicy: IfNeeded
 {{- define "ferry.operatorUser" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "ferry.operatorServiceAccount" .) -}}
 {{- end -}}
+
+{{/* The port workers serve their peers on: fixed in the operator
+     (ferry_contract::peers::DEFAULT_PEER_PORT; operator/src/peers.rs has a
+     test that the two agree), shared here by every template that names it. */}}
+{{- define "ferry.peerPort" -}}
+9466
+{{- end -}}

@@ -123,8 +123,10 @@ pub enum CapacityError {
     /// What the run still has to write, with the reserve, exceeds the free space.
     #[error(
         // The remedy before the path: a worker's status keeps the first
-        // 240 bytes of a failure, and a node's path can be long.
-        "the destination has {} free{} but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the reserve (spec.capacity.reserve, or --capacity-reserve), free space, or use a larger volume; destination '{}'",
+        // 240 bytes of a failure, and a node's path can be long. The remedy
+        // names no interface's spelling of the reserve: the operator words
+        // its own message from the measurement (`disk`), naming the field.
+        "the destination has {} free{} but this run still needs {}{} (+ {} reserve, {reserve_rule}): lower the capacity reserve, free space, or use a larger volume; destination '{}'",
         human_bytes(disk.free_bytes),
         disk.claimed_bytes.filter(|claimed| *claimed > 0).map_or_else(String::new, |claimed| format!(" of which other pulls on this node still write {}", human_bytes(claimed))),
         if *listing_finished { "" } else { "at least " },
@@ -345,7 +347,7 @@ mod tests {
         reserved.charge(&rel("b"), 1);
         let refused = reserved.check(true).unwrap_err().to_string();
         assert!(refused.contains("(+ 8.0 MiB reserve, 10%)"), "{refused}");
-        assert!(refused.contains("spec.capacity.reserve") && refused.contains("--capacity-reserve"), "{refused}");
+        assert!(refused.contains("lower the capacity reserve") && !refused.contains("spec."), "{refused}");
         // Without a reserve the whole free space is usable.
         let mut unreserved = ledger(dir.path(), "0%");
         unreserved.charge(&rel("a"), 10 * MIB);
