@@ -106,6 +106,108 @@ pub async fn pull(
 ) -> Result<Summary, TransferError> {
     let started = Instant::now();
     let source_uri = format!("{}/{prefix}", engine.store.describe());
+    let Opened { staging, scratch, mut manifest, writer, mut ledger } =
+        open_destination(&engine, prefix, destination).await?;
+    tracing::info!(source = %source_uri, destination = %destination.display(), "pull started");
+
+    let (pages_tx, mut pages) = mpsc::channel(2);
+    let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
+    let copies = Copies {
+        objects_in_flight: Arc::new(Semaphore::new(engine.objects_in_flight())),
+        peer_waiters: Arc::new(Semaphore::new(PEER_WAITERS)),
+        staging: Arc::clone(&staging),
+        writer: Arc::clone(&writer),
+    };
+    let mut tasks = ObjectTasks::new();
+    let mut turns = Turns::default();
+    let mut listed = Listed {
+        departed: Departed::new(&scratch.join("departed.jsonl"), prefix, &engine.config.selection)
+            .map_err(TransferError::Manifest)?,
+        out_of_order: false,
+        dataset_bytes: 0,
+    };
+
+    let outcome: Result<(), TransferError> = async {
+        while let Some(page) = pages.recv().await {
+            let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
+            let last_page = page.next.is_none();
+            let mut to_copy = select(&engine, prefix, destination, page.objects, &mut manifest, &mut listed, &writer)?;
+            // Like free space, the quota is checked before any of the page
+            // starts: a dataset of one page is refused before any write.
+            if let Some(quota) = engine.config.dataset_quota.filter(|quota| listed.dataset_bytes > *quota) {
+                return Err(TransferError::Quota {
+                    dataset_bytes: listed.dataset_bytes,
+                    quota,
+                    listing_finished: last_page,
+                });
+            }
+            if let Some(ledger) = &mut ledger {
+                charge(&engine, ledger, &to_copy, last_page)?;
+            }
+            // In a fleet, this worker's own share goes first: its peers are
+            // waiting for it, and what it waits for is theirs.
+            if let Some(fleet) = &engine.fleet {
+                to_copy.sort_by_key(|planned| from_a_peer(&engine, fleet, planned));
+            }
+            for planned in to_copy {
+                copies.start(&engine, planned, &mut tasks, &mut turns).await?;
+            }
+        }
+        engine.tally.listing_finished();
+        join_objects(&mut tasks).await
+    }
+    .await;
+    lister.abort();
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    drop(copies);
+    let writer = sole_owner(writer).await;
+    let staging = sole_owner(staging).await;
+    // Only a finished listing tells what left the store: after a failed
+    // listing every object not listed yet would look removed, and after a
+    // run with failures the data in place is not a complete version to
+    // reconcile against. Such runs remove nothing.
+    let complete = outcome.is_ok() && engine.tally.complete();
+    let reconcile = delete_removed && complete && !listed.out_of_order;
+    let finished =
+        settle(&engine, prefix, destination, complete, reconcile, manifest, listed.departed, writer, &scratch).await;
+    staging.close();
+    outcome?;
+    finished?;
+    let mut summary = engine.tally.summary(
+        super::tally::Operation::Pull,
+        source_uri,
+        destination.display().to_string(),
+        started.elapsed(),
+    );
+    if let Some(fleet) = &engine.fleet {
+        summary.peers = fleet.counts();
+    }
+    summary.concurrency = Some(engine.concurrency_used());
+    summary.throttled = engine.metrics.throttles();
+    summary.disk = ledger.as_ref().and_then(SpaceLedger::measure_now);
+    if let Some(snapshot) = summary.snapshot.as_mut() {
+        snapshot.revision = engine.store.revision();
+    }
+    Ok(summary)
+}
+
+/// What a pull holds of its destination while it runs.
+struct Opened {
+    staging: Arc<StagingArea>,
+    /// This run's scratch directory.
+    scratch: std::path::PathBuf,
+    /// Earlier runs' manifests, read in step with the listing.
+    manifest: ManifestCursor,
+    writer: Arc<ManifestWriter>,
+    /// The free-space account, when the run checks capacity.
+    ledger: Option<SpaceLedger>,
+}
+
+/// Prepares `destination` for a pull: its staging area (which sweeps dead
+/// runs' temporary files), the fleet's catalog and the shared objects,
+/// earlier runs' manifests and this run's, and the free-space account.
+async fn open_destination(engine: &Engine, prefix: &str, destination: &Path) -> Result<Opened, TransferError> {
     let staging = {
         let destination = destination.to_path_buf();
         Arc::new(
@@ -114,9 +216,6 @@ pub async fn pull(
                 .expect("staging setup panicked")?,
         )
     };
-    // Earlier runs' manifests, read in step with the listing: both come in
-    // key order, so nothing of them is held in memory. Opening may sort a
-    // manifest written before manifests were sorted, once.
     let scratch = staging.scratch_dir();
     if let Some(fleet) = &engine.fleet {
         fleet.catalog.spill_into(scratch.join("catalog"));
@@ -132,167 +231,197 @@ pub async fn pull(
             let _ = engine.shared_objects.set(Arc::new(shared));
         }
     }
-    let mut manifest = {
+    // Earlier runs' manifests, read in step with the listing: both come in
+    // key order, so nothing of them is held in memory. Opening may sort a
+    // manifest written before manifests were sorted, once.
+    let manifest = {
         let (root, scratch) = (destination.to_path_buf(), scratch.clone());
         tokio::task::spawn_blocking(move || ManifestCursor::open(&root, &scratch))
             .await
             .expect("opening the manifest panicked")
             .map_err(TransferError::Manifest)?
     };
-    let writer = Arc::new(
-        ManifestWriter::open(destination, &manifest_name(&engine), &scratch).map_err(TransferError::Manifest)?,
-    );
+    let writer =
+        Arc::new(ManifestWriter::open(destination, &manifest_name(engine), &scratch).map_err(TransferError::Manifest)?);
     // Measured after the staging area swept dead runs' temporary files, and
     // before this run writes anything.
-    let mut ledger = engine.config.capacity.clone().and_then(|check| SpaceLedger::open(check, destination));
+    let ledger = engine.config.capacity.clone().and_then(|check| SpaceLedger::open(check, destination));
     if let Some(ledger) = &ledger {
         engine.tally.measured(ledger.found());
     }
-    tracing::info!(source = %source_uri, destination = %destination.display(), "pull started");
+    Ok(Opened { staging, scratch, manifest, writer, ledger })
+}
 
-    let (pages_tx, mut pages) = mpsc::channel(2);
-    let lister = tokio::spawn(list_all(Arc::clone(&engine), prefix.to_owned(), pages_tx));
-    let objects_in_flight = Arc::new(Semaphore::new(engine.objects_in_flight()));
-    let peer_waiters = Arc::new(Semaphore::new(PEER_WAITERS));
-    let mut tasks = ObjectTasks::new();
-    let mut turns = Turns::default();
-    let mut departed = Departed::new(&scratch.join("departed.jsonl"), prefix, &engine.config.selection)
-        .map_err(TransferError::Manifest)?;
-    let mut out_of_order = false;
-    // The whole dataset's bytes, every shard's objects included, so that
-    // the shards of one dataset all count the same total against its quota.
-    let mut dataset_bytes = 0u64;
+/// What the listing has told so far, beyond the objects to copy.
+struct Listed<'a> {
+    /// Entries of earlier runs the listing went past: candidates for removal.
+    departed: Departed<'a>,
+    /// Whether the store listed a key out of order (then nothing is removed).
+    out_of_order: bool,
+    /// The whole dataset's bytes, every shard's objects included, so that
+    /// the shards of one dataset all count the same total against its quota.
+    dataset_bytes: u64,
+}
 
-    let outcome: Result<(), TransferError> = async {
-        while let Some(page) = pages.recv().await {
-            let page = page.map_err(|source| TransferError::List { uri: source_uri.clone(), source })?;
-            let mut to_copy = Vec::new();
-            for object in page.objects {
-                if engine.config.dataset_quota.is_some()
-                    && engine.config.selection.in_dataset(relative_key(&object.key, prefix))
-                {
-                    dataset_bytes = dataset_bytes.saturating_add(object.size);
-                }
-                // Every listed key moves the manifest on, refused and
-                // unselected ones too: an object still in the store has
-                // not left it. Entries gone past are departure candidates.
-                let relative = relative_key(&object.key, prefix);
-                let earlier = match manifest.seek(relative, |entry| departed.passed(entry)) {
-                    Ok(Sought::Found(entry)) => Some(entry),
-                    Ok(Sought::Absent) => None,
-                    Ok(Sought::OutOfOrder) => {
-                        if !out_of_order {
-                            tracing::warn!(key = %object.key.escape_debug(), "the store lists keys out of order: objects listed out of order are copied again, and nothing is removed this run");
-                        }
-                        out_of_order = true;
-                        None
-                    }
-                    Err(error) => return Err(TransferError::Manifest(error)),
-                };
-                // A file an earlier run staged from an object this run's
-                // include or exclude leaves out stays where it is, and in
-                // the manifest: a clean-up (a DataStage deleted with
-                // reclaimPolicy Delete) removes it, and the shared objects
-                // it links are not kept alive by a file nothing knows.
-                if let Some(entry) = earlier.as_ref().filter(|_| engine.config.selection.deselects(relative)) {
-                    writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
-                }
-                let Some(planned) = plan_object(&engine, earlier.is_some(), prefix, object) else { continue };
-                if let Some(entry) = earlier.filter(|entry| entry.reusable(destination, &planned.rel, &planned.object)) {
-                    writer.record(entry, false).map_err(TransferError::Manifest)?;
-                    if let (Some(fleet), Some(etag)) = (&engine.fleet, &planned.object.etag) {
-                        let path = destination.join(planned.rel.as_str());
-                        fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
-                    }
-                    engine.tally.skipped(planned.object.size);
-                    engine.tally.in_place(planned.rel.as_str(), planned.version(), planned.object.size);
-                    engine.metrics.object(ObjectResult::Skipped);
-                    continue;
-                }
-                to_copy.push(planned);
-            }
-            // Like free space, the quota is checked before any of the page
-            // starts: a dataset of one page is refused before any write.
-            if let Some(quota) = engine.config.dataset_quota.filter(|quota| dataset_bytes > *quota) {
-                return Err(TransferError::Quota { dataset_bytes, quota, listing_finished: page.next.is_none() });
-            }
-            // The whole page is charged before any of it starts: a dataset
-            // of one page is refused before its first byte is written.
-            // An object the shared objects hold is linked, and takes no room.
-            if let Some(ledger) = &mut ledger {
-                let shared = engine.shared_objects.get();
-                let linkable = |planned: &Planned| {
-                    shared.is_some_and(|shared| {
-                        shared_identity(shared, planned).is_some_and(|identity| shared.find(&identity).is_some())
-                    })
-                };
-                to_copy
-                    .iter()
-                    .filter(|planned| !linkable(planned))
-                    .for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
-                ledger.check(page.next.is_none())?;
-            }
-            // In a fleet, this worker's own share goes first: its peers are
-            // waiting for it, and what it waits for is theirs.
-            if let Some(fleet) = &engine.fleet {
-                to_copy.sort_by_key(|planned| from_a_peer(&engine, fleet, planned));
-            }
-            for planned in to_copy {
-                if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(&engine, fleet, &planned)) {
-                    // Waiting for a peer holds no object slot, so this
-                    // worker's own share never queues behind its peers'.
-                    let waiter = object_slot(&peer_waiters, &mut tasks).await?;
-                    let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
-                    let (fleet, slots) = (Arc::clone(fleet), Arc::clone(&objects_in_flight));
-                    tasks.spawn(async move {
-                        let permit = after_the_peer(&fleet, &planned, waiter, &slots).await;
-                        let result = pull_object(&engine, &staging, &writer, planned, None).await;
-                        drop(permit);
-                        result
-                    });
-                    continue;
-                }
-                let permit = object_slot(&objects_in_flight, &mut tasks).await?;
-                // An object of this worker's own share, in a fleet, starts
-                // when its first request has a slot, in listing order: until
-                // then a worker that joined the fleet may take it over.
-                let turn = (engine.fleet.is_some() && whole_from_a_peer(&engine, &planned)).then(|| turns.next());
-                let (engine, staging, writer) = (Arc::clone(&engine), Arc::clone(&staging), Arc::clone(&writer));
-                let (waiters, slots) = (Arc::clone(&peer_waiters), Arc::clone(&objects_in_flight));
-                tasks.spawn(async move {
-                    let mut permit = permit;
-                    let mut first = None;
-                    if let (Some(fleet), Some(turn)) = (&engine.fleet, turn) {
-                        let slot = turn.request(&engine).await;
-                        if fleet.taken_over(&planned.object.key) {
-                            // Read from the joiner, once it holds it.
-                            drop((slot, permit));
-                            let waiter = waiters.acquire_owned().await.expect("never closed");
-                            permit = after_the_peer(fleet, &planned, waiter, &slots).await;
-                        } else {
-                            first = Some(slot);
-                        }
-                    }
-                    let result = pull_object(&engine, &staging, &writer, planned, first).await;
-                    drop(permit);
-                    result
-                });
-            }
+/// The objects of one listed page this run copies; those already in place
+/// are recorded, counted and held for peers as they are.
+fn select(
+    engine: &Engine,
+    prefix: &str,
+    destination: &Path,
+    objects: Vec<ObjectMeta>,
+    manifest: &mut ManifestCursor,
+    listed: &mut Listed<'_>,
+    writer: &ManifestWriter,
+) -> Result<Vec<Planned>, TransferError> {
+    let mut to_copy = Vec::new();
+    for object in objects {
+        if engine.config.dataset_quota.is_some()
+            && engine.config.selection.in_dataset(relative_key(&object.key, prefix))
+        {
+            listed.dataset_bytes = listed.dataset_bytes.saturating_add(object.size);
         }
-        engine.tally.listing_finished();
-        join_objects(&mut tasks).await
+        // Every listed key moves the manifest on, refused and unselected
+        // ones too: an object still in the store has not left it. Entries
+        // gone past are departure candidates.
+        let relative = relative_key(&object.key, prefix);
+        let earlier = match manifest.seek(relative, |entry| listed.departed.passed(entry)) {
+            Ok(Sought::Found(entry)) => Some(entry),
+            Ok(Sought::Absent) => None,
+            Ok(Sought::OutOfOrder) => {
+                if !listed.out_of_order {
+                    tracing::warn!(key = %object.key.escape_debug(), "the store lists keys out of order: objects listed out of order are copied again, and nothing is removed this run");
+                }
+                listed.out_of_order = true;
+                None
+            }
+            Err(error) => return Err(TransferError::Manifest(error)),
+        };
+        // A file an earlier run staged from an object this run's include or
+        // exclude leaves out stays where it is, and in the manifest: a
+        // clean-up (a DataStage deleted with reclaimPolicy Delete) removes
+        // it, and the shared objects it links are not kept alive by a file
+        // nothing knows.
+        if let Some(entry) = earlier.as_ref().filter(|_| engine.config.selection.deselects(relative)) {
+            writer.record(entry.clone(), false).map_err(TransferError::Manifest)?;
+        }
+        let Some(planned) = plan_object(engine, earlier.is_some(), prefix, object) else { continue };
+        if let Some(entry) = earlier.filter(|entry| entry.reusable(destination, &planned.rel, &planned.object)) {
+            writer.record(entry, false).map_err(TransferError::Manifest)?;
+            if let (Some(fleet), Some(etag)) = (&engine.fleet, &planned.object.etag) {
+                let path = destination.join(planned.rel.as_str());
+                fleet.catalog.hold(&planned.object.key, path, etag, planned.object.size);
+            }
+            engine.tally.skipped(planned.object.size);
+            engine.tally.in_place(planned.rel.as_str(), planned.version(), planned.object.size);
+            engine.metrics.object(ObjectResult::Skipped);
+            continue;
+        }
+        to_copy.push(planned);
     }
-    .await;
-    lister.abort();
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    let writer = sole_owner(writer).await;
-    let staging = sole_owner(staging).await;
-    // Only a finished listing tells what left the store: after a failed
-    // listing every object not listed yet would look removed, and after a
-    // run with failures the data in place is not a complete version to
-    // reconcile against. Such runs remove nothing.
-    let complete = outcome.is_ok() && engine.tally.complete();
+    Ok(to_copy)
+}
+
+/// Charges a page's copies to the free-space account before any of them
+/// starts, so a dataset of one page is refused before its first byte is
+/// written. An object the shared objects hold is linked, and takes no room.
+fn charge(
+    engine: &Engine,
+    ledger: &mut SpaceLedger,
+    to_copy: &[Planned],
+    last_page: bool,
+) -> Result<(), TransferError> {
+    let shared = engine.shared_objects.get();
+    let linkable = |planned: &Planned| {
+        shared.is_some_and(|shared| {
+            shared_identity(shared, planned).is_some_and(|identity| shared.find(&identity).is_some())
+        })
+    };
+    to_copy
+        .iter()
+        .filter(|planned| !linkable(planned))
+        .for_each(|planned| ledger.charge(&planned.rel, planned.object.size));
+    Ok(ledger.check(last_page)?)
+}
+
+/// What every object task of a pull shares.
+struct Copies {
+    /// Object tasks that may hold a request or a file at once.
+    objects_in_flight: Arc<Semaphore>,
+    /// Tasks that may wait for a peer at once (see [`PEER_WAITERS`]).
+    peer_waiters: Arc<Semaphore>,
+    staging: Arc<StagingArea>,
+    writer: Arc<ManifestWriter>,
+}
+
+impl Copies {
+    /// Starts the task that copies `planned`, once it has a slot.
+    async fn start(
+        &self,
+        engine: &Arc<Engine>,
+        planned: Planned,
+        tasks: &mut ObjectTasks,
+        turns: &mut Turns,
+    ) -> Result<(), TransferError> {
+        if let Some(fleet) = engine.fleet.as_ref().filter(|fleet| from_a_peer(engine, fleet, &planned)) {
+            // Waiting for a peer holds no object slot, so this worker's own
+            // share never queues behind its peers'.
+            let waiter = object_slot(&self.peer_waiters, tasks).await?;
+            let (engine, staging, writer) = (Arc::clone(engine), Arc::clone(&self.staging), Arc::clone(&self.writer));
+            let (fleet, slots) = (Arc::clone(fleet), Arc::clone(&self.objects_in_flight));
+            tasks.spawn(async move {
+                let permit = after_the_peer(&fleet, &planned, waiter, &slots).await;
+                let result = pull_object(&engine, &staging, &writer, planned, None).await;
+                drop(permit);
+                result
+            });
+            return Ok(());
+        }
+        let permit = object_slot(&self.objects_in_flight, tasks).await?;
+        // An object of this worker's own share, in a fleet, starts when its
+        // first request has a slot, in listing order: until then a worker
+        // that joined the fleet may take it over.
+        let turn = (engine.fleet.is_some() && whole_from_a_peer(engine, &planned)).then(|| turns.next());
+        let (engine, staging, writer) = (Arc::clone(engine), Arc::clone(&self.staging), Arc::clone(&self.writer));
+        let (waiters, slots) = (Arc::clone(&self.peer_waiters), Arc::clone(&self.objects_in_flight));
+        tasks.spawn(async move {
+            let mut permit = permit;
+            let mut first = None;
+            if let (Some(fleet), Some(turn)) = (&engine.fleet, turn) {
+                let slot = turn.request(&engine).await;
+                if fleet.taken_over(&planned.object.key) {
+                    // Read from the joiner, once it holds it.
+                    drop((slot, permit));
+                    let waiter = waiters.acquire_owned().await.expect("never closed");
+                    permit = after_the_peer(fleet, &planned, waiter, &slots).await;
+                } else {
+                    first = Some(slot);
+                }
+            }
+            let result = pull_object(&engine, &staging, &writer, planned, first).await;
+            drop(permit);
+            result
+        });
+        Ok(())
+    }
+}
+
+/// What follows the copies: partial downloads no object needs swept (after
+/// a complete run), the fleet told, objects that left the store removed
+/// (when `reconcile`), this run's manifest written with what was not
+/// removed, and shared objects no directory links any more collected.
+#[expect(clippy::too_many_arguments, reason = "the pull's state at its end, handed over once")]
+async fn settle(
+    engine: &Engine,
+    prefix: &str,
+    destination: &Path,
+    complete: bool,
+    reconcile: bool,
+    manifest: ManifestCursor,
+    mut departed: Departed<'_>,
+    writer: ManifestWriter,
+    scratch: &Path,
+) -> Result<(), TransferError> {
     if complete {
         // Every selected object is in place: a partial left is of an object
         // this dataset no longer needs (changed, deselected, removed).
@@ -312,10 +441,9 @@ pub async fn pull(
     let departed = manifest.drain(|entry| departed.passed(entry)).and_then(|()| departed.finish());
     // A listing out of key order may still show an object the manifest
     // has gone past: what it went past is not known to have left.
-    let reconcile = delete_removed && complete && !out_of_order;
     let carried = match departed {
         Ok(departed) if reconcile => {
-            remove_departed(&engine, destination, departed, scratch.join("retained.jsonl")).await
+            remove_departed(engine, destination, departed, scratch.join("retained.jsonl")).await
         }
         other => other,
     };
@@ -347,25 +475,7 @@ pub async fn pull(
             Err(error) => tracing::warn!(%error, "cannot remove unused shared objects; the next clean-up will"),
         }
     }
-    staging.close();
-    outcome?;
-    finished?;
-    let mut summary = engine.tally.summary(
-        super::tally::Operation::Pull,
-        source_uri,
-        destination.display().to_string(),
-        started.elapsed(),
-    );
-    if let Some(fleet) = &engine.fleet {
-        summary.peers = fleet.counts();
-    }
-    summary.concurrency = Some(engine.concurrency_used());
-    summary.throttled = engine.metrics.throttles();
-    summary.disk = ledger.as_ref().and_then(SpaceLedger::measure_now);
-    if let Some(snapshot) = summary.snapshot.as_mut() {
-        snapshot.revision = engine.store.revision();
-    }
-    Ok(summary)
+    finished
 }
 
 /// Objects waiting for a peer at once: enough for a page of a listing, so
@@ -621,6 +731,11 @@ fn placed(engine: &Engine, staging: &StagingArea, planned: &Planned) {
 
 /// Downloads, verifies, commits and records one object; its first request
 /// runs in `first`, when given.
+///
+/// Long on purpose: what is expected of the object (its checksum, its part
+/// layout, a partial download to resume) decides how its ranges are hashed
+/// as they land, and the file, the hashes and the resume record are one
+/// object's state until it is renamed into place.
 async fn download(
     engine: &Arc<Engine>,
     staging: &Arc<StagingArea>,
