@@ -458,6 +458,9 @@ fn azure_pod_identity(plan: &Plan<'_>, home: &Home) -> bool {
 /// DataStage's Secret ([`crate::delivery`]), and the web identity token it
 /// requested for the DataStage's service account; a claim's workers read
 /// the Secret itself and project their own account's token.
+///
+/// Long on purpose: one arm per store, each the variables or the volume
+/// that store's client reads; a table more than a procedure.
 fn credentials(plan: &Plan<'_>, home: &Home) -> (Vec<EnvVar>, Option<(Volume, VolumeMount)>) {
     let Some(credentials) = &plan.store.credentials else { return (Vec::new(), None) };
     if credentials.web_identity.is_some() && home.elsewhere() {

@@ -453,6 +453,11 @@ pub struct Inputs<'a> {
 }
 
 /// Aggregates the workers of the current run into the DataStage's status.
+///
+/// Long on purpose: one pass in the order the status's fields depend on
+/// each other (workers, phase, totals, reason and message, conditions,
+/// snapshot), each step reading what the ones before settled; the steps
+/// with rules of their own are the functions it calls.
 pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let previous = ds.status.clone().unwrap_or_default();
     let run = inputs.run.number;

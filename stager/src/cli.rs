@@ -177,6 +177,13 @@ async fn transfer(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Ex
     status.into()
 }
 
+/// Wires one run together and carries it out.
+///
+/// Long on purpose: the run's wiring in the order it happens (config,
+/// versions, metrics, store, fleet, engine, progress, reporting, the
+/// transfer, then what follows it), each step taking what the ones before
+/// made; split, the values would be threaded through helpers in the same
+/// order.
 async fn execute(cli: &Cli, job: Transfer<'_>, options: &TransferOptions) -> Result<Summary, TransferError> {
     if let Transfer::Push { destination, .. } = job {
         options::check_push_destination(destination)?;

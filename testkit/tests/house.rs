@@ -20,6 +20,10 @@ use ferry_testkit::repo_root;
 /// The most lines the README may have: a quick start, with `docs/` behind it.
 const README_MAX_LINES: usize = 250;
 
+/// Lines of a production function (signature to closing brace) beyond
+/// which its doc comment says why it is long ("Long on purpose: …").
+const FUNCTION_MAX_LINES: usize = 110;
+
 /// A module's path inside its crate: `["fleet", "catalog"]`; the crate
 /// root is empty.
 type ModulePath = Vec<String>;
@@ -79,6 +83,92 @@ fn the_checker_sees_a_loop_through_a_use_tree_and_a_child_path() {
     let files = module_files(src);
     assert!(imports(&spill, &files[&spill], &files).is_empty());
     assert!(imports(&catalog, &files[&catalog], &files).contains(&spill));
+}
+
+#[test]
+fn a_long_production_function_says_why_it_is_long() {
+    let mut unexplained = Vec::new();
+    for member in workspace_members().into_iter().filter(|m| !m.starts_with("tests/") && m != "testkit") {
+        let src = repo_root().join(&member).join("src");
+        for path in module_files(&src).into_values() {
+            let name = path.file_name().unwrap().to_string_lossy();
+            if name == "tests.rs" || name.ends_with("_tests.rs") {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            for (function, lines) in long_functions(&source) {
+                unexplained.push(format!(
+                    "{}: fn {function}, {lines} lines",
+                    path.strip_prefix(repo_root()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "functions over {FUNCTION_MAX_LINES} lines whose doc comment does not say \"Long on purpose\" (split them, or say why not):\n{}",
+        unexplained.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_found_unless_its_doc_says_why() {
+    let body = "    let x = 1;\n".repeat(FUNCTION_MAX_LINES);
+    let unexplained = format!("/// Does it.\npub async fn long(a: u8) -> u8 {{\n{body}}}\n");
+    assert_eq!(long_functions(&unexplained), [("long".to_owned(), FUNCTION_MAX_LINES + 2)]);
+    let explained = format!("/// Does it.\n///\n/// Long on purpose: a table.\nfn long() {{\n{body}}}\n");
+    assert!(long_functions(&explained).is_empty());
+    let in_tests = format!("#[cfg(test)]\nmod tests {{\n    fn long() {{\n{body}    }}\n}}\n");
+    assert!(long_functions(&in_tests).is_empty());
+}
+
+/// The functions of `source`, outside its test module, longer than
+/// [`FUNCTION_MAX_LINES`] whose doc comment gives no reason, with their
+/// lengths. A function ends at the first `}` at its own indentation.
+fn long_functions(source: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = source.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|pair| pair[0].trim() == "#[cfg(test)]" && pair[1].trim_start().starts_with("mod tests"))
+        .unwrap_or(lines.len());
+    let mut long = Vec::new();
+    for (at, line) in lines[..end].iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let Some(name) = function_name(trimmed) else { continue };
+        let Some(close) = lines[at + 1..end]
+            .iter()
+            .position(|l| l.len() > indent && l[..indent].trim().is_empty() && l[indent..].starts_with('}'))
+        else {
+            continue;
+        };
+        let length = close + 2;
+        let doc = lines[..at].iter().rev().take_while(|l| {
+            let l = l.trim_start();
+            l.starts_with("///") || l.starts_with("#[")
+        });
+        if length > FUNCTION_MAX_LINES && !doc.into_iter().any(|l| l.contains("Long on purpose")) {
+            long.push((name, length));
+        }
+    }
+    long
+}
+
+/// The name of the function a line declares with a body, if it does.
+fn function_name(line: &str) -> Option<String> {
+    let mut words = line.split_whitespace().peekable();
+    while let Some(word) = words.next() {
+        match word {
+            "pub" | "async" | "const" | "unsafe" | "extern" => {}
+            _ if word.starts_with("pub(") => {}
+            "fn" => {
+                let name: String = words.next()?.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                return (!line.trim_end().ends_with(';')).then_some(name);
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 #[test]

@@ -258,6 +258,10 @@ impl Lane {
 /// together. Files still being written wait, without a lane, until they
 /// grow; the thread sleeps when no file can advance. Ends when the engine
 /// and every follower are gone.
+///
+/// Long on purpose: the loop and the state it keeps across rounds (lanes,
+/// buffers, the partial round's timer) are one unit; split, that state
+/// would be handed to a helper and back every round.
 fn hash_files(queue: &mpsc::Receiver<Message>, meter: &VerifyMeter) {
     let engine = Md5Many::new();
     let mut lanes: Vec<Lane> = Vec::new();

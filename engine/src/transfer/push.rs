@@ -334,6 +334,10 @@ fn dooms(error: &ObjectError) -> bool {
 /// Uploads a file in parts into a new upload, or into the claimed one that
 /// fits it, keeping the parts the store holds with this part's size and
 /// CRC32C. Returns the object's ETag and the whole file's CRC32C.
+///
+/// Long on purpose: the parts in flight, the progress they add and take
+/// back, and the abort-or-keep decision on failure share one upload's
+/// state, which this function owns from start to completion.
 async fn upload_multipart(
     run: &Arc<PushRun>,
     handle: &Arc<File>,

@@ -313,6 +313,10 @@ enum Started {
 /// checked against the namespace, the DataStage's credentials delivered
 /// to their home, the volume pods will read, the peer Secret, the room
 /// quotas leave and the store budget's share.
+///
+/// Long on purpose: the order of those steps is the point (each must hold
+/// before the next is asked of the API server, and the comments inside say
+/// why); each step with rules of its own is a function it calls.
 async fn start_workers(
     ds: &DataStage,
     ctx: &Context,

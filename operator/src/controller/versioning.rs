@@ -47,6 +47,10 @@ pub(super) struct Versioning {
 /// DataStage stays Running until every place switched, so the gate lets
 /// no pod through before), a prune once no pod may read the previous
 /// version. Records in `status` what completed.
+///
+/// Long on purpose: deciding the step, creating its Jobs and reading them
+/// back are one exchange per place; the decision itself is pure and lives
+/// in [`crate::versions::next_step`].
 pub(super) async fn advance_versions(
     ds: &DataStage,
     ctx: &Context,
