@@ -440,7 +440,7 @@ fn data_volume(plan: &Plan<'_>, layout: &DataLayout) -> (Volume, VolumeMount) {
 /// Whether the workers' own identity is the credential for an `az://`
 /// store: no Secret and not anonymous, and the workers run in the
 /// DataStage's namespace, as its service account (a claim's). Their pods
-/// then carry [`names::AZURE_WORKLOAD_IDENTITY`] (see `ferry_store::entra`);
+/// then carry [`names::AZURE_WORKLOAD_IDENTITY`] (see `ferry_store::azure::entra`);
 /// on a cluster without the webhook the label does nothing. Workers in the
 /// workers' namespace never ask for an identity: it would be Ferry's, not
 /// the tenant's.

@@ -35,6 +35,8 @@
 //! `AZURE_FEDERATED_TOKEN_FILE`, see [`crate::entra`]), else anonymous
 //! (public containers).
 
+pub mod entra;
+
 use std::ops::Range;
 use std::time::{Duration, SystemTime};
 
@@ -50,7 +52,6 @@ use ferry_contract::options::{
     AZURE_STORAGE_SAS_TOKEN_ENV as SAS_TOKEN_ENV,
 };
 
-use crate::entra::{EntraIdentity, EntraTokens};
 use crate::http::{
     Failed, HttpClient, body_stream, check_range, client_for, content_length, encode_uri, exchange, header_text,
     header_value, range_header, read_body, strip_quotes,
@@ -60,6 +61,7 @@ use crate::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
     StoredChecksum, UploadedPart,
 };
+use entra::{EntraIdentity, EntraTokens};
 
 /// The REST API version every request names.
 const API_VERSION: &str = "2021-08-06";

@@ -21,8 +21,6 @@
 #[cfg(feature = "azure")]
 pub mod azure;
 mod connect;
-#[cfg(feature = "azure")]
-pub mod entra;
 #[cfg(feature = "gcs")]
 pub mod gcs;
 #[cfg(feature = "hf")]
