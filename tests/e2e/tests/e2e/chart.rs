@@ -17,6 +17,10 @@
 //!   expositions, and every Grafana panel's query returns data for the
 //!   staging that just ran.
 //!
+//! * The README's quick start, its commands run as written in a checkout
+//!   whose example points at this test's MinIO, stages a dataset onto both
+//!   nodes and a training Job reads it.
+//!
 //! There is no prometheus-operator here: the test turns the monitors the
 //! chart installed into the scrape configuration prometheus-operator would
 //! generate from them (Kubernetes service discovery, keep-relabelling on
@@ -1484,5 +1488,84 @@ async fn the_webhook_holds_training_pods_until_their_data_is_ready_and_the_sched
         .await
         .expect("system namespaces never reach the webhook");
 
+    cluster.stop().await;
+}
+
+/// The README's quick start, as a new user runs it: its `sh` blocks, in
+/// order, through bash with kubectl and helm on the PATH and the store's
+/// keys in the environment, in a checkout whose `examples/` differ only in
+/// the DataStage's `endpoint` (this test's MinIO; `hack/demo.sh` does the
+/// same). The DataStage the README shows is the example's, line for line.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_quick_start_as_written_stages_data_and_a_training_job_reads_it() {
+    assert!(
+        ferry_e2e::pod_network_routed(),
+        "the chart's webhook gates the training pod: run the e2e tests under hack/netns.sh (hack/test.sh does)"
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let quick_start = readme.split("\n## Quick start\n").nth(1).expect("a Quick start section");
+    let quick_start = quick_start.split("\n## ").next().unwrap();
+    let blocks = |language: &str| -> Vec<String> {
+        let fence = format!("```{language}\n");
+        quick_start.split(&fence).skip(1).map(|block| block.split("```").next().unwrap().to_owned()).collect()
+    };
+    let example = std::fs::read_to_string(repo_root().join("examples/datastage-pull.yaml")).unwrap();
+    let shown = blocks("yaml").into_iter().next().expect("the DataStage the quick start shows");
+    assert!(example.ends_with(&shown), "the README shows examples/datastage-pull.yaml as it is:\n{shown}");
+    let script = blocks("sh").concat();
+    assert!(script.contains("helm install") && script.contains("job/train"), "{script}");
+
+    // The dataset `demo-v1`, shaped as the demo's.
+    let s3 = object_store();
+    s3.create_bucket("datasets").await;
+    let dataset: BTreeMap<String, Vec<u8>> = [
+        ("checkpoints/model-00001.safetensors", pattern(900, (3 << 20) + 7)),
+        ("shards/train-00000.tar", pattern(901, 1 << 20)),
+        ("shards/train-00001.tar", pattern(902, 12_345)),
+        ("images/000/000001.jpg", pattern(903, 64 << 10)),
+    ]
+    .into_iter()
+    .map(|(key, body)| (key.to_owned(), body))
+    .collect();
+    for (key, body) in &dataset {
+        s3.put("datasets", &format!("demo-v1/{key}"), body.clone()).await;
+    }
+    let checkout = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(chart_dir().parent().unwrap(), checkout.path().join("charts")).unwrap();
+    std::fs::create_dir(checkout.path().join("examples")).unwrap();
+    let endpoint_line = "endpoint: http://minio.storage.svc:9000";
+    assert!(example.contains(endpoint_line), "the example names its endpoint as the test expects");
+    let pointed = example.replace(endpoint_line, &format!("endpoint: {}", s3.endpoint));
+    std::fs::write(checkout.path().join("examples/datastage-pull.yaml"), pointed).unwrap();
+    std::fs::copy(repo_root().join("examples/training-job.yaml"), checkout.path().join("examples/training-job.yaml"))
+        .unwrap();
+
+    let cluster = Cluster::start().await.expect("cluster");
+    let tools = Tools::new(cluster.kubeconfig());
+    let path = [tool_path("kubectl"), tool_path("helm")]
+        .iter()
+        .map(|tool| tool.parent().unwrap().display().to_string())
+        .chain(std::env::var("PATH").ok())
+        .collect::<Vec<_>>()
+        .join(":");
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(checkout.path())
+        .envs(tools.env())
+        .env("PATH", path)
+        .env("AWS_ACCESS_KEY_ID", &s3.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &s3.secret_key)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the quick start failed:\n{said}\n{}", cluster.diagnostics());
+    // The trainer fails on an empty /data: its Job completed (the script's
+    // last wait) only if it read what was staged.
+    assert!(said.contains("job.batch/train condition met"), "the training Job completed:\n{said}");
+    for node in ["node-a", "node-b"] {
+        if let Some(dir) = cluster.node_dir(node) {
+            assert_eq!(read_tree(&dir.join("mnt/ferry/default/demo-v1")), dataset, "{node}: the dataset byte for byte");
+        }
+    }
     cluster.stop().await;
 }
