@@ -149,9 +149,10 @@ pub fn only_waiting_for_room(workers: &[WorkerStatus]) -> bool {
 pub fn waiting_message<'a>(waiting: impl IntoIterator<Item = (String, &'a DiskSpace)>) -> String {
     let places: Vec<String> = waiting.into_iter().map(|(place, disk)| format!("{place} {}", disk.describe())).collect();
     format!(
-        "waiting for room: {}; starts again when Ferry frees space there or another worker finds room, else looks again every {}, or lower spec.capacity.reserve",
+        "waiting for room: {}; starts again when Ferry frees space there or another worker finds room, else looks again every {}, or lower {}",
         places.join("; "),
-        humanize(LOOK_AGAIN_AFTER)
+        humanize(LOOK_AGAIN_AFTER),
+        crate::status::CAPACITY_RESERVE_FIELD
     )
 }
 

@@ -102,62 +102,77 @@ impl ControlPlane {
         processes.push(ManagedProcess::spawn("etcd", etcd, &logs.join("etcd.log")).map_err(io("starting etcd"))?);
         wait_for(&mut processes[0], || http_ok(etcd_port, "/health")).await?;
 
-        let api_port = free_port();
-        let mut apiserver = Command::new(tool_path("kube-apiserver"));
-        apiserver
-            .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
-            .arg(format!("--secure-port={api_port}"))
-            .arg(format!("--cert-dir={}", pki.display()))
-            .arg(format!("--token-auth-file={}", pki.join("tokens.csv").display()))
-            .arg(format!("--service-account-key-file={}", pki.join("sa.pub").display()))
-            .arg(format!("--service-account-signing-key-file={}", pki.join("sa.key").display()))
-            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-            // The issuer's discovery document names its keys where a store
-            // on this host reaches them: an OpenID-trusting store (MinIO's
-            // STS) verifies service-account tokens with them.
-            .arg(format!("--service-account-jwks-uri=https://127.0.0.1:{api_port}/openid/v1/jwks"))
-            .arg("--authorization-mode=RBAC")
-            .arg("--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,DefaultStorageClass")
-            .arg("--service-cluster-ip-range=10.96.0.0/16")
-            // No kube-proxy here: the API server reaches webhook Services
-            // through their endpoints, as clusters without ClusterIP
-            // routing on the control plane do.
-            .arg("--enable-aggregator-routing=true")
-            // Real nodes register by name only; reach their kubelets (logs)
-            // at the address they report.
-            .arg("--kubelet-preferred-address-types=InternalIP")
-            .arg("--allow-privileged=false")
-            .arg("--enable-priority-and-fairness=false")
-            .arg("--profiling=false")
-            .arg("--v=1");
-        processes.push(
-            ManagedProcess::spawn("kube-apiserver", apiserver, &logs.join("kube-apiserver.log"))
-                .map_err(io("starting kube-apiserver"))?,
-        );
-        let server = format!("https://127.0.0.1:{api_port}");
-        // The API server writes its self-signed serving certificate (and the
-        // CA that signed it) into --cert-dir at start-up: the certificate
-        // file is created empty and then filled, and the key is written
-        // after it. Reading the certificate as soon as the file exists can
-        // catch it empty on a loaded machine, and a client trusting nothing
-        // never sees the server ready; so wait for the key and a complete
-        // certificate.
-        let (cert, key) = (pki.join("apiserver.crt"), pki.join("apiserver.key"));
-        wait_for(&mut processes[1], || key.exists() && complete_pem(&cert)).await?;
-        let ca_pem = std::fs::read(&cert).map_err(io("reading the serving certificate"))?;
-        let kubeconfig = dir.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &server, &ca_pem, &token, None).map_err(io("writing the kubeconfig"))?;
-        let client = client_from(&kubeconfig).await?;
-        let probe = client.clone();
-        let started = wait_for_async(&mut processes[1], || {
-            let client = probe.clone();
-            async move { ready(&client).await }
-        })
-        .await;
-        if let Err(error) = started {
-            return Err(with_readiness(error, &client).await);
-        }
+        let mut attempts = 0;
+        let (cert, kubeconfig, client, server, ca_pem) = loop {
+            attempts += 1;
+            let api_port = free_port();
+            let mut apiserver = Command::new(tool_path("kube-apiserver"));
+            apiserver
+                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
+                .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+                .arg(format!("--secure-port={api_port}"))
+                .arg(format!("--cert-dir={}", pki.display()))
+                .arg(format!("--token-auth-file={}", pki.join("tokens.csv").display()))
+                .arg(format!("--service-account-key-file={}", pki.join("sa.pub").display()))
+                .arg(format!("--service-account-signing-key-file={}", pki.join("sa.key").display()))
+                .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+                // The issuer's discovery document names its keys where a store
+                // on this host reaches them: an OpenID-trusting store (MinIO's
+                // STS) verifies service-account tokens with them.
+                .arg(format!("--service-account-jwks-uri=https://127.0.0.1:{api_port}/openid/v1/jwks"))
+                .arg("--authorization-mode=RBAC")
+                .arg("--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,DefaultStorageClass")
+                .arg("--service-cluster-ip-range=10.96.0.0/16")
+                // No kube-proxy here: the API server reaches webhook Services
+                // through their endpoints, as clusters without ClusterIP
+                // routing on the control plane do.
+                .arg("--enable-aggregator-routing=true")
+                // Real nodes register by name only; reach their kubelets (logs)
+                // at the address they report.
+                .arg("--kubelet-preferred-address-types=InternalIP")
+                .arg("--allow-privileged=false")
+                .arg("--enable-priority-and-fairness=false")
+                .arg("--profiling=false")
+                .arg("--v=1");
+            processes.push(
+                ManagedProcess::spawn("kube-apiserver", apiserver, &logs.join("kube-apiserver.log"))
+                    .map_err(io("starting kube-apiserver"))?,
+            );
+            let server = format!("https://127.0.0.1:{api_port}");
+            // The API server writes its self-signed serving certificate (and the
+            // CA that signed it) into --cert-dir at start-up: the certificate
+            // file is created empty and then filled, and the key is written
+            // after it. Reading the certificate as soon as the file exists can
+            // catch it empty on a loaded machine, and a client trusting nothing
+            // never sees the server ready; so wait for the key and a complete
+            // certificate.
+            let (cert, key) = (pki.join("apiserver.crt"), pki.join("apiserver.key"));
+            wait_for(&mut processes[1], || key.exists() && complete_pem(&cert)).await?;
+            let ca_pem = std::fs::read(&cert).map_err(io("reading the serving certificate"))?;
+            let kubeconfig = dir.join("kubeconfig");
+            write_kubeconfig(&kubeconfig, &server, &ca_pem, &token, None).map_err(io("writing the kubeconfig"))?;
+            let client = client_from(&kubeconfig).await?;
+            let probe = client.clone();
+            let started = wait_for_async(&mut processes[1], || {
+                let client = probe.clone();
+                async move { ready(&client).await }
+            })
+            .await;
+            match started {
+                Ok(()) => break (cert, kubeconfig, client, server, ca_pem),
+                // A port found free can be taken by another process (an
+                // outgoing connection's ephemeral port) before the API
+                // server binds it; seen under load as "bind: address
+                // already in use". That start is made again on another
+                // port; any other failure is the API server's.
+                Err(ControlPlaneError::NotReady { log, .. })
+                    if log.contains("address already in use") && attempts < BIND_ATTEMPTS =>
+                {
+                    processes.pop();
+                }
+                Err(error) => return Err(with_readiness(error, &client).await),
+            }
+        };
 
         let kubeconfig_arg = format!("--kubeconfig={}", kubeconfig.display());
         let mut controller_manager = Command::new(tool_path("kube-controller-manager"));
@@ -375,6 +390,9 @@ fn http_ok(port: u16, path: &str) -> bool {
     let _ = stream.read_to_string(&mut response);
     response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
 }
+
+/// Starts of the API server made when its port was taken before it bound it.
+const BIND_ATTEMPTS: u32 = 3;
 
 async fn wait_for(process: &mut ManagedProcess, mut check: impl FnMut() -> bool) -> Result<(), ControlPlaneError> {
     wait_for_async(process, || std::future::ready(check())).await
