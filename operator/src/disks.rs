@@ -144,6 +144,9 @@ pub fn only_waiting_for_room(workers: &[WorkerStatus]) -> bool {
         && failed.all(|w| refused_with_a_need(w) && w.disk.as_ref().is_some_and(DiskSpace::could_ever_fit))
 }
 
+/// The DataStage field a capacity refusal's remedy names.
+pub const CAPACITY_RESERVE_FIELD: &str = "spec.capacity.reserve";
+
 /// What a run refused for room waits for: where it needs how much, as
 /// each worker in `waiting` (place, measurement) found it.
 pub fn waiting_message<'a>(waiting: impl IntoIterator<Item = (String, &'a DiskSpace)>) -> String {
@@ -152,7 +155,7 @@ pub fn waiting_message<'a>(waiting: impl IntoIterator<Item = (String, &'a DiskSp
         "waiting for room: {}; starts again when Ferry frees space there or another worker finds room, else looks again every {}, or lower {}",
         places.join("; "),
         humanize(LOOK_AGAIN_AFTER),
-        crate::status::CAPACITY_RESERVE_FIELD
+        CAPACITY_RESERVE_FIELD
     )
 }
 

@@ -452,9 +452,6 @@ pub struct Inputs<'a> {
     pub now: &'a Time,
 }
 
-/// The DataStage field a capacity refusal's remedy names.
-pub const CAPACITY_RESERVE_FIELD: &str = "spec.capacity.reserve";
-
 /// Aggregates the workers of the current run into the DataStage's status.
 ///
 /// Long on purpose: one pass in the order the status's fields depend on
@@ -499,7 +496,10 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let (mut reason, mut message) = phase_reason(phase, &workers, &totals);
     // The stager's refusal names no interface; the DataStage names its field.
     if reason == Reason::InsufficientCapacity.as_str() && !waits_for_room {
-        message = format!("{message}; lower {CAPACITY_RESERVE_FIELD}, free space on the node, or use a larger volume");
+        message = format!(
+            "{message}; lower {}, free space on the node, or use a larger volume",
+            crate::disks::CAPACITY_RESERVE_FIELD
+        );
     }
     if waits_for_room {
         reason = Reason::InsufficientCapacity.as_str();
