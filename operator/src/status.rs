@@ -494,12 +494,10 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
         phase = if others_run { Phase::Running } else { Phase::Pending };
     }
     let (mut reason, mut message) = phase_reason(phase, &workers, &totals);
-    // The stager's refusal names no interface; the DataStage names its field.
+    // The stager's refusal says what to lower and names no interface; the
+    // DataStage says where its reserve is set.
     if reason == Reason::InsufficientCapacity.as_str() && !waits_for_room {
-        message = format!(
-            "{message}; lower {}, free space on the node, or use a larger volume",
-            crate::disks::CAPACITY_RESERVE_FIELD
-        );
+        message = format!("{message}; the reserve is {}", crate::disks::CAPACITY_RESERVE_FIELD);
     }
     if waits_for_room {
         reason = Reason::InsufficientCapacity.as_str();

@@ -614,6 +614,14 @@ pub async fn let_workers_report(cluster: &Cluster, namespace: &str) {
         .expect("RoleBinding");
 }
 
+/// Secret `name` holding a Hugging Face `token` under the key the
+/// operator hands to workers as `HF_TOKEN`.
+pub fn hub_token_secret(name: &str, token: &str) -> k8s_openapi::api::core::v1::Secret {
+    serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+        "stringData": {ferry_contract::hub::HF_TOKEN_ENV: token}}))
+    .expect("a Secret")
+}
+
 /// Creates namespace `name` with `labels`, and waits for its default
 /// service account (pods cannot be created before it exists).
 ///

@@ -1048,10 +1048,7 @@ async fn the_chart_installs_an_operator_that_stages_under_its_own_rbac_and_prome
     .into();
     hub.put_all("chart-model", model.clone()).await;
     hub.gate("chart-model", "hf_chart_token");
-    let token: Secret =
-        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
-        "stringData": {ferry_contract::hub::HF_TOKEN_ENV: "hf_chart_token"}}))
-        .unwrap();
+    let token = ferry_e2e::hub_token_secret("hf", "hf_chart_token");
     Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &token).await.unwrap();
     let from_hub: DataStage = serde_json::from_value(json!({
         "apiVersion": "ferry.dev/v1alpha1", "kind": "DataStage", "metadata": {"name": "model"},

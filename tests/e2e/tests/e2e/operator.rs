@@ -541,16 +541,13 @@ async fn an_oci_artifact_is_staged_onto_every_node_and_a_moved_tag_resyncs_only_
 /// switches both nodes to it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hub_model_is_staged_onto_every_node_with_peers_and_a_moved_branch_becomes_a_new_version() {
-    use ferry_contract::hub::HF_TOKEN_ENV;
     let setup = setup("hf").await;
     let hub = ferry_testkit::HubServer::start();
     for (key, data) in &setup.files {
         hub.put("demo", key, data.clone()).await;
     }
     hub.gate("demo", "hf_e2e_token");
-    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
-        "stringData": {HF_TOKEN_ENV: "hf_e2e_token"}});
-    setup.secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    setup.secrets.create(&PostParams::default(), &ferry_e2e::hub_token_secret("hf", "hf_e2e_token")).await.unwrap();
     setup
         .apply_spec(
             "from-hf",

@@ -496,10 +496,7 @@ async fn ferry_runs_in_real_containers_on_real_nodes() {
     ]);
     hub.put_all("nodes-model", hub_model.clone()).await;
     hub.gate("nodes-model", "hf_nodes_token");
-    let token: Secret =
-        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
-        "stringData": {ferry_contract::hub::HF_TOKEN_ENV: "hf_nodes_token"}}))
-        .unwrap();
+    let token = ferry_e2e::hub_token_secret("hf", "hf_nodes_token");
     Api::<Secret>::namespaced(client.clone(), DATA_NS).create(&PostParams::default(), &token).await.unwrap();
     let from_hub = json!({
         "source": {"uri": "hf://ferry/nodes-model", "endpoint": hub_endpoint, "credentials": {"name": "hf"}},
