@@ -97,6 +97,8 @@ pub struct Md5Hasher {
     next: AtomicUsize,
     /// Where the threads count their time and the bytes they read back.
     meter: Arc<VerifyMeter>,
+    /// Downloads hashed behind now (see [`Md5Hasher::following`]).
+    following: Arc<AtomicUsize>,
 }
 
 impl Md5Hasher {
@@ -108,6 +110,19 @@ impl Md5Hasher {
     /// Where this hasher's cost is counted.
     pub fn meter(&self) -> &Arc<VerifyMeter> {
         &self.meter
+    }
+
+    /// How many downloads are hashed behind now (each holds a
+    /// [`LaneShare`]): they share the lanes, which fill best when each of
+    /// them lands in order.
+    pub fn following(&self) -> usize {
+        self.following.load(Ordering::Relaxed)
+    }
+
+    /// Counts a download as hashed behind until the share is dropped.
+    pub fn share(&self) -> LaneShare {
+        self.following.fetch_add(1, Ordering::Relaxed);
+        LaneShare(Arc::clone(&self.following))
     }
 
     /// MD5 of the first `len` bytes of `file`.
@@ -139,10 +154,20 @@ impl Md5Hasher {
     /// # Errors
     /// A hasher thread that is gone.
     pub fn follow(&self, file: Arc<File>, len: u64) -> io::Result<Md5Follower> {
+        self.follow_range(file, 0, len)
+    }
+
+    /// [`Md5Hasher::follow`] for the `len` bytes from `start` (a part of a
+    /// multipart object, which is a message of its own); what is written is
+    /// counted from `start`.
+    ///
+    /// # Errors
+    /// A hasher thread that is gone.
+    pub fn follow_range(&self, file: Arc<File>, start: u64, len: u64) -> io::Result<Md5Follower> {
         let written = Arc::new(AtomicU64::new(0));
         let shared = Arc::clone(&written);
-        let (thread, result) = self.submit(|done| Job { file, start: 0, len, written: Some(shared), done })?;
-        Ok(Md5Follower { written, len, thread, result: Some(result) })
+        let (thread, result) = self.submit(|done| Job { file, start, len, written: Some(shared), done })?;
+        Ok(Md5Follower { written, len, thread, result: Some(result), _share: self.share() })
     }
 
     /// Hands a job to a hasher thread: the thread, and the answer to await.
@@ -168,6 +193,17 @@ pub struct Md5Follower {
     len: u64,
     thread: mpsc::Sender<Message>,
     result: Option<Answered>,
+    _share: LaneShare,
+}
+
+/// One download in [`Md5Hasher::following`]'s count, until dropped.
+#[derive(Debug)]
+pub struct LaneShare(Arc<AtomicUsize>);
+
+impl Drop for LaneShare {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Md5Follower {
@@ -310,13 +346,20 @@ fn hash_files(queue: &mpsc::Receiver<Message>, meter: &VerifyMeter) {
         }
 
         let started = Instant::now();
-        // This round's files: the first `LANES` with bytes to read, each
-        // given its next chunk; a file that cannot be read is answered with
-        // the error and leaves.
+        // This round's files: the first with bytes to read, each given its
+        // next chunk; a file that cannot be read is answered with the error
+        // and leaves. Whole groups when there are enough files: a round of
+        // 20 would be padded to 32, with 12 lanes hashing copies, where one
+        // of 16 wastes none and the other 4 go next.
+        let size = match ready {
+            ready if ready >= 2 * GROUP => 2 * GROUP,
+            ready if ready >= GROUP => GROUP,
+            ready => ready,
+        };
         let mut round: Vec<usize> = Vec::with_capacity(LANES);
         let mut failed = Vec::new();
         for (index, lane) in lanes.iter().enumerate() {
-            if round.len() == LANES {
+            if round.len() == size {
                 break;
             }
             if !lane.can_advance() {

@@ -16,6 +16,7 @@
 //!   happened and produces the run summary.
 
 pub mod adaptive;
+mod behind;
 mod budget;
 pub mod buffers;
 pub mod capacity;

@@ -23,7 +23,6 @@
 //! from objects that have since left the store are removed at the end (see
 //! [`crate::local::prune`]).
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
@@ -34,11 +33,11 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
+use super::behind::HashBehind;
 use super::capacity::{CapacityError, SpaceLedger, is_disk_full};
 use super::listing::list_all;
-use super::md5::Md5Follower;
 use super::ranges::{download_range_size, plan_ranges};
-use super::readback::{self, Received};
+use super::readback::Received;
 use super::receive::{
     ObjectError, again_on_mismatch, check_received, ended_early, expect_announced, more_than_announced, next_chunk,
     part_layout,
@@ -59,7 +58,7 @@ use crate::local::sorted::{RunWriter, SortedRun};
 use crate::local::staging::{FileStamp, StagingArea, TempFile, write_chunks_at};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::md5_from_etag;
-use crate::store::{Integrity, ObjectMeta, PartAlgorithm, PartsChecksum, StoreError, StoredChecksum};
+use crate::store::{Integrity, ObjectMeta, StoreError, StoredChecksum};
 
 /// An object selected for this run, with its destination path.
 #[derive(Debug, Clone)]
@@ -821,31 +820,36 @@ async fn download(
     let digests = match ranges.as_slice() {
         [] => Vec::new(),
         [whole] => {
-            let sink = Sink::File(Arc::clone(&file), None, landed.clone());
+            let sink = Sink::File(FileSink::new(&file, None, landed.clone()));
             let asking = Asking::Whole(first.take());
             let fetched = fetch_range(engine, &key, whole.clone(), asking, if_match, sink, wanted).await?;
             if verify == VerifyMode::Checksum {
                 expected = fetched.checksum.clone();
+                precomputed = fetched.hashed;
             }
             fetched.digests
         }
         _ => {
             let missing = missing_ranges(ranges, &kept);
-            let sink = Sink::File(Arc::clone(&file), landing.partial(), landed.clone());
-            let mut hasher = match (part_layout_of.take(), &expected) {
+            let behind = match (part_layout_of.take(), &expected) {
                 (Some((parts, layout)), _) => Some(HashBehind::parts(engine, &file, parts, &layout)),
                 (None, Some(Integrity::Whole(StoredChecksum::Md5(_)))) => {
                     Some(HashBehind::md5(engine, &file, size).map_err(ObjectError::io_error("hashing the MD5"))?)
                 }
                 _ => None,
             };
-            if let Some(hasher) = &mut hasher {
-                kept.iter().for_each(|piece| hasher.written(piece.offset, piece.offset + piece.len));
+            if let Some(behind) = &behind {
+                kept.iter().for_each(|piece| behind.written(piece.offset, piece.offset + piece.len));
             }
-            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted, hasher.as_mut()).await?;
-            if let Some(hasher) = hasher {
+            let in_order = behind.as_ref().is_some_and(HashBehind::in_order);
+            let behind = behind.map(Arc::new);
+            let sink = FileSink { behind: behind.clone(), ..FileSink::new(&file, landing.partial(), landed.clone()) };
+            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted, in_order).await?;
+            if let Some(behind) = behind {
+                // Every range task, and with it every other handle, is done.
+                let behind = Arc::into_inner(behind).expect("the range tasks have finished");
                 precomputed =
-                    Some(hasher.finish().await.map_err(ObjectError::io_error("hashing behind the download"))?);
+                    Some(behind.finish().await.map_err(ObjectError::io_error("hashing behind the download"))?);
             }
             digests.extend(kept);
             digests
@@ -1079,13 +1083,29 @@ const MD5_OF_NOTHING: StoredChecksum = StoredChecksum::Md5([
 /// Where a range's bytes go as they arrive.
 #[derive(Clone)]
 enum Sink {
-    /// Written into this file at the range's offset, a write buffer at a
-    /// time; each write recorded in the partial, if the file is one, and
-    /// told to the fleet, if peers read the object as it lands.
-    File(Arc<File>, Option<Arc<PartialObject>>, Option<Arc<LandingGuard>>),
+    /// Written into a file at the range's offset, a write buffer at a time.
+    File(FileSink),
     /// Kept in memory (the range must fit one write buffer), with the memory
     /// budget they take.
     Memory,
+}
+
+/// A file that ranges are written into, and who is told of each write.
+#[derive(Clone)]
+struct FileSink {
+    file: Arc<File>,
+    /// The partial download that records each write, if the file is one.
+    partial: Option<Arc<PartialObject>>,
+    /// The fleet's record of the object as it lands, if peers read it.
+    landed: Option<Arc<LandingGuard>>,
+    /// What is hashed behind the download, if anything (see `behind.rs`).
+    behind: Option<Arc<HashBehind>>,
+}
+
+impl FileSink {
+    fn new(file: &Arc<File>, partial: Option<Arc<PartialObject>>, landed: Option<Arc<LandingGuard>>) -> Self {
+        Self { file: Arc::clone(file), partial, landed, behind: None }
+    }
 }
 
 /// What one range delivered.
@@ -1096,31 +1116,54 @@ struct Fetched {
     checksum: Option<Integrity>,
     /// A memory sink's bytes, and the memory budget that holds them.
     held: Option<(Vec<Bytes>, OwnedSemaphorePermit)>,
+    /// The MD5 of a whole object read into a file, hashed as it landed.
+    hashed: Option<Integrity>,
 }
 
 /// Fetches the ranges of one object through a sliding window, so a huge
 /// object keeps at most `concurrency` range tasks alive. The first failure
 /// cancels the rest.
+///
+/// An object whose MD5 is followed as it lands (`in_order`) keeps only its
+/// share of the request budget in flight, split evenly between the files
+/// followed now (one range at least). Its ranges then land nearly in order,
+/// so the hasher reads each one right behind the download, and the budget
+/// goes to other files' next bytes instead: the MD5 lanes advance many
+/// files together, and they fill only when many files grow at once.
+/// Measured on 16 × 64 MiB single-part objects, fetching every object's
+/// ranges at once left one or two files readable at a time, each hashed
+/// in rounds of mostly empty lanes after its download. A lone followed
+/// object still has the whole budget.
 async fn fetch_ranges(
     engine: &Arc<Engine>,
     key: &Arc<str>,
     ranges: Vec<Range<u64>>,
     if_match: Option<Arc<str>>,
-    sink: Sink,
+    sink: FileSink,
     wanted: Wanted,
-    mut hasher: Option<&mut HashBehind>,
+    in_order: bool,
 ) -> Result<Vec<RangeDigest>, ObjectError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
-    let window = engine.config.concurrency.clamp(1, ranges.len());
+    let most = engine.config.concurrency.clamp(1, ranges.len());
+    let window = || {
+        if in_order {
+            let share = engine.budget.request_limit().0 / engine.md5.following().max(1);
+            share.clamp(1, most)
+        } else {
+            most
+        }
+    };
     let mut pending = ranges.into_iter();
     let mut tasks = JoinSet::new();
     let spawn = |tasks: &mut JoinSet<_>, range: Range<u64>| {
         let (engine, key, if_match, sink) = (Arc::clone(engine), Arc::clone(key), if_match.clone(), sink.clone());
-        tasks.spawn(async move { fetch_range(&engine, &key, range, Asking::Range, if_match, sink, wanted).await });
+        tasks.spawn(async move {
+            fetch_range(&engine, &key, range, Asking::Range, if_match, Sink::File(sink), wanted).await
+        });
     };
-    for range in pending.by_ref().take(window) {
+    for range in pending.by_ref().take(window()) {
         spawn(&mut tasks, range);
     }
     let mut digests = Vec::new();
@@ -1129,148 +1172,15 @@ async fn fetch_ranges(
             Ok(result) => result?,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        if let (Some(hasher), Some(first), Some(last)) =
-            (hasher.as_deref_mut(), fetched.digests.first(), fetched.digests.last())
-        {
-            hasher.written(first.offset, last.offset + last.len);
-        }
         digests.extend(fetched.digests);
-        if let Some(range) = pending.next() {
+        // At least one more, so the object always moves; more when the
+        // window has grown (the budget grew, or other files finished).
+        let room = window().saturating_sub(tasks.len()).max(1);
+        for range in pending.by_ref().take(room) {
             spawn(&mut tasks, range);
         }
     }
     Ok(digests)
-}
-
-/// Complete MD5 parts handed to the hasher together.
-const PARTS_PER_BATCH: usize = 8;
-
-/// Checksums that cannot be combined from per-range digests, computed from
-/// the file behind the download of an object fetched in ranges: as far as
-/// the ranges have landed in order, so that little is left to hash when the
-/// last range lands.
-struct HashBehind {
-    /// Everything below this offset is written.
-    written_until: u64,
-    /// Written pieces beyond `written_until`, start → end.
-    ahead: BTreeMap<u64, u64>,
-    what: Behind,
-}
-
-enum Behind {
-    /// The object's MD5 (a single-part ETag), which the hasher follows as
-    /// the written prefix grows.
-    Md5(Md5Follower),
-    /// Per-part checksums, each part hashed once it is complete.
-    Parts(PartHashes),
-}
-
-/// The parts of a multipart object, hashed as they become complete on disk.
-struct PartHashes {
-    engine: Arc<Engine>,
-    file: Arc<File>,
-    checksum: PartsChecksum,
-    /// (start, end) of every part, in order.
-    parts: Vec<(u64, u64)>,
-    /// The first part not complete on disk yet.
-    next: usize,
-    /// Complete parts not handed to a hashing task yet.
-    ready: Vec<usize>,
-    tasks: JoinSet<(usize, std::io::Result<Vec<u8>>)>,
-}
-
-impl HashBehind {
-    /// Hashes the object's MD5 behind the download.
-    fn md5(engine: &Engine, file: &Arc<File>, size: u64) -> std::io::Result<Self> {
-        let follower = engine.md5.follow(Arc::clone(file), size)?;
-        Ok(Self::new(Behind::Md5(follower)))
-    }
-
-    /// Hashes the parts `layout` (their sizes, in order) behind the download.
-    fn parts(engine: &Arc<Engine>, file: &Arc<File>, checksum: PartsChecksum, layout: &[u64]) -> Self {
-        let parts = layout
-            .iter()
-            .scan(0u64, |offset, len| {
-                let start = *offset;
-                *offset += len;
-                Some((start, *offset))
-            })
-            .collect();
-        Self::new(Behind::Parts(PartHashes {
-            engine: Arc::clone(engine),
-            file: Arc::clone(file),
-            checksum,
-            parts,
-            next: 0,
-            ready: Vec::new(),
-            tasks: JoinSet::new(),
-        }))
-    }
-
-    fn new(what: Behind) -> Self {
-        Self { written_until: 0, ahead: BTreeMap::new(), what }
-    }
-
-    /// Bytes `start..end` are in the file: hash what is now complete.
-    fn written(&mut self, start: u64, end: u64) {
-        self.ahead.insert(start, end);
-        while let Some(end) = self.ahead.remove(&self.written_until) {
-            self.written_until = self.written_until.max(end);
-        }
-        match &mut self.what {
-            Behind::Md5(follower) => follower.written(self.written_until),
-            Behind::Parts(parts) => parts.written(self.written_until),
-        }
-    }
-
-    /// The object's checksum, once every byte is hashed.
-    async fn finish(self) -> std::io::Result<Integrity> {
-        match self.what {
-            Behind::Md5(follower) => Ok(Integrity::Whole(StoredChecksum::Md5(follower.finish().await?))),
-            Behind::Parts(parts) => parts.finish().await,
-        }
-    }
-}
-
-impl PartHashes {
-    /// Everything below `written_until` is written.
-    fn written(&mut self, written_until: u64) {
-        while let Some(&(_, end)) = self.parts.get(self.next)
-            && end <= written_until
-        {
-            self.ready.push(self.next);
-            self.next += 1;
-        }
-        // MD5 parts go to the SIMD lanes, which cost the same per round for
-        // one message as for sixteen: hand them over in batches.
-        if self.ready.len() >= PARTS_PER_BATCH || self.checksum.algorithm != PartAlgorithm::Md5 {
-            self.dispatch();
-        }
-    }
-
-    fn dispatch(&mut self) {
-        for index in self.ready.drain(..) {
-            let (start, end) = self.parts[index];
-            let (engine, file, algorithm) = (Arc::clone(&self.engine), Arc::clone(&self.file), self.checksum.algorithm);
-            self.tasks.spawn(async move {
-                (index, readback::part_digest(&engine.md5, &file, start, end - start, algorithm).await)
-            });
-        }
-    }
-
-    /// The checksum of the parts' checksums, once every part is hashed.
-    async fn finish(mut self) -> std::io::Result<Integrity> {
-        if self.next < self.parts.len() {
-            return Err(std::io::Error::other("a part was never completely written"));
-        }
-        self.dispatch();
-        let mut digests = vec![Vec::new(); self.parts.len()];
-        while let Some(joined) = self.tasks.join_next().await {
-            let (index, digest) = joined.map_err(std::io::Error::other)?;
-            digests[index] = digest?;
-        }
-        Ok(readback::of_parts(self.checksum.algorithm, &digests, self.checksum.parts))
-    }
 }
 
 /// The parts of `ranges` that the `kept` pieces (sorted, not overlapping)
@@ -1344,7 +1254,7 @@ async fn fetch_attempt(
     range: Range<u64>,
     whole: bool,
     if_match: Option<Arc<str>>,
-    sink: Sink,
+    mut sink: Sink,
     wanted: Wanted,
 ) -> Result<Fetched, ObjectError> {
     let len = range.end - range.start;
@@ -1353,11 +1263,20 @@ async fn fetch_attempt(
     let response = engine.store.get(&key, (!whole).then(|| range.clone()), if_match.as_deref()).await?;
     expect_announced(response.content_length, len)?;
     let checksum = if whole && engine.config.verify == VerifyMode::Checksum { response.checksum } else { None };
-    // A whole-object read learns its checksum from the response itself; an
-    // MD5 is hashed in flight only when the bytes stay in memory (see `verify.rs`).
-    let wanted = match (whole, &sink) {
+    // A whole-object read learns its checksum from the response itself. An
+    // MD5 is hashed in flight when the bytes stay in memory (see
+    // `verify.rs`), and from the file right behind each write when they go
+    // to disk (see `behind.rs`): this attempt's bytes, from the start.
+    let wanted = match (whole, &mut sink) {
         (true, Sink::Memory) => Wanted::for_checksum(checksum.as_ref()).with_md5_for(checksum.as_ref()),
-        (true, Sink::File(..)) => Wanted::for_checksum(checksum.as_ref()),
+        (true, Sink::File(to)) => {
+            if let Some(Integrity::Whole(StoredChecksum::Md5(_))) = checksum {
+                let behind =
+                    HashBehind::md5(&engine, &to.file, len).map_err(ObjectError::io_error("hashing the MD5"))?;
+                to.behind = Some(Arc::new(behind));
+            }
+            Wanted::for_checksum(checksum.as_ref())
+        }
         (false, _) => wanted,
     };
 
@@ -1382,24 +1301,24 @@ async fn fetch_attempt(
             digester.update(&chunk);
             pending_len += chunk.len() as u64;
             pending.push(chunk);
-            if let Sink::File(file, partial, landed) = &sink
+            if let Sink::File(to) = &sink
                 && pending_len >= capacity
             {
-                flush(&engine, file, &mut pending, range.start + flushed).await?;
+                flush(&engine, &to.file, &mut pending, range.start + flushed).await?;
                 let piece = std::mem::replace(&mut digester, Digester::new(wanted, &engine.tally.verify))
                     .finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
-                piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
+                piece_written(to, &piece)?;
                 pieces.push(piece);
             }
         }
         match &sink {
-            Sink::File(file, partial, landed) if pending_len > 0 => {
-                flush(&engine, file, &mut pending, range.start + flushed).await?;
+            Sink::File(to) if pending_len > 0 => {
+                flush(&engine, &to.file, &mut pending, range.start + flushed).await?;
                 let piece = std::mem::replace(&mut digester, Digester::new(wanted, &engine.tally.verify))
                     .finish(range.start + flushed, pending_len);
                 flushed += std::mem::take(&mut pending_len);
-                piece_written(partial.as_deref(), landed.as_deref(), &piece)?;
+                piece_written(to, &piece)?;
                 pieces.push(piece);
             }
             // Paced here, inside the request, as a flush is: the request
@@ -1425,20 +1344,28 @@ async fn fetch_attempt(
         return Err(error);
     }
     let held = matches!(sink, Sink::Memory).then_some((pending, memory));
-    Ok(Fetched { digests: pieces, checksum, held })
+    // A whole object's own MD5 follower (an object's ranges share theirs,
+    // which the object finishes).
+    let hashed = match sink {
+        Sink::File(FileSink { behind: Some(behind), .. }) if whole => {
+            let behind = Arc::into_inner(behind).expect("the attempt's own");
+            Some(behind.finish().await.map_err(ObjectError::io_error("hashing behind the download"))?)
+        }
+        _ => None,
+    };
+    Ok(Fetched { digests: pieces, checksum, held, hashed })
 }
 
 /// A piece is written: recorded in the partial object, if the file is one,
-/// and told to peers reading the object as it lands.
-fn piece_written(
-    partial: Option<&PartialObject>,
-    landed: Option<&LandingGuard>,
-    piece: &RangeDigest,
-) -> Result<(), ObjectError> {
-    if let Some(landed) = landed {
+/// told to peers reading the object as it lands, and hashed behind.
+fn piece_written(to: &FileSink, piece: &RangeDigest) -> Result<(), ObjectError> {
+    if let Some(landed) = &to.landed {
         landed.written(piece.offset, piece.offset + piece.len);
     }
-    let Some(partial) = partial else { return Ok(()) };
+    if let Some(behind) = &to.behind {
+        behind.written(piece.offset, piece.offset + piece.len);
+    }
+    let Some(partial) = &to.partial else { return Ok(()) };
     let record = RangeRecord {
         offset: piece.offset,
         len: piece.len,
