@@ -15,8 +15,14 @@
 //! With [`SyntheticStore::empty`], the objects of the first version are
 //! empty (new versions are not): ten million files then fit a disk as
 //! inodes, where a few bytes each would take a 4 KiB block each (40 GB).
+//!
+//! With [`SyntheticStore::large_md5_only`], every object is one large body
+//! (held once, and served as slices of it) whose only checksum is its MD5,
+//! as after a single PUT without a checksum header: for measuring what a
+//! pull holds while many such objects are hashed behind their downloads.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -37,18 +43,46 @@ pub struct SyntheticStore {
     count: u64,
     epoch: u32,
     empty: bool,
+    large: Option<Arc<Large>>,
+    /// How long each chunk of a GET's body takes, if it is held back.
+    trickle: Option<std::time::Duration>,
 }
+
+/// The one body of every object of a [`SyntheticStore::large_md5_only`] store.
+#[derive(Debug)]
+struct Large {
+    body: Bytes,
+    md5: [u8; 16],
+}
+
+/// Bytes per chunk of a GET's body, as a real body arrives in pieces.
+const CHUNK: usize = 64 << 10;
 
 impl SyntheticStore {
     /// `count` objects as they are in `epoch` (1 or 2).
     pub fn new(count: u64, epoch: u32) -> Self {
-        Self { count, epoch, empty: false }
+        Self { count, epoch, empty: false, large: None, trickle: None }
+    }
+
+    /// `count` objects of the same `size` bytes, whose only checksum is
+    /// their MD5 (their ETag).
+    pub fn large_md5_only(count: u64, size: usize) -> Self {
+        let body: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let md5 = Md5::digest(&body).into();
+        Self { large: Some(Arc::new(Large { body, md5 })), ..Self::new(count, 1) }
     }
 
     /// The same store with the first version of every object empty.
     #[must_use]
     pub fn empty(self) -> Self {
         Self { empty: true, ..self }
+    }
+
+    /// The same store with every 64 KiB of a GET's body taking `delay`, like
+    /// a slow link: downloads then overlap as they would over a network.
+    #[must_use]
+    pub fn trickled(self, delay: std::time::Duration) -> Self {
+        Self { trickle: Some(delay), ..self }
     }
 
     /// The key of object `index` below `prefix`.
@@ -69,6 +103,9 @@ impl SyntheticStore {
     /// The body of object `index`: its index and version, a few bytes
     /// (nothing for a first version, in an [`empty`](Self::empty) store).
     pub fn body(&self, index: u64) -> Bytes {
+        if let Some(large) = &self.large {
+            return large.body.clone();
+        }
         let changed = self.changed(index);
         if self.empty && !changed {
             return Bytes::new();
@@ -85,7 +122,20 @@ impl SyntheticStore {
 
     fn meta(&self, key: String, index: u64) -> ObjectMeta {
         let body = self.body(index);
-        ObjectMeta { key, size: body.len() as u64, etag: Some(hex::encode(Md5::digest(&body))), last_modified: None }
+        ObjectMeta { key, size: body.len() as u64, etag: Some(self.etag(&body)), last_modified: None }
+    }
+
+    /// The ETag of `body`, an object's: its MD5, hashed once for large ones.
+    fn etag(&self, body: &[u8]) -> String {
+        hex::encode(self.large.as_ref().map_or_else(|| Md5::digest(body).into(), |large| large.md5))
+    }
+
+    /// What the store keeps as `body`'s checksum.
+    fn checksum(&self, body: &[u8]) -> Integrity {
+        Integrity::Whole(match &self.large {
+            Some(large) => StoredChecksum::Md5(large.md5),
+            None => StoredChecksum::Crc32c(crc32c::crc32c(body)),
+        })
     }
 
     fn read_only() -> StoreError {
@@ -111,8 +161,7 @@ impl ObjectStore for SyntheticStore {
 
     async fn head(&self, key: &str) -> Result<(ObjectMeta, Option<Integrity>), StoreError> {
         let index = Self::index_of(key).filter(|i| self.exists(*i)).ok_or(StoreError::NotFound)?;
-        let crc = crc32c::crc32c(&self.body(index));
-        Ok((self.meta(key.to_owned(), index), Some(Integrity::Whole(StoredChecksum::Crc32c(crc)))))
+        Ok((self.meta(key.to_owned(), index), Some(self.checksum(&self.body(index)))))
     }
 
     async fn get(
@@ -123,21 +172,25 @@ impl ObjectStore for SyntheticStore {
     ) -> Result<GetResponse, StoreError> {
         let index = Self::index_of(key).filter(|i| self.exists(*i)).ok_or(StoreError::NotFound)?;
         let body = self.body(index);
-        let etag = hex::encode(Md5::digest(&body));
+        let etag = self.etag(&body);
         if if_match.is_some_and(|m| m != etag) {
             return Err(StoreError::Changed);
         }
-        let checksum = range.is_none().then(|| Integrity::Whole(StoredChecksum::Crc32c(crc32c::crc32c(&body))));
+        let checksum = range.is_none().then(|| self.checksum(&body));
         let body = match range {
             Some(range) => body.slice(range.start as usize..range.end as usize),
             None => body,
         };
-        Ok(GetResponse {
-            content_length: body.len() as u64,
-            etag: Some(etag),
-            checksum,
-            body: futures::stream::iter([Ok(body)]).boxed(),
-        })
+        let chunks: Vec<Result<Bytes, StoreError>> =
+            (0..body.len()).step_by(CHUNK).map(|at| Ok(body.slice(at..(at + CHUNK).min(body.len())))).collect();
+        let trickle = self.trickle;
+        let chunks = futures::stream::iter(chunks).then(move |chunk| async move {
+            if let Some(delay) = trickle {
+                tokio::time::sleep(delay).await;
+            }
+            chunk
+        });
+        Ok(GetResponse { content_length: body.len() as u64, etag: Some(etag), checksum, body: chunks.boxed() })
     }
 
     async fn put(&self, _key: &str, body: Bytes, crc32c: u32) -> Result<Option<String>, StoreError> {

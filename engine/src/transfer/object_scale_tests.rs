@@ -15,11 +15,15 @@
 //! docs/reliability.md, and `FERRY_OBJECT_SCALE_EMPTY=1` to make the first
 //! version of every object empty (10,000,000 files of a few bytes need
 //! 40 GB of 4 KiB blocks; empty ones need only their inodes).
+//!
+//! The same children also measure large objects whose only checksum is an
+//! MD5, hashed behind their downloads: one in flight against 64.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use ferry_contract::peers::PeerOptions;
@@ -46,6 +50,9 @@ struct Request {
     push: bool,
     empty: bool,
     fleet: bool,
+    /// MiB of each object of a store of large MD5-only objects; 0: the
+    /// small objects of the synthetic store.
+    md5_only_mib: usize,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,6 +70,10 @@ struct Measured {
     /// Threads in the process at the end (the runtime's blocking pool
     /// grows while its threads are all busy).
     threads: u64,
+    /// Objects verified against an MD5.
+    verified_md5: u64,
+    /// The most downloads hashed behind at once.
+    hashed_behind_peak: usize,
 }
 
 /// User plus system CPU time of this process, from `/proc/self/stat`.
@@ -78,13 +89,21 @@ fn cpu_seconds() -> f64 {
 
 /// The child's side: one pull, measured, printed as one JSON line.
 #[test]
-#[ignore = "run by resident_memory_does_not_grow_with_the_object_count in a process of its own"]
+#[ignore = "run by the tests below, each measurement in a process of its own"]
 fn object_scale_child() {
     let request: Request = serde_json::from_str(&std::env::var(CHILD).expect("only run as a child")).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let started = Instant::now();
+    let hashed_behind_peak = Arc::new(AtomicUsize::new(0));
     let summary = runtime.block_on(async {
-        let store = SyntheticStore::new(request.count, request.epoch);
+        let store = match request.md5_only_mib {
+            0 => SyntheticStore::new(request.count, request.epoch),
+            // Slowed to about 64 MB/s a request, so that downloads overlap
+            // as they do over a network instead of finishing one by one.
+            mib => {
+                SyntheticStore::large_md5_only(request.count, mib << 20).trickled(std::time::Duration::from_millis(1))
+            }
+        };
         let store = Arc::new(if request.empty { store.empty() } else { store });
         let metrics = Arc::new(Metrics::new());
         let engine = if request.fleet {
@@ -97,11 +116,21 @@ fn object_scale_child() {
         } else {
             Engine::new(store as _, TransferConfig::default(), metrics).unwrap()
         };
-        if request.push {
+        // How many downloads are hashed behind at once, sampled.
+        let (watched, peak) = (Arc::clone(&engine), Arc::clone(&hashed_behind_peak));
+        let watch = tokio::spawn(async move {
+            loop {
+                peak.fetch_max(watched.md5.following(), Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        });
+        let summary = if request.push {
             push(engine, Path::new(&request.dir), "p/").await.unwrap()
         } else {
             pull(engine, "p/", Path::new(&request.dir), request.delete_removed).await.unwrap()
-        }
+        };
+        watch.abort();
+        summary
     });
     let changes = summary.changes.unwrap_or_default();
     let measured = Measured {
@@ -116,6 +145,8 @@ fn object_scale_child() {
         complete: summary.complete,
         concurrency_peak: summary.concurrency.map_or(0, |c| c.peak),
         threads: super::tally::process_status("Threads").unwrap_or(0),
+        verified_md5: summary.verified.md5,
+        hashed_behind_peak: hashed_behind_peak.load(Ordering::Relaxed),
     };
     println!("OBJECT_SCALE {}", serde_json::to_string(&measured).unwrap());
 }
@@ -181,7 +212,7 @@ fn resident_memory_does_not_grow_with_the_object_count() {
                 Tree::Flat => flat_dir.path(),
             };
             let dir = dir.display().to_string();
-            let request = Request { count, epoch, dir, delete_removed, push, empty, fleet };
+            let request = Request { count, epoch, dir, delete_removed, push, empty, fleet, md5_only_mib: 0 };
             let measured = run_child(&request);
             assert!(measured.complete, "{count} objects, {name}: {measured:?}");
             match phase {
@@ -228,4 +259,44 @@ fn resident_memory_does_not_grow_with_the_object_count() {
             counts.last().unwrap()
         );
     }
+}
+
+/// Objects whose only checksum is an MD5 are hashed behind their downloads
+/// from the page cache, nothing held in memory for them: 64 in flight at
+/// once (each 16 MiB, 1 GiB in all) take no more memory than one.
+#[test]
+fn md5_only_objects_hashed_behind_take_no_more_memory_for_64_in_flight_than_for_one() {
+    const MIB_EACH: usize = 16;
+    let measure = |count: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let request = Request {
+            count,
+            epoch: 1,
+            dir: dir.path().display().to_string(),
+            delete_removed: false,
+            push: false,
+            empty: false,
+            fleet: false,
+            md5_only_mib: MIB_EACH,
+        };
+        let measured = run_child(&request);
+        assert!(measured.complete, "{count} objects: {measured:?}");
+        assert_eq!(measured.verified_md5, count, "every object verified against its MD5: {measured:?}");
+        measured
+    };
+    let one = measure(1);
+    let many = measure(64);
+    println!(
+        "MD5-only objects of {MIB_EACH} MiB: peak RSS {:.1} MiB for one, {:.1} MiB for 64 ({} hashed behind at once)",
+        one.peak_rss_bytes as f64 / f64::from(1 << 20),
+        many.peak_rss_bytes as f64 / f64::from(1 << 20),
+        many.hashed_behind_peak
+    );
+    assert!(many.hashed_behind_peak >= 48, "most of the 64 objects in flight at once: {many:?}");
+    assert!(
+        many.peak_rss_bytes <= one.peak_rss_bytes + (16 << 20),
+        "peak RSS {} B with 64 objects in flight, {} B with one",
+        many.peak_rss_bytes,
+        one.peak_rss_bytes
+    );
 }
