@@ -16,6 +16,7 @@ pub mod node_cache;
 pub mod plan;
 pub mod quota;
 pub mod readiness;
+pub mod reference;
 
 pub use budget::{DataStageBudget, StoreBudget, StoreBudgetSpec, StoreBudgetStatus};
 pub use ferry_contract::{ByteSize, CapacityReserve, StoreShare, VerifyMode};
@@ -995,13 +996,21 @@ pub fn committed_crds() -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// Every committed generated file and what it must hold: the CRDs, and
+/// the API reference made from them.
+pub fn committed_files() -> Vec<(&'static str, String)> {
+    let mut files = committed_crds();
+    files.push((reference::API_REFERENCE_PATH, reference::markdown(&crds())));
+    files
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_committed_crd_copy_matches_the_types() {
-        for (relative, expected) in committed_crds() {
+        for (relative, expected) in committed_files() {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
             let committed = std::fs::read_to_string(&path).unwrap_or_default();
             assert!(
