@@ -1,8 +1,10 @@
 //! Checks of the source tree's shape, not of what it does: within each
 //! crate no two files import each other, directly or round a loop, so a
 //! reader can take the files of a crate in one order, each depending only
-//! on those before it; and the README stays a quick start whose links, and
-//! those of every page behind it, lead somewhere.
+//! on those before it; the README stays a quick start whose links, and
+//! those of every page behind it, lead somewhere; and every block of shell
+//! commands in the README and docs/ is run by a test (or a script CI runs)
+//! or says on the line before it that it is not, and why.
 //!
 //! "Imports" are the paths a file names (`use` trees and paths in code:
 //! `crate::…`, `super::…`, `self::…`, a child module's name), resolved to
@@ -209,10 +211,115 @@ fn a_link_checks_its_file_and_its_heading_as_github_names_it() {
     assert_eq!(relative_links(text), ["page.md", "#x"]);
 }
 
+/// The test that runs the README's quick start as written.
+const QUICK_START_TEST: &str = "the_readme_quick_start_as_written_stages_data_and_a_training_job_reads_it";
+
+#[test]
+fn every_command_in_the_docs_is_run_by_a_test_or_says_it_is_not() {
+    let root = repo_root();
+    let mut pages: Vec<PathBuf> = markdown_pages(&root.join("docs"));
+    pages.extend([root.join("README.md"), root.join("CONTRIBUTING.md")]);
+    let sources = rust_sources(&root);
+    let mut unmarked = Vec::new();
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let name = page.strip_prefix(&root).unwrap().display().to_string();
+        for (line, marker) in command_blocks(&text) {
+            let problem = match marker {
+                Marker::QuickStart if name == "README.md" => {
+                    (!sources.iter().any(|s| s.contains(&format!("fn {QUICK_START_TEST}("))))
+                        .then(|| format!("the quick start's test {QUICK_START_TEST} is gone"))
+                }
+                Marker::RunBy(by) => (!runs(&root, &sources, &by)).then(|| format!("`run by {by}`: no such file or test")),
+                Marker::NotRun => None,
+                Marker::QuickStart | Marker::Missing => Some(
+                    "a command block needs `<!-- commands: run by PATH-OR-TEST … -->` or `<!-- commands: not run … -->` \
+                     on the line before it"
+                        .to_owned(),
+                ),
+            };
+            if let Some(problem) = problem {
+                unmarked.push(format!("{name}:{line}: {problem}"));
+            }
+        }
+    }
+    assert!(unmarked.is_empty(), "commands in the docs nobody runs or marks:\n{}", unmarked.join("\n"));
+}
+
+#[test]
+fn a_command_block_is_marked_on_the_line_before_it() {
+    let text = "## Quick start\n```sh\nhelm install\n```\n## Next\n<!-- commands: not run (your cluster) -->\n\
+                ```sh\nkubectl get\n```\n<!-- commands: run by .ci/run -->\n```bash\nhack/test.sh\n```\n\
+                ```sh\nunmarked\n```\n```yaml\nnot: a command\n```\n";
+    let found: Vec<(usize, Marker)> = command_blocks(text);
+    assert_eq!(
+        found,
+        [(2, Marker::QuickStart), (7, Marker::NotRun), (11, Marker::RunBy(".ci/run".into())), (14, Marker::Missing)]
+    );
+}
+
+/// What the line before a command block says of it.
+#[derive(Debug, PartialEq, Eq)]
+enum Marker {
+    /// A block of the README's Quick start section, which a test runs.
+    QuickStart,
+    /// `<!-- commands: run by X … -->`: X is a file (a script) or a test's name.
+    RunBy(String),
+    /// `<!-- commands: not run … -->`, with the reason.
+    NotRun,
+    /// Nothing.
+    Missing,
+}
+
+/// The shell blocks of a page (`sh`, `bash`, `shell`, `console`): their
+/// line numbers, from 1, and what the line before each says.
+fn command_blocks(text: &str) -> Vec<(usize, Marker)> {
+    let mut found = Vec::new();
+    let (mut inside, mut section, mut before) = (false, String::new(), "");
+    for (index, line) in text.lines().enumerate() {
+        if let Some(info) = line.strip_prefix("```") {
+            if !inside && matches!(info.trim(), "sh" | "bash" | "shell" | "console") {
+                let marker = match before.trim().strip_prefix("<!-- commands:").map(str::trim) {
+                    Some(rest) if rest.starts_with("not run") => Marker::NotRun,
+                    Some(rest) if rest.starts_with("run by ") => {
+                        Marker::RunBy(rest["run by ".len()..].split_whitespace().next().unwrap_or_default().to_owned())
+                    }
+                    _ if section == "Quick start" => Marker::QuickStart,
+                    _ => Marker::Missing,
+                };
+                found.push((index + 1, marker));
+            }
+            inside = !inside;
+        } else if !inside && let Some(heading) = line.strip_prefix("## ") {
+            section = heading.trim().to_owned();
+        }
+        if !inside && !line.trim().is_empty() {
+            before = line;
+        }
+    }
+    found
+}
+
+/// Whether `by` names a file of the repository or a test function.
+fn runs(root: &Path, sources: &[String], by: &str) -> bool {
+    if by.contains('/') { root.join(by).exists() } else { sources.iter().any(|s| s.contains(&format!("fn {by}("))) }
+}
+
+/// The text of every Rust file of the repository.
+fn rust_sources(root: &Path) -> Vec<String> {
+    files_ending(root, ".rs").iter().map(|path| std::fs::read_to_string(path).unwrap()).collect()
+}
+
 /// Every Markdown page of the repository (not under `target/` or a hidden
 /// directory).
 fn markdown_pages(root: &Path) -> Vec<PathBuf> {
-    let mut pages = Vec::new();
+    files_ending(root, ".md")
+}
+
+/// Every file below `root` whose name ends with `suffix` (not under
+/// `target/` or a hidden directory), sorted.
+fn files_ending(root: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
@@ -222,13 +329,13 @@ fn markdown_pages(root: &Path) -> Vec<PathBuf> {
                 if !name.starts_with('.') && name != "target" && name != "node_modules" {
                     pending.push(path);
                 }
-            } else if name.ends_with(".md") {
-                pages.push(path);
+            } else if name.ends_with(suffix) {
+                found.push(path);
             }
         }
     }
-    pages.sort();
-    pages
+    found.sort();
+    found
 }
 
 /// The targets of a page's inline links and images that are not URLs,
