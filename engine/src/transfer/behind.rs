@@ -66,6 +66,8 @@ impl Written {
 /// which report every piece they write (see [`HashBehind::written`]).
 pub(super) struct HashBehind {
     state: Mutex<State>,
+    /// Whether it shares the MD5 lanes (an MD5, or MD5 parts), fixed when made.
+    in_order: bool,
 }
 
 struct State {
@@ -145,16 +147,17 @@ impl HashBehind {
     }
 
     fn new(what: Behind) -> Self {
-        Self { state: Mutex::new(State { written: Written::default(), what }) }
+        let in_order = match &what {
+            Behind::Md5(_) => true,
+            Behind::Parts(parts) => parts.lanes.is_some(),
+        };
+        Self { state: Mutex::new(State { written: Written::default(), what }), in_order }
     }
 
     /// Whether the object's ranges should land in order (see `fetch_ranges`
     /// in `pull.rs`): it shares the MD5 lanes.
     pub(super) fn in_order(&self) -> bool {
-        match &self.state.lock().expect("never poisoned: nothing panics holding it").what {
-            Behind::Md5(_) => true,
-            Behind::Parts(parts) => parts.lanes.is_some(),
-        }
+        self.in_order
     }
 
     /// Bytes `start..end` are in the file: hash what is now complete.

@@ -840,10 +840,9 @@ async fn download(
             if let Some(behind) = &behind {
                 kept.iter().for_each(|piece| behind.written(piece.offset, piece.offset + piece.len));
             }
-            let in_order = behind.as_ref().is_some_and(HashBehind::in_order);
             let behind = behind.map(Arc::new);
             let sink = FileSink { behind: behind.clone(), ..FileSink::new(&file, landing.partial(), landed.clone()) };
-            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted, in_order).await?;
+            let mut digests = fetch_ranges(engine, &key, missing, if_match, sink, wanted).await?;
             if let Some(behind) = behind {
                 // Every range task, and with it every other handle, is done.
                 let behind = Arc::into_inner(behind).expect("the range tasks have finished");
@@ -1121,7 +1120,7 @@ struct Fetched {
 /// object keeps at most `concurrency` range tasks alive. The first failure
 /// cancels the rest.
 ///
-/// An object whose MD5 is followed as it lands (`in_order`) keeps only its
+/// An object whose MD5s are followed as it lands ([`HashBehind::in_order`]) keeps only its
 /// share of the request budget in flight, split evenly between the files
 /// followed now (one range at least). Its ranges then land nearly in order,
 /// so the hasher reads each one right behind the download, and the budget
@@ -1138,12 +1137,12 @@ async fn fetch_ranges(
     if_match: Option<Arc<str>>,
     sink: FileSink,
     wanted: Wanted,
-    in_order: bool,
 ) -> Result<Vec<RangeDigest>, ObjectError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
     let most = engine.config.concurrency.clamp(1, ranges.len());
+    let in_order = sink.behind.as_deref().is_some_and(HashBehind::in_order);
     let window = || {
         if in_order {
             let share = engine.budget.request_limit().0 / engine.md5.following().max(1);
