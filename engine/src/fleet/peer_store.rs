@@ -20,7 +20,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use super::{Fleet, PeerAnswer};
+use super::Fleet;
+use super::ask::PeerAnswer;
 use crate::metrics::PeerFailure;
 use crate::store::{
     GetResponse, Integrity, ListPage, ListedPart, ObjectMeta, ObjectStore, PendingUpload, RetryReason, StoreError,
@@ -215,7 +216,7 @@ impl ObjectStore for PeerStore {
             for peer in sources {
                 let Some(addr) = self.fleet.address(&peer).await else {
                     // Not when it was dropped meanwhile for another reason.
-                    if !self.fleet.is_dropped(&peer) {
+                    if !self.fleet.health.is_dropped(&peer) {
                         self.fleet.drop_peer(&peer, PeerFailure::Unreachable, "its address was never published");
                     }
                     continue;
