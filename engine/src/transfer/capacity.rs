@@ -7,9 +7,8 @@
 //! to whole blocks, less what a partial an earlier run left already holds
 //! (partials are preallocated, so resuming or restarting one writes into
 //! space it has). The run must leave its reserve free besides (a size, or a
-//! share of the filesystem: `--capacity-reserve`, a DataStage's
-//! `spec.capacity.reserve`). The
-//! objects of a listing page are charged before any of them is started, so
+//! share of the filesystem: `--capacity-reserve`). The objects of a
+//! listing page are charged before any of them is started, so
 //! a dataset listed in one page (S3 and GCS list 1,000 objects a page) is
 //! refused before its first byte is written; a longer listing stops as soon
 //! as what it has listed no longer fits.
