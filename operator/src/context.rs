@@ -54,6 +54,9 @@ pub struct Context {
     pub tokens: Mutex<HashMap<String, SystemTime>>,
     /// Wakes the sweeper ([`crate::sweeper`]) when a DataStage is deleted.
     pub sweeps: tokio::sync::Notify,
+    /// When each DataStage's change not yet reconciled arrived, for the
+    /// queue wait metric ([`crate::queue_wait`]).
+    pub arrivals: crate::queue_wait::ArrivalTimes,
 }
 
 /// Asks for reconciliations of other DataStages than the one at hand.
@@ -138,6 +141,7 @@ pub fn context_with(
         anchors: Mutex::default(),
         tokens: Mutex::default(),
         sweeps: tokio::sync::Notify::new(),
+        arrivals: Default::default(),
     };
     (Arc::new(context), writers)
 }

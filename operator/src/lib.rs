@@ -50,6 +50,7 @@ pub mod node_wakes;
 pub mod peers;
 pub mod placement;
 pub mod placement_syntax;
+pub mod queue_wait;
 pub mod quotas;
 pub mod runs;
 pub mod schedule;

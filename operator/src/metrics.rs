@@ -137,6 +137,7 @@ pub struct Metrics {
     reconciles: Family<ResultLabels, Counter>,
     errors: Family<ReasonLabels, Counter>,
     duration: Histogram,
+    queue_wait: Histogram,
     by_phase: Family<PhaseLabels, Gauge>,
     staged_bytes: Gauge,
     datastage_bytes: Family<DataStageLabels, Gauge>,
@@ -165,6 +166,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("ferry_operator");
         let reconciles = Family::<ResultLabels, Counter>::default();
         let duration = reconcile_histogram();
+        let queue_wait = reconcile_histogram();
         let errors = Family::<ReasonLabels, Counter>::default();
         let by_phase = Family::<PhaseLabels, Gauge>::default();
         let staged_bytes = Gauge::default();
@@ -181,6 +183,12 @@ impl Default for Metrics {
             "Time spent in one reconciliation",
             Unit::Seconds,
             duration.clone(),
+        );
+        registry.register_with_unit(
+            "queue_wait",
+            "Time from a DataStage change reaching the operator to the start of the reconciliation that sees it",
+            Unit::Seconds,
+            queue_wait.clone(),
         );
         registry.register("datastages", "DataStages, by phase", by_phase.clone());
         registry.register_with_unit("staged", "Bytes in place over all DataStages", Unit::Bytes, staged_bytes.clone());
@@ -244,6 +252,7 @@ impl Default for Metrics {
             reconciles,
             errors,
             duration,
+            queue_wait,
             by_phase,
             staged_bytes,
             datastage_bytes,
@@ -298,6 +307,12 @@ impl Metrics {
             self.errors.get_or_create(&ReasonLabels { reason }).inc();
         }
         self.duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long a DataStage change waited for its reconciliation
+    /// ([`crate::queue_wait`]).
+    pub fn queue_waited(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
     }
 
     /// Records the phase and totals of DataStage `namespace/name`; `None`
@@ -420,5 +435,17 @@ mod tests {
         assert!(text.contains(r#"ferry_operator_reconciles_total{result="error"} 1"#), "{text}");
         assert!(text.contains(r#"ferry_operator_reconcile_errors_total{reason="Forbidden"} 1"#), "{text}");
         assert!(text.contains("ferry_operator_reconcile_duration_seconds_count 2"));
+    }
+
+    #[test]
+    fn queue_waits_are_a_histogram_of_their_own() {
+        let metrics = Metrics::default();
+        metrics.queue_waited(Duration::from_millis(3));
+        metrics.queue_waited(Duration::from_millis(700));
+        let text = metrics.encode();
+        assert!(text.contains("ferry_operator_queue_wait_seconds_count 2"), "{text}");
+        assert!(text.contains(r#"ferry_operator_queue_wait_seconds_bucket{le="0.004"} 1"#), "{text}");
+        assert!(text.contains(r#"ferry_operator_queue_wait_seconds_bucket{le="1.024"} 2"#), "{text}");
+        assert!(text.contains("ferry_operator_reconcile_duration_seconds_count 0"), "{text}");
     }
 }

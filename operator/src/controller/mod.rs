@@ -60,6 +60,9 @@ use crate::watch_backoff::WatchBackoff;
 /// One reconciliation of one DataStage.
 async fn reconcile(ds: Arc<DataStage>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    if let Some(waited) = ctx.arrivals.picked_up(&ObjectRef::from_obj(&*ds)) {
+        ctx.metrics.queue_waited(waited);
+    }
     let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
     tracing::debug!(%namespace, %name, generation = ds.metadata.generation, "reconciling");
     let result = reconcile_inner(&ds, &ctx).await;
@@ -157,6 +160,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     };
     let watches = watcher::Config::default().timeout(WATCH_SECONDS);
     let sweeping = Arc::clone(&ctx);
+    let arriving = Arc::clone(&ctx);
     let datastage_changes = watcher(datastages, watches.clone())
         .map(move |event| {
             // A deleted DataStage's objects outside its namespace go at once.
@@ -164,6 +168,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
                 if let Some(uid) = ds.uid() {
                     sweeping.forget(&uid);
                 }
+                sweeping.arrivals.forget(&ObjectRef::from_obj(ds));
                 sweeping.sweeps.notify_one();
             }
             event
@@ -171,7 +176,12 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         .modify(crate::cache::slim_datastage)
         .backoff(WatchBackoff::default())
         .reflect(writers.datastages)
-        .applied_objects();
+        .applied_objects()
+        .inspect(move |change| {
+            if let Ok(ds) = change {
+                arriving.arrivals.arrived(ds);
+            }
+        });
     // The controller backs off again on every error its watches pass on,
     // and while it waits it reads none of them: kube's default there (up
     // to 30 s) stopped every trigger at once.

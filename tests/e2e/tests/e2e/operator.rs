@@ -216,6 +216,8 @@ async fn a_pull_stages_the_dataset_onto_every_node_and_reports_ready() {
     assert_eq!(sample(&metrics, "ferry_operator_datastages{phase=\"Succeeded\"}"), Some(1.0), "{metrics}");
     assert_eq!(sample(&metrics, "ferry_operator_staged_bytes"), Some((2 * bytes) as f64), "{metrics}");
     assert!(sample(&metrics, "ferry_operator_reconcile_duration_seconds_count").unwrap_or(0.0) >= 2.0, "{metrics}");
+    // The new DataStage waited for its first reconciliation, and was timed.
+    assert!(sample(&metrics, "ferry_operator_queue_wait_seconds_count").unwrap_or(0.0) >= 1.0, "{metrics}");
     setup.cluster.stop().await;
 }
 
