@@ -105,9 +105,27 @@ pub fn tool_path(tool: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(output.stdout).expect("utf-8 path").trim())
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, never one this process handed out before.
+///
+/// The port is free when asked for and bound later by the server a test
+/// starts; in between, the kernel may hand it to the next caller. Two
+/// servers of one kind on one port then pass for one: the second fails to
+/// bind, but the readiness probe already had its answer from the first,
+/// and the test talks to another test's server until that test ends and
+/// stops it (a stager suite run failed "connection refused" listing an
+/// Azurite container it had just filled, 2026-12-07). The tests of a
+/// binary start their servers on threads of one process, so remembering
+/// every port handed out keeps them apart.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port =
+            TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port();
+        if HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Which S3-compatible server runs.
@@ -666,4 +684,19 @@ pub fn read_tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
     visit(root, root, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    /// A thousand draws of the kernel's ephemeral ports repeat one almost
+    /// surely (the birthday bound over about 28,000 ports): `free_port`
+    /// must not hand that one out again.
+    #[test]
+    fn free_port_never_hands_out_a_port_twice() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..1000 {
+            let port = super::free_port();
+            assert!(seen.insert(port), "port {port} handed out twice");
+        }
+    }
 }
