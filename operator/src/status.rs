@@ -231,12 +231,13 @@ pub fn blocked(ds: &DataStage, phase: Phase, failed: bool, reason: &str, message
 }
 
 /// A worker's status entry in the current run: from its Job and report
-/// while the Job exists; from its recorded entry once the Job is gone after
-/// finishing; a fresh Pending entry otherwise.
+/// while they say something; from its recorded entry once it finished and
+/// nothing new is said (its Job gone after finishing, or its pods gone
+/// before its Job: ttlSecondsAfterFinished deletes in the foreground); a
+/// fresh Pending entry otherwise.
 fn worker_entry(observed: &Observed, recorded: Option<&WorkerStatus>, run: i64, fanout: Fanout) -> WorkerStatus {
-    if observed.job.is_none()
-        && let Some(done) = recorded.filter(|w| w.finished_run(run))
-    {
+    let nothing_new = observed.job.is_none() || !matches!(observed.report, Report::Summary(_));
+    if nothing_new && let Some(done) = recorded.filter(|w| w.finished_run(run)) {
         return WorkerStatus { peer_address: None, ..done.clone() };
     }
     let phase = job_phase(observed.job.as_ref());
@@ -468,7 +469,9 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     let mut phase = overall_phase(&workers);
     // The workers' entries say their Jobs finished (so no Job is made again
     // if they expire now); the DataStage is not done until it has counted.
-    if phase == Phase::Succeeded && inputs.observed.iter().any(|o| awaiting_summaries(o, inputs.now)) {
+    // A run judged already is not reopened: its pods may go before its Jobs.
+    let judged = !run_is_new && previous.phase.is_some_and(Phase::is_finished);
+    if phase == Phase::Succeeded && !judged && inputs.observed.iter().any(|o| awaiting_summaries(o, inputs.now)) {
         phase = Phase::Running;
     }
     let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
@@ -806,6 +809,27 @@ mod tests {
         // A new run does not inherit the finished entry.
         let next = aggregate_at(&d, &run(2), &[observed("a", None, Report::Nothing)], "2026-01-01T01:00:00Z");
         assert_eq!(next.phase, Some(Phase::Pending));
+    }
+
+    /// Seen in CI: ttlSecondsAfterFinished deletes a Job in the foreground,
+    /// its pods first, so for a moment the Job stands with no pod and no
+    /// summary. An edit reconciled then must not reopen the finished run
+    /// (it said Running, and would say Succeeded, with its Event, again)
+    /// nor drop what the summary recorded.
+    #[test]
+    fn a_finished_run_whose_pods_go_before_its_job_stays_finished_with_its_counts() {
+        let completed =
+            job(json!({"succeeded": 1, "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:01:00Z",
+                   "conditions": [{"type": "Complete", "status": "True"}]}));
+        let mut d = ds(json!({}));
+        let judged =
+            aggregate_at(&d, &run(2), &[observed("a", completed.clone(), summary(100, "aa"))], "2026-01-01T00:01:01Z");
+        assert_eq!(judged.phase, Some(Phase::Succeeded));
+        d.status = Some(judged.clone());
+        let edited = aggregate_at(&d, &run(2), &[observed("a", completed, Report::Nothing)], "2026-01-01T00:01:02Z");
+        assert_eq!(edited.phase, Some(Phase::Succeeded), "{edited:?}");
+        assert_eq!(edited.workers, judged.workers, "the summary's counts and snapshot stay");
+        assert_eq!(edited.last_sync_time, judged.last_sync_time, "no new sync happened");
     }
 
     #[test]
