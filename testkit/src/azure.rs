@@ -82,9 +82,10 @@ impl AzuriteServer {
         let http = http.build().expect("an HTTP client");
         let mut server = Self { child, endpoint, ca_file, dir, http };
         let log = server.dir.path().join("server.log");
-        if entra {
-            // Plain HTTP gets no answer from a TLS port: listening is enough.
-            crate::wait_until_listening(&mut server.child, "azurite-blob", port, || log_tail(&log));
+        if let Some(ca_file) = &server.ca_file {
+            let ca_pem = std::fs::read(ca_file).expect("read the test CA");
+            let url = format!("{}?comp=list", server.endpoint);
+            crate::wait_until_serving_https(&mut server.child, "azurite-blob", &url, &ca_pem, || log_tail(&log));
         } else {
             // Any answer (an unauthenticated request is refused) means it listens.
             let path = format!("/{AZURITE_ACCOUNT}?comp=list");

@@ -60,11 +60,32 @@ fn wait_until_ready(
     wait_until(child, name, || ready(http_get_status(port, path)), log_tail);
 }
 
-/// Waits until `child` accepts connections on 127.0.0.1:port (a TLS
-/// server, which answers no plain request).
-fn wait_until_listening(child: &mut Child, name: &str, port: u16, log_tail: impl Fn() -> String) {
-    let listening = || TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_ok();
-    wait_until(child, name, listening, log_tail);
+/// Waits until a TLS server just spawned as `child` answers GET `url`
+/// (any status) over a connection that trusts only `ca_pem`. Accepting
+/// connections is not enough: the server may listen before it serves TLS,
+/// and the handshake with this CA, made for this server alone, tells it
+/// from another process that holds the port (seen: "tls handshake eof" on
+/// the first request of a test).
+fn wait_until_serving_https(child: &mut Child, name: &str, url: &str, ca_pem: &[u8], log_tail: impl Fn() -> String) {
+    let ca = reqwest::Certificate::from_pem(ca_pem).expect("the test CA is PEM");
+    let answers = || {
+        // Its own thread and runtime: the caller may be inside a runtime.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                    let client = reqwest::Client::builder()
+                        .add_root_certificate(ca.clone())
+                        .timeout(Duration::from_secs(2))
+                        .build()
+                        .expect("an HTTP client");
+                    runtime.block_on(async { client.get(url).send().await.is_ok() })
+                })
+                .join()
+                .expect("the readiness probe panicked")
+        })
+    };
+    wait_until(child, name, answers, log_tail);
 }
 
 /// Polls `ready` until it holds; panics with the server's log if `child`
@@ -105,7 +126,8 @@ pub fn tool_path(tool: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(output.stdout).expect("utf-8 path").trim())
 }
 
-/// A free TCP port on 127.0.0.1, never one this process handed out before.
+/// A free TCP port on 127.0.0.1, never one this process or another test
+/// process still running handed out before.
 ///
 /// The port is free when asked for and bound later by the server a test
 /// starts; in between, the kernel may hand it to the next caller. Two
@@ -115,16 +137,54 @@ pub fn tool_path(tool: &str) -> PathBuf {
 /// stops it (a stager suite run failed "connection refused" listing an
 /// Azurite container it had just filled, 2026-12-07). The tests of a
 /// binary start their servers on threads of one process, so remembering
-/// every port handed out keeps them apart.
+/// every port handed out keeps them apart; the test processes run side by
+/// side (e2e scenarios, each in its own, beside the stager's suite) share
+/// one loopback, so each port is also claimed by a lock on a file named
+/// after it, held until the process exits (the kernel drops it then, even
+/// after a crash; the empty files stay, at most one per port).
 pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeMap<u16, Option<std::fs::File>>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let claims = std::env::temp_dir().join("ferry-test-ports");
+    // Without the directory (a read-only temporary directory) the process's
+    // own memory still keeps its tests apart.
+    let _ = std::fs::create_dir_all(&claims);
     loop {
         let port =
             TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port();
-        if HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(port) {
-            return port;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if handed_out.contains_key(&port) {
+            continue;
         }
+        match claim_port(&claims, port) {
+            PortClaim::Held(file) => handed_out.insert(port, Some(file)),
+            PortClaim::Unavailable => handed_out.insert(port, None),
+            PortClaim::Taken => continue,
+        };
+        return port;
+    }
+}
+
+/// What [`claim_port`] found.
+#[derive(Debug)]
+enum PortClaim {
+    /// The port is this process's while the file stays open.
+    Held(std::fs::File),
+    /// Another process (or another open of the file) holds it.
+    Taken,
+    /// Claims cannot be made here (no directory, no locks).
+    Unavailable,
+}
+
+/// Claims `port` among test processes by locking the file named after it
+/// in `claims`.
+fn claim_port(claims: &Path, port: u16) -> PortClaim {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(claims.join(port.to_string()));
+    let Ok(file) = file else { return PortClaim::Unavailable };
+    match file.try_lock() {
+        Ok(()) => PortClaim::Held(file),
+        Err(std::fs::TryLockError::WouldBlock) => PortClaim::Taken,
+        Err(std::fs::TryLockError::Error(_)) => PortClaim::Unavailable,
     }
 }
 
@@ -691,6 +751,19 @@ mod tests {
     /// A thousand draws of the kernel's ephemeral ports repeat one almost
     /// surely (the birthday bound over about 28,000 ports): `free_port`
     /// must not hand that one out again.
+    /// Another test process's claim is an open file locked: a second open
+    /// stands for it (locks belong to the open, not the process).
+    #[test]
+    fn a_port_claimed_by_another_process_is_not_claimed_again_until_it_exits() {
+        let claims = tempfile::tempdir().unwrap();
+        let first = super::claim_port(claims.path(), 40_000);
+        assert!(matches!(first, super::PortClaim::Held(_)), "{first:?}");
+        assert!(matches!(super::claim_port(claims.path(), 40_000), super::PortClaim::Taken));
+        assert!(matches!(super::claim_port(claims.path(), 40_001), super::PortClaim::Held(_)), "another port is free");
+        drop(first);
+        assert!(matches!(super::claim_port(claims.path(), 40_000), super::PortClaim::Held(_)), "released on exit");
+    }
+
     #[test]
     fn free_port_never_hands_out_a_port_twice() {
         let mut seen = std::collections::BTreeSet::new();
