@@ -54,6 +54,7 @@ pub(crate) fn pooled_client(connect_timeout: Duration, plain_http: bool) -> Resu
     };
     let connector = builder.https_or_http().enable_http1().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
+        .http1_max_buf_size(crate::READ_BUFFER_MAX)
         .pool_idle_timeout(POOL_IDLE)
         .pool_timer(TokioTimer::new())
         .build(connector))

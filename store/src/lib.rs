@@ -36,6 +36,13 @@ pub mod s3;
 mod xml;
 
 pub use connect::connect;
+
+/// The largest read buffer of one connection of the lean HTTP clients (S3
+/// data, Azure Blob, OCI, Hugging Face). A received body chunk is a slice
+/// of it and keeps all of it alive, so the engine's budget counts two per
+/// request beyond the bytes it holds: those its first and last chunks sit
+/// in. hyper's own default lets it grow to about 400 KiB.
+pub const READ_BUFFER_MAX: usize = 128 << 10;
 pub use integrity::{Integrity, PartAlgorithm, PartsChecksum, StoredChecksum, md5_from_etag};
 
 use std::fmt;

@@ -29,7 +29,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
@@ -1279,6 +1279,13 @@ async fn fetch_attempt(
     // Chunks are held (not copied) until a write buffer's worth has arrived,
     // then written with one vectored write.
     let mut pending: Vec<Bytes> = Vec::new();
+    // A memory sink copies into one buffer of the object's size instead: a
+    // chunk keeps the whole read buffer it arrived in alive (up to
+    // [`ferry_store::READ_BUFFER_MAX`], shared with the responses after it), and a small
+    // object waiting for a disk thread would hold that against the budget's
+    // `len`, not its size. A write buffer's chunks are let go as soon as
+    // they are written, so a file sink holds them as they are.
+    let mut copied = matches!(sink, Sink::Memory).then(|| BytesMut::with_capacity(len as usize));
     let mut pending_len = 0u64;
     let mut flushed = 0u64;
     let mut received = 0u64;
@@ -1291,7 +1298,10 @@ async fn fetch_attempt(
             }
             digester.update(&chunk);
             pending_len += chunk.len() as u64;
-            pending.push(chunk);
+            match copied.as_mut() {
+                Some(copied) => copied.extend_from_slice(&chunk),
+                None => pending.push(chunk),
+            }
             if let Sink::File(to) = &sink
                 && pending_len >= capacity
             {
@@ -1334,7 +1344,7 @@ async fn fetch_attempt(
         engine.tally.unbytes(flushed);
         return Err(error);
     }
-    let held = matches!(sink, Sink::Memory).then_some((pending, memory));
+    let held = copied.map(|copied| (vec![copied.freeze()], memory));
     Ok(Fetched { digests: pieces, checksum, held })
 }
 
