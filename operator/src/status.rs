@@ -474,7 +474,7 @@ pub fn aggregate(ds: &DataStage, inputs: &Inputs<'_>) -> DataStageStatus {
     if phase == Phase::Succeeded && !judged && inputs.observed.iter().any(|o| awaiting_summaries(o, inputs.now)) {
         phase = Phase::Running;
     }
-    let finished_now = phase.is_finished() && (run_is_new || !previous.phase.is_some_and(Phase::is_finished));
+    let finished_now = phase.is_finished() && !judged;
     let mut totals = totals(&workers, previous.totals.as_ref(), phase, run_is_new, inputs.now);
 
     let mut status = DataStageStatus {
