@@ -79,13 +79,22 @@ in_package() {
   (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$@" </dev/null)
 }
 
-# timed LABEL COMMAND...: runs COMMAND, prints how long it took.
+# timed LABEL COMMAND...: runs COMMAND, prints how long it took and the CPU
+# seconds (user and system) that it and the processes it waited for used:
+# with binaries and scenarios side by side on two cores, wall seconds
+# measure the machine as much as the test, CPU seconds what it costs.
 timed() {
-  local label=$1 start=$SECONDS status=0
+  local label=$1 start=$SECONDS status=0 times TIMEFORMAT='%3U %3S'
   shift
-  "$@" || status=$?
-  echo "== run-tests.sh: $label: $((SECONDS - start)) s, exit $status"
+  times=$(mktemp "$logs/times.XXXXXX")
+  { time "$@" 2>&3 3>&- || status=$?; } 3>&2 2>"$times"
+  echo "== run-tests.sh: $label: $((SECONDS - start)) s, $(cpu_seconds "$times") CPU s, exit $status"
   return "$status"
+}
+
+# cpu_seconds FILE: user plus system seconds from what bash's `time` wrote.
+cpu_seconds() {
+  awk 'END { printf "%.0f", $1 + $2 }' "$1"
 }
 
 # run LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: one test binary, timed.
@@ -108,7 +117,10 @@ run_beside() {
 # e2e_pool EXECUTABLE DIRECTORY: every e2e scenario not marked #[ignore] in
 # a process of its own, $e2e_jobs at a time, the longest first; prints one
 # line per scenario, longest first, and the whole output of those that
-# failed. Records the seconds each took in $e2e_seconds.
+# failed. Records the seconds each took in $e2e_seconds. The CPU seconds
+# are those of the scenario's process and of the servers and pods it
+# started and waited for (a real node's containers run under containerd's
+# shims, which detach from it).
 e2e_pool() {
   local executable=$1 directory=$2 results="$logs/e2e-results.tsv" name
   local -a order
@@ -133,14 +145,16 @@ e2e_pool() {
   for name in "${order[@]}"; do
     while (($(jobs -rp | wc -l) >= e2e_jobs)); do wait -n || true; done
     (
-      start=$SECONDS status=0
-      in_package "$directory" "$executable" --exact "$name" >"$logs/e2e/$name.log" 2>&1 || status=$?
-      printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$status" >>"$results"
+      start=$SECONDS status=0 TIMEFORMAT='%3U %3S'
+      { time in_package "$directory" "$executable" --exact "$name" >"$logs/e2e/$name.log" 2>&1 || status=$?; } \
+        2>"$logs/e2e/$name.times"
+      printf '%s\t%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$status" \
+        "$(cpu_seconds "$logs/e2e/$name.times")" >>"$results"
     ) &
   done
   wait
-  sort -t$'\t' -k2,2nr "$results" | while IFS=$'\t' read -r name seconds status; do
-    echo "== run-tests.sh: e2e $name: $seconds s, exit $status"
+  sort -t$'\t' -k2,2nr "$results" | while IFS=$'\t' read -r name seconds status cpu; do
+    echo "== run-tests.sh: e2e $name: $seconds s, $cpu CPU s, exit $status"
   done
   cut -f1,2 "$results" >"$e2e_seconds.new" && mv "$e2e_seconds.new" "$e2e_seconds"
   local -a failures
