@@ -83,11 +83,13 @@ in_package() {
 # seconds (user and system) that it and the processes it waited for used:
 # with binaries and scenarios side by side on two cores, wall seconds
 # measure the machine as much as the test, CPU seconds what it costs.
+# `time` runs in a subshell of its own: in this shell it would also count
+# a run beside that happened to end meanwhile (bash reaps it in passing).
 timed() {
-  local label=$1 start=$SECONDS status=0 times TIMEFORMAT='%3U %3S'
+  local label=$1 start=$SECONDS status=0 times
   shift
   times=$(mktemp "$logs/times.XXXXXX")
-  { time "$@" 2>&3 3>&- || status=$?; } 3>&2 2>"$times"
+  (TIMEFORMAT='%3U %3S' && time "$@" 2>&3 3>&-) 3>&2 2>"$times" || status=$?
   echo "== run-tests.sh: $label: $((SECONDS - start)) s, $(cpu_seconds "$times") CPU s, exit $status"
   return "$status"
 }
