@@ -77,17 +77,7 @@ step "build"
 # The dependencies compiled by an earlier run on this machine, if any (the
 # script says why Ferry's own crates always compile anew).
 hack/target-cache.sh restore
-# With no selection of the caller's, the tests' targets compile in the same
-# cargo run as the binaries, so cargo keeps both cores busy across the two:
-# built one after the other, the build ended on the operator's library and
-# binary, one after the other on one core (175 s of a clean build), and
-# the tests' compile started only then. The binaries are the same either
-# way: the test build asks for no other features (hack/check-features.sh).
-if ((${#cargo_args[@]} == 0)); then
-  hack/build.sh --tests
-else
-  hack/build.sh
-fi
+hack/build.sh
 # The images real nodes run (tests/e2e/tests/e2e/real_nodes.rs), from the
 # binaries just built, with the e2e harness's pause and shell images.
 step "images"
@@ -99,10 +89,9 @@ hack/images.sh --no-build --test-images
 # network namespace with no route out, so it runs --offline and a missing
 # crate fails at once with cargo's own message instead of a DNS error.
 cargo fetch --locked
-# The test binaries are compiled first (above, or here for a selection of
-# the caller's), outside the limit below: how long compiling takes depends
-# on the machine and its caches, and a limit that counts it either stops a
-# slow build or lets a hung test run long.
+# The test binaries are compiled first, outside the limit below: how long
+# compiling takes depends on the machine and its caches, and a limit that
+# counts it either stops a slow build or lets a hung test run long.
 step "compile the tests"
 test_binaries="$CARGO_TARGET_DIR/test-binaries.tsv"
 cargo test --release --workspace --locked --offline --no-run --message-format=json-render-diagnostics \
