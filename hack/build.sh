@@ -18,4 +18,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 # An extension module does not link libpython: the interpreter loading it
 # provides it (what maturin sets for PyO3 as well).
 export PYO3_BUILD_EXTENSION_MODULE=1
+# The dependencies compiled by an earlier run on this machine, if any
+# (hack/target-cache.sh, which hack/test.sh fills; it says why Ferry's own
+# crates always compile anew): whichever script builds first in a clean
+# clone, the demo included, then compiles only the workspace.
+hack/target-cache.sh restore
 exec cargo build --release --workspace --locked --bins --lib "$@"

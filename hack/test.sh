@@ -74,9 +74,8 @@ hack/check-features.sh
 # environment that build sets for PyO3, or it rebuilds the extension.
 export PYO3_BUILD_EXTENSION_MODULE=1
 step "build"
-# The dependencies compiled by an earlier run on this machine, if any (the
-# script says why Ferry's own crates always compile anew).
-hack/target-cache.sh restore
+# hack/build.sh restores the dependencies an earlier run on this machine
+# compiled (hack/target-cache.sh), if any.
 hack/build.sh
 # The images real nodes run (tests/e2e/tests/e2e/real_nodes.rs), from the
 # binaries just built, with the e2e harness's pause and shell images.
