@@ -79,24 +79,33 @@ in_package() {
   (cd "$directory" && CARGO_MANIFEST_DIR="$directory" "$@" </dev/null)
 }
 
+# measured TIMES COMMAND...: runs COMMAND under bash's `time`, which writes
+# the CPU seconds (user and system) that it and the processes it waited for
+# used to the file TIMES; returns COMMAND's status. With binaries and
+# scenarios side by side on two cores, wall seconds measure the machine as
+# much as the test, CPU seconds what it costs. `time` runs in a subshell of
+# its own: in the caller's shell it would also count a run beside that
+# happened to end meanwhile (bash reaps it in passing).
+measured() {
+  local times=$1
+  shift
+  (TIMEFORMAT='%3U %3S' && time "$@" 2>&3 3>&-) 3>&2 2>"$times"
+}
+
+# cpu_seconds FILE: user plus system seconds from what `measured` wrote.
+cpu_seconds() {
+  awk 'END { printf "%.0f", $1 + $2 }' "$1"
+}
+
 # timed LABEL COMMAND...: runs COMMAND, prints how long it took and the CPU
-# seconds (user and system) that it and the processes it waited for used:
-# with binaries and scenarios side by side on two cores, wall seconds
-# measure the machine as much as the test, CPU seconds what it costs.
-# `time` runs in a subshell of its own: in this shell it would also count
-# a run beside that happened to end meanwhile (bash reaps it in passing).
+# seconds it used.
 timed() {
   local label=$1 start=$SECONDS status=0 times
   shift
   times=$(mktemp "$logs/times.XXXXXX")
-  (TIMEFORMAT='%3U %3S' && time "$@" 2>&3 3>&-) 3>&2 2>"$times" || status=$?
+  measured "$times" "$@" || status=$?
   echo "== run-tests.sh: $label: $((SECONDS - start)) s, $(cpu_seconds "$times") CPU s, exit $status"
   return "$status"
-}
-
-# cpu_seconds FILE: user plus system seconds from what bash's `time` wrote.
-cpu_seconds() {
-  awk 'END { printf "%.0f", $1 + $2 }' "$1"
 }
 
 # run LABEL EXECUTABLE DIRECTORY [ARGUMENTS...]: one test binary, timed.
@@ -147,9 +156,9 @@ e2e_pool() {
   for name in "${order[@]}"; do
     while (($(jobs -rp | wc -l) >= e2e_jobs)); do wait -n || true; done
     (
-      start=$SECONDS status=0 TIMEFORMAT='%3U %3S'
-      { time in_package "$directory" "$executable" --exact "$name" >"$logs/e2e/$name.log" 2>&1 || status=$?; } \
-        2>"$logs/e2e/$name.times"
+      start=$SECONDS status=0
+      measured "$logs/e2e/$name.times" in_package "$directory" "$executable" --exact "$name" \
+        >"$logs/e2e/$name.log" 2>&1 || status=$?
       printf '%s\t%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$status" \
         "$(cpu_seconds "$logs/e2e/$name.times")" >>"$results"
     ) &
