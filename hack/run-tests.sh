@@ -14,8 +14,8 @@
 # `--test-threads` for all. The merged e2e binary spends most of its time
 # waiting (control planes starting, pods scheduled, kubelets syncing: on two
 # cores the CPUs sit 55-80 % idle during it), so it starts first and runs
-# beside the other binaries, which are CPU-bound and keep libtest's default
-# of one thread per CPU. Inside it, each scenario runs in a process of its
+# beside the other binaries, two at a time, which keep libtest's default of
+# one thread per CPU. Inside it, each scenario runs in a process of its
 # own, FERRY_E2E_JOBS (5) at a time, the longest first: libtest starts its
 # tests in name order, so a long scenario that sorts late (real_nodes, four
 # minutes) ran alone at the end while the other threads sat idle. How long
@@ -48,6 +48,9 @@ shift
 # the seconds each took, by the last run here and as checked in.
 e2e_jobs="${FERRY_E2E_JOBS:-5}"
 e2e_threads="${FERRY_E2E_TEST_THREADS:-4}"
+# How many of the other test binaries run at once (FERRY_TEST_BINARY_JOBS
+# overrides it; see binary_pool).
+binary_jobs="${FERRY_TEST_BINARY_JOBS:-2}"
 e2e_seconds="${CARGO_TARGET_DIR:-target}/e2e-seconds.tsv"
 e2e_seconds_checked_in="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/e2e/scenario-seconds.tsv"
 
@@ -58,7 +61,7 @@ trap 'rm -rf "$logs"' EXIT
 # they hung.
 stopped() {
   local log name
-  cat "$logs"/*.log 2>/dev/null
+  cat "$logs"/*.log "$logs"/binaries/*.log 2>/dev/null
   for log in "$logs"/e2e/*.log; do
     [[ -e "$log" ]] || continue
     name=${log##*/} name=${name%.log}
@@ -177,6 +180,33 @@ e2e_pool() {
   ((${#failures[@]} == 0))
 }
 
+# binary_pool LIST [TEST ARGUMENTS...]: every test binary but e2e,
+# $binary_jobs at a time, in the list's order; then each one's output and
+# line in that order. Names those that failed in $logs/failed. Two at a
+# time because the engine's unit tests spend most of their time waiting
+# (peers' deadlines, a throttling store, a memory test: 248 s, 101 CPU s),
+# and one after another with the stager's suite (313 s, 281 CPU s) they
+# ended 80 s after the e2e scenarios. Whatever the list's order, the two
+# long ones overlap: the short ones pass through the other slot. Run in a
+# subshell of its own, so that `jobs` counts only its binaries.
+binary_pool() {
+  local list=$1 executable directory name
+  shift
+  local -a names=()
+  mkdir -p "$logs/binaries"
+  while IFS=$'\t' read -r executable directory name; do
+    [[ "$name" == e2e ]] && continue
+    names+=("$name")
+    while (($(jobs -rp | wc -l) >= binary_jobs)); do wait -n || true; done
+    run "$name (${directory##*/})" "$executable" "$directory" "$@" >"$logs/binaries/$name.log" 2>&1 ||
+      echo "$name" >>"$logs/failed" &
+  done <"$list"
+  wait
+  for name in ${names[@]+"${names[@]}"}; do
+    cat "$logs/binaries/$name.log"
+  done
+}
+
 while IFS=$'\t' read -r executable directory name; do
   [[ "$name" == e2e ]] || continue
   if (($#)); then
@@ -190,10 +220,10 @@ while IFS=$'\t' read -r executable directory name; do
   fi
 done <"$list"
 
-while IFS=$'\t' read -r executable directory name; do
-  [[ "$name" == e2e ]] && continue
-  run "$name (${directory##*/})" "$executable" "$directory" "$@" || failed+=("$name")
-done <"$list"
+# The other binaries, two at a time, in the list's order (see
+# binary_pool).
+(binary_pool "$list" "$@")
+[[ -s "$logs/failed" ]] && mapfile -t -O "${#failed[@]}" failed <"$logs/failed"
 
 # The runs beside, their output whole after the others', as cargo's reads.
 for i in "${!beside[@]}"; do
