@@ -118,6 +118,12 @@ run() {
   timed "$label" in_package "$directory" "$executable" "$@"
 }
 
+# wait_for_slot JOBS: returns once fewer than JOBS of this shell's
+# background jobs run (a pool's next one may start).
+wait_for_slot() {
+  while (($(jobs -rp | wc -l) >= $1)); do wait -n || true; done
+}
+
 # run_beside LABEL COMMAND...: COMMAND in the background, its output kept
 # until the end.
 beside=()
@@ -157,7 +163,7 @@ e2e_pool() {
       sort -t$'\t' -k1,1gr | cut -f2
   )
   for name in "${order[@]}"; do
-    while (($(jobs -rp | wc -l) >= e2e_jobs)); do wait -n || true; done
+    wait_for_slot "$e2e_jobs"
     (
       start=$SECONDS status=0
       measured "$logs/e2e/$name.times" in_package "$directory" "$executable" --exact "$name" \
@@ -197,7 +203,7 @@ binary_pool() {
   while IFS=$'\t' read -r executable directory name; do
     [[ "$name" == e2e ]] && continue
     names+=("$name")
-    while (($(jobs -rp | wc -l) >= binary_jobs)); do wait -n || true; done
+    wait_for_slot "$binary_jobs"
     run "$name (${directory##*/})" "$executable" "$directory" "$@" >"$logs/binaries/$name.log" 2>&1 ||
       echo "$name" >>"$logs/failed" &
   done <"$list"
