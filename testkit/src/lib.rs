@@ -127,21 +127,31 @@ pub fn tool_path(tool: &str) -> PathBuf {
 }
 
 /// A free TCP port on 127.0.0.1, never one this process or another test
-/// process still running handed out before.
+/// process still running handed out before, and never one the kernel hands
+/// out by itself.
 ///
 /// The port is free when asked for and bound later by the server a test
-/// starts; in between, the kernel may hand it to the next caller. Two
-/// servers of one kind on one port then pass for one: the second fails to
-/// bind, but the readiness probe already had its answer from the first,
-/// and the test talks to another test's server until that test ends and
-/// stops it (a stager suite run failed "connection refused" listing an
-/// Azurite container it had just filled, 2026-12-07). The tests of a
-/// binary start their servers on threads of one process, so remembering
-/// every port handed out keeps them apart; the test processes run side by
-/// side (e2e scenarios, each in its own, beside the stager's suite) share
-/// one loopback, so each port is also claimed by a lock on a file named
-/// after it, held until the process exits (the kernel drops it then, even
-/// after a crash; the empty files stay, at most one per port).
+/// starts; whatever else wants a port in between must not get it. Two
+/// servers of one kind on one port pass for one: the second fails to bind,
+/// but the readiness probe already had its answer from the first, and the
+/// test talks to another test's server until that test ends and stops it
+/// (a stager suite run failed "connection refused" listing an Azurite
+/// container it had just filled, 2026-12-07). The tests of a binary start
+/// their servers on threads of one process, so remembering every port
+/// handed out keeps them apart; the test processes run side by side (e2e
+/// scenarios, each in its own, beside the stager's suite and the engine's
+/// tests) share one loopback, so each port is also claimed by a lock on a
+/// file named after it, held until the process exits (the kernel drops it
+/// then, even after a crash; the empty files stay, at most one per port).
+///
+/// Neither keeps out the kernel: a port drawn from its ephemeral range is
+/// the next local port of any connection or `bind(0)` on the machine once
+/// the probe lets it go, and with hundreds of connections open (the suites
+/// copy with many at once) one took olah's port before olah bound it (CI,
+/// 2026-12-07: "address already in use" on port 44255). So ports come from
+/// [`TEST_PORTS`], below the ephemeral range, which only explicit binds
+/// reach; the kernel's own draw is the fallback where that range is
+/// unknown or overlaps.
 pub fn free_port() -> u16 {
     static HANDED_OUT: std::sync::Mutex<std::collections::BTreeMap<u16, Option<std::fs::File>>> =
         std::sync::Mutex::new(std::collections::BTreeMap::new());
@@ -149,9 +159,18 @@ pub fn free_port() -> u16 {
     // Without the directory (a read-only temporary directory) the process's
     // own memory still keeps its tests apart.
     let _ = std::fs::create_dir_all(&claims);
+    let outside_ephemeral = ephemeral_ports().is_some_and(|ephemeral| clear_of(&ephemeral));
     loop {
-        let port =
-            TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port();
+        let port = if outside_ephemeral {
+            let port = rand::random_range(TEST_PORTS);
+            // Something that is no test (or a test's leftover) may hold it.
+            if TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue;
+            }
+            port
+        } else {
+            TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind an ephemeral port").port()
+        };
         let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if handed_out.contains_key(&port) {
             continue;
@@ -163,6 +182,30 @@ pub fn free_port() -> u16 {
         };
         return port;
     }
+}
+
+/// Where [`free_port`] draws from: below Linux's default ephemeral range
+/// (32768–60999) and above the ports servers take by default (the
+/// kubelets of the real nodes listen from 10250).
+const TEST_PORTS: std::ops::Range<u16> = 16_384..32_768;
+
+/// Whether [`TEST_PORTS`] and the kernel's `ephemeral` range share no port.
+fn clear_of(ephemeral: &std::ops::RangeInclusive<u16>) -> bool {
+    *ephemeral.start() >= TEST_PORTS.end || *ephemeral.end() < TEST_PORTS.start
+}
+
+/// The kernel's ephemeral port range (`net.ipv4.ip_local_port_range`), if
+/// it can be read.
+fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    parse_port_range(&text)
+}
+
+/// Parses `ip_local_port_range`: two numbers separated by white space.
+fn parse_port_range(text: &str) -> Option<std::ops::RangeInclusive<u16>> {
+    let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+    let (Some(Ok(low)), Some(Ok(high)), None) = (bounds.next(), bounds.next(), bounds.next()) else { return None };
+    Some(low..=high)
 }
 
 /// What [`claim_port`] found.
@@ -762,6 +805,30 @@ mod tests {
         assert!(matches!(super::claim_port(claims.path(), 40_001), super::PortClaim::Held(_)), "another port is free");
         drop(first);
         assert!(matches!(super::claim_port(claims.path(), 40_000), super::PortClaim::Held(_)), "released on exit");
+    }
+
+    #[test]
+    fn the_kernels_port_range_is_read_as_proc_writes_it() {
+        assert_eq!(super::parse_port_range("32768\t60999\n"), Some(32_768..=60_999));
+        assert_eq!(super::parse_port_range("1024 65535"), Some(1_024..=65_535));
+        assert_eq!(super::parse_port_range("32768"), None);
+        assert_eq!(super::parse_port_range("32768 60999 1"), None);
+        assert_eq!(super::parse_port_range("low high"), None);
+    }
+
+    /// Where the kernel's range leaves room, no port handed out is one it
+    /// could give a connection or a `bind(0)`.
+    #[test]
+    fn free_port_stays_out_of_the_kernels_ephemeral_range() {
+        assert!(super::clear_of(&(32_768..=60_999)), "Linux's default range");
+        assert!(!super::clear_of(&(1_024..=65_535)));
+        assert!(!super::clear_of(&(20_000..=25_000)));
+        let Some(ephemeral) = super::ephemeral_ports().filter(super::clear_of) else { return };
+        for _ in 0..100 {
+            let port = super::free_port();
+            assert!(!ephemeral.contains(&port), "port {port} is in the ephemeral range {ephemeral:?}");
+            assert!(super::TEST_PORTS.contains(&port), "port {port}");
+        }
     }
 
     #[test]
