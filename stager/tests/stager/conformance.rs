@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_s3::config::RequestChecksumCalculation;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
-use common::{command, leftover_temp_files, put_tree, small_files, stager, write_tree};
-use ferry_contract::layout::{PARTIAL_DIR, STATE_DIR, TEMP_DIR, VERSION_BUILDING, VERSION_TREES, VERSIONS_DIR};
+use common::{command, leftover_temp_files, put_tree, run, small_files, stager, write_tree};
+use ferry_contract::layout::{
+    PARTIAL_DIR, PUSH_STATE_DIR, STATE_DIR, TEMP_DIR, VERSION_BUILDING, VERSION_TREES, VERSIONS_DIR,
+};
 use ferry_contract::summary::Snapshot;
 use ferry_engine::local::manifest::ManifestCursor;
 use ferry_testkit::{Backend, CorruptingProxy, S3Server, SmallFilesystem, Store, pattern, read_tree};
@@ -833,7 +835,21 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     }
     let left = total - finished;
 
-    let rerun = stager(&server, &push);
+    // What the killed runs recorded, and the re-run's decisions about it
+    // at debug level: a re-run that keeps nothing has failed this test once
+    // (2026-12-07, MinIO, all three files sent whole) with neither in sight.
+    let journals: String = std::fs::read_dir(src.path().join(STATE_DIR).join(PUSH_STATE_DIR))
+        .map(|dir| {
+            dir.flatten()
+                .filter(|entry| entry.path().extension().is_some_and(|e| e == "jsonl"))
+                .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut rerun = command(&server, &push);
+    rerun.env("RUST_LOG", "warn,ferry_engine::transfer::push_resume=debug");
+    let rerun = run(rerun);
+    let why = format!("the push state before the re-run:\n{journals}\nthe re-run's log:\n{}", rerun.stderr);
     // A kept part the store will not assemble sends its file again whole
     // (the killed runs' requests may still land); say so when it happens.
     for refusal in rerun.stderr.lines().filter(|line| line.contains("refused")) {
@@ -846,8 +862,8 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     eprintln!(
         "{backend:?}: after 3 kills {left} of {total} bytes left; the re-run sent {sent}, kept {resumed}, skipped {skipped}"
     );
-    assert!(resumed > 0, "nothing of the killed runs was kept: {:#}", rerun.summary);
-    assert_eq!(sent + resumed + skipped, total, "every byte is sent, kept or skipped once: {:#}", rerun.summary);
+    assert!(resumed > 0, "nothing of the killed runs was kept: {:#}\n{why}", rerun.summary);
+    assert_eq!(sent + resumed + skipped, total, "every byte is sent, kept or skipped once: {:#}\n{why}", rerun.summary);
     // Only a file finished in the instant before a kill (before its record
     // was written) is done again, and then as a whole.
     assert!(
