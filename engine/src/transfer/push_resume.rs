@@ -175,6 +175,7 @@ impl Resume {
         if let Some(upload) = candidate {
             match engine.retrying(Operation::ListParts, || engine.store.list_parts(key, &upload.upload_id)).await {
                 Ok(parts) => {
+                    tracing::debug!(%key, upload_id = %upload.upload_id, parts = parts.len(), "resuming an earlier run's upload");
                     let held = parts.into_iter().map(|part| (part.number, part)).collect();
                     return Ok(MultipartStart { upload_id: Arc::from(upload.upload_id), held });
                 }

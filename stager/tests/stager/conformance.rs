@@ -836,7 +836,7 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     let left = total - finished;
 
     // What the killed runs recorded, and the re-run's decisions about it
-    // at debug level: a re-run that keeps nothing has failed this test once
+    // at debug level (push and push_resume): a re-run that keeps nothing has failed this test once
     // (2026-12-07, MinIO, all three files sent whole) with neither in sight.
     let journals: String = std::fs::read_dir(src.path().join(STATE_DIR).join(PUSH_STATE_DIR))
         .map(|dir| {
@@ -847,7 +847,7 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
         })
         .unwrap_or_default();
     let mut rerun = command(&server, &push);
-    rerun.env("RUST_LOG", "warn,ferry_engine::transfer::push_resume=debug");
+    rerun.env("RUST_LOG", "warn,ferry_engine::transfer::push=debug");
     let rerun = run(rerun);
     let why = format!("the push state before the re-run:\n{journals}\nthe re-run's log:\n{}", rerun.stderr);
     // A kept part the store will not assemble sends its file again whole
