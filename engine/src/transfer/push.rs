@@ -374,13 +374,16 @@ async fn upload_multipart(
                 let number = index as u32 + 1;
                 // A part an earlier run sent is kept only when its bytes are
                 // this part's: same size, same CRC32C of what is on disk now.
-                if let Some(unfit) = held.get(&number).filter(|p| p.size != len || p.crc32c != Some(crc)) {
-                    tracing::debug!(%key, part = number, held = ?unfit, size = len, crc32c = crc, "an earlier run's part is not this one's");
-                }
-                if let Some(kept) = held.get(&number).filter(|p| p.size == len && p.crc32c == Some(crc)) {
-                    engine.buffers.give_bytes(body);
-                    let part = UploadedPart { number, etag: kept.etag.clone(), crc32c: crc };
-                    return Ok::<_, ObjectError>((part, len, true));
+                match held.get(&number) {
+                    Some(kept) if kept.size == len && kept.crc32c == Some(crc) => {
+                        engine.buffers.give_bytes(body);
+                        let part = UploadedPart { number, etag: kept.etag.clone(), crc32c: crc };
+                        return Ok::<_, ObjectError>((part, len, true));
+                    }
+                    Some(unfit) => {
+                        tracing::debug!(%key, part = number, held = ?unfit, size = len, crc32c = crc, "an earlier run's part is not this one's");
+                    }
+                    None => {}
                 }
                 engine.pace(len).await;
                 let part = engine

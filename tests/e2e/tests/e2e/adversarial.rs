@@ -654,7 +654,7 @@ fn shorten(text: &str, limit: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn generated_datastages_are_refused_naming_the_field_or_reach_a_clear_state_without_a_hot_loop() {
-    let long = std::env::var("FERRY_LONG").is_ok_and(|v| v == "1");
+    let long = crate::long();
     let generated = if long { 1000 } else { 80 };
     let started = Instant::now();
 

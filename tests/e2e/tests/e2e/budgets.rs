@@ -19,6 +19,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::long;
+
 use clap::Parser as _;
 use ferry_contract::{StagerCli, StagerCommand, Summary};
 use ferry_crds::{DataStage, Phase, StoreBudget};
@@ -36,11 +38,6 @@ const DATASTAGES: usize = 20;
 const STORE_REQUESTS_MAX: u32 = 8;
 /// Requests per second all workers together may send under the budget.
 const BUDGET_REQUESTS_PER_SECOND: i32 = 80;
-/// Whether the long version runs (`FERRY_LONG=1`).
-fn long() -> bool {
-    std::env::var("FERRY_LONG").is_ok_and(|v| v == "1")
-}
-
 /// Objects in the dataset: 30, or 300 in the long version.
 fn objects() -> u64 {
     if long() { 300 } else { 30 }

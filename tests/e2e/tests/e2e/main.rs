@@ -19,3 +19,9 @@ mod reliability;
 mod security;
 mod tenancy;
 mod web_identity;
+
+/// Whether the long versions of the scenarios run (`FERRY_LONG=1`,
+/// `hack/test.sh --long`); each has a smaller default.
+fn long() -> bool {
+    std::env::var("FERRY_LONG").is_ok_and(|v| v == "1")
+}

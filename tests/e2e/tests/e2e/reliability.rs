@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::long;
+
 use ferry_contract::Reason;
 use ferry_crds::conditions::reasons;
 use ferry_crds::names::DATASTAGE as DATASTAGE_LABEL;
@@ -32,11 +34,6 @@ use serde_json::json;
 
 /// How a [`Bench`] starts its operator.
 type StartOperator = fn(&Cluster, &std::path::Path, &str) -> (ManagedProcess, String);
-
-/// Whether the long versions run (`FERRY_LONG=1`).
-fn long() -> bool {
-    std::env::var("FERRY_LONG").is_ok_and(|v| v == "1")
-}
 
 /// A cluster with the CRD, an operator, and a store holding `files` under
 /// `s3://datasets/data/`.
