@@ -468,18 +468,21 @@ impl ObjectStore for AzureStore {
     }
 
     async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
-        let mut parts: Vec<ListedPart> = self
-            .uncommitted_blocks(key)
-            .await?
+        // Azure keeps no upload, so none can be gone: an id with no block
+        // (yet) lists none, and a re-run keeps adding to the upload a killed
+        // run recorded. Were it "not found", the re-run would start another
+        // id and lose the killed run's blocks that land after its listing.
+        let blocks = match self.uncommitted_blocks(key).await {
+            Err(StoreError::NotFound) => Vec::new(),
+            blocks => blocks?,
+        };
+        let mut parts: Vec<ListedPart> = blocks
             .into_iter()
             .filter_map(|(id, size)| {
                 let (number, crc32c) = part_of(&id, upload_id)?;
                 Some(ListedPart { number, size, etag: id, crc32c: Some(crc32c) })
             })
             .collect();
-        if parts.is_empty() {
-            return Err(StoreError::NotFound);
-        }
         parts.sort_by_key(|part| part.number);
         parts.dedup_by_key(|part| part.number);
         Ok(parts)

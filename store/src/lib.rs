@@ -351,7 +351,8 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the upload no longer exists (completed,
-    /// aborted, or expired by a lifecycle rule).
+    /// aborted, or expired by a lifecycle rule). A store that keeps no
+    /// upload of its own (GCS, Azure) lists no parts instead.
     async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError>;
 
     /// Lists every unfinished multipart upload whose key starts with
