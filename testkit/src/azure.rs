@@ -174,6 +174,12 @@ impl AzuriteServer {
     /// The blobs under `prefix` with blocks uploaded but not committed:
     /// uploads in flight or left by a killed writer.
     pub async fn pending_uploads(&self, container: &str, prefix: &str) -> Vec<String> {
+        self.uncommitted_blocks(container, prefix).await.into_iter().map(|(blob, _)| blob).collect()
+    }
+
+    /// Each blob under `prefix` that has uncommitted blocks, with their
+    /// bytes: what a killed writer left for a re-run to keep.
+    pub async fn uncommitted_blocks(&self, container: &str, prefix: &str) -> Vec<(String, u64)> {
         let mut pending = Vec::new();
         for blob in self.list_blobs(container, prefix, &[("include", "uncommittedblobs")]).await {
             let query = [("comp", "blocklist"), ("blocklisttype", "uncommitted")];
@@ -184,8 +190,10 @@ impl AzuriteServer {
                 .expect("get block list");
             assert!(response.status().is_success(), "block list of {}: {}", blob.name, response.status());
             let text = response.text().await.expect("block list");
-            if text.contains("<Block>") {
-                pending.push(blob.name);
+            let blocks: Vec<&str> = text.split("<Block>").skip(1).collect();
+            if !blocks.is_empty() {
+                let bytes = blocks.iter().filter_map(|b| between(b, "<Size>", "</Size>")?.parse::<u64>().ok()).sum();
+                pending.push((blob.name, bytes));
             }
         }
         pending

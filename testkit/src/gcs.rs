@@ -85,6 +85,31 @@ impl GcsServer {
 
     /// Every key and size under `prefix`.
     pub async fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+        let objects = self.list_objects(bucket, prefix).await;
+        objects.iter().map(|object| (object["name"].as_str().unwrap_or_default().to_owned(), size_of(object))).collect()
+    }
+
+    /// The parts of composite uploads not yet composed (objects
+    /// `.ferry-uploads/<id>/<number>`), each with the key its custom
+    /// metadata names and its size.
+    pub async fn upload_parts(&self, bucket: &str) -> Vec<(String, u64)> {
+        let objects = self.list_objects(bucket, ".ferry-uploads/").await;
+        objects
+            .iter()
+            .filter(|object| {
+                // Intermediate compose results are not parts.
+                let last = object["name"].as_str().and_then(|name| name.rsplit('/').next()).unwrap_or_default();
+                !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit())
+            })
+            .map(|object| {
+                let key = object["metadata"]["ferry-upload-key"].as_str().unwrap_or_default();
+                (key.to_owned(), size_of(object))
+            })
+            .collect()
+    }
+
+    /// The JSON API's object resources under `prefix`, every page.
+    async fn list_objects(&self, bucket: &str, prefix: &str) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -92,7 +117,7 @@ impl GcsServer {
             if let Some(token) = &token {
                 query.push(("pageToken", token.clone()));
             }
-            let page: serde_json::Value = self
+            let mut page: serde_json::Value = self
                 .http
                 .get(format!("{}/storage/v1/b/{bucket}/o", self.endpoint))
                 .query(&query)
@@ -102,9 +127,8 @@ impl GcsServer {
                 .json()
                 .await
                 .expect("list answer");
-            for item in page["items"].as_array().into_iter().flatten() {
-                let size = item["size"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
-                out.push((item["name"].as_str().unwrap_or_default().to_owned(), size));
+            if let Some(items) = page["items"].as_array_mut() {
+                out.append(items);
             }
             match page["nextPageToken"].as_str().filter(|t| !t.is_empty()) {
                 Some(next) => token = Some(next.to_owned()),
@@ -117,6 +141,11 @@ impl GcsServer {
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![("FERRY_ENDPOINT_URL", self.endpoint.clone()), ("FERRY_ANONYMOUS", "true".into())]
     }
+}
+
+/// An object resource's size (the JSON API writes it as a string).
+fn size_of(object: &serde_json::Value) -> u64 {
+    object["size"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 impl Drop for GcsServer {
