@@ -469,9 +469,10 @@ impl ObjectStore for AzureStore {
 
     async fn list_parts(&self, key: &str, upload_id: &str) -> Result<Vec<ListedPart>, StoreError> {
         // Azure keeps no upload, so none can be gone: an id with no block
-        // (yet) lists none, and a re-run keeps adding to the upload a killed
+        // (yet) lists none, and a re-run goes on with the upload a killed
         // run recorded. Were it "not found", the re-run would start another
-        // id and lose the killed run's blocks that land after its listing.
+        // id, and the killed run's blocks that land after its listing would
+        // be stranded under an id no later run resumes.
         let blocks = match self.uncommitted_blocks(key).await {
             Err(StoreError::NotFound) => Vec::new(),
             blocks => blocks?,

@@ -174,12 +174,12 @@ impl AzuriteServer {
     /// The blobs under `prefix` with blocks uploaded but not committed:
     /// uploads in flight or left by a killed writer.
     pub async fn pending_uploads(&self, container: &str, prefix: &str) -> Vec<String> {
-        self.uncommitted_blocks(container, prefix).await.into_iter().map(|(blob, _)| blob).collect()
+        self.uncommitted_bytes(container, prefix).await.into_iter().map(|(blob, _)| blob).collect()
     }
 
     /// Each blob under `prefix` that has uncommitted blocks, with their
     /// bytes: what a killed writer left for a re-run to keep.
-    pub async fn uncommitted_blocks(&self, container: &str, prefix: &str) -> Vec<(String, u64)> {
+    pub async fn uncommitted_bytes(&self, container: &str, prefix: &str) -> Vec<(String, u64)> {
         let mut pending = Vec::new();
         for blob in self.list_blobs(container, prefix, &[("include", "uncommittedblobs")]).await {
             let query = [("comp", "blocklist"), ("blocklisttype", "uncommitted")];

@@ -86,7 +86,10 @@ impl GcsServer {
     /// Every key and size under `prefix`.
     pub async fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
         let objects = self.list_objects(bucket, prefix).await;
-        objects.iter().map(|object| (object["name"].as_str().unwrap_or_default().to_owned(), size_of(object))).collect()
+        objects
+            .iter()
+            .map(|object| (object["name"].as_str().unwrap_or_default().to_owned(), object_size(object)))
+            .collect()
     }
 
     /// The parts of composite uploads not yet composed (objects
@@ -103,7 +106,7 @@ impl GcsServer {
             })
             .map(|object| {
                 let key = object["metadata"]["ferry-upload-key"].as_str().unwrap_or_default();
-                (key.to_owned(), size_of(object))
+                (key.to_owned(), object_size(object))
             })
             .collect()
     }
@@ -144,7 +147,7 @@ impl GcsServer {
 }
 
 /// An object resource's size (the JSON API writes it as a string).
-fn size_of(object: &serde_json::Value) -> u64 {
+fn object_size(object: &serde_json::Value) -> u64 {
     object["size"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
