@@ -36,6 +36,15 @@ use crate::local::walk::{LocalFile, walk};
 use crate::metrics::{Direction, ObjectResult, Operation};
 use crate::store::UploadedPart;
 
+/// Logged (warn) when the store refuses to assemble an upload with parts an
+/// earlier run sent; the file is then sent again whole. Tests read the log
+/// for it.
+pub const REFUSED_RESUMED_ASSEMBLY: &str = "the store refused to assemble a resumed upload; sending the file again";
+
+/// Logged (debug) for a part an earlier run sent whose size or CRC32C is not
+/// this part's, so it is sent again. Tests read the log for it.
+pub const UNFIT_HELD_PART: &str = "an earlier run's part is not this one's";
+
 /// What every file of one push shares.
 #[derive(Debug)]
 struct PushRun {
@@ -229,7 +238,7 @@ async fn upload(
                 // requests can still be landing while this one assembles
                 // them. The store judged the assembly, so the file is sent
                 // again whole, into an upload of this run's alone.
-                tracing::warn!(%key, %error, "the store refused to assemble a resumed upload; sending the file again");
+                tracing::warn!(%key, %error, "{REFUSED_RESUMED_ASSEMBLY}");
                 upload_multipart(run, &handle, key, before, Vec::new()).await.map_err(|failure| failure.error)?
             }
             result => result.map_err(|failure| failure.error)?,
@@ -381,7 +390,7 @@ async fn upload_multipart(
                         return Ok::<_, ObjectError>((part, len, true));
                     }
                     Some(unfit) => {
-                        tracing::debug!(%key, part = number, held = ?unfit, size = len, crc32c = crc, "an earlier run's part is not this one's");
+                        tracing::debug!(%key, part = number, held = ?unfit, size = len, crc32c = crc, "{UNFIT_HELD_PART}");
                     }
                     None => {}
                 }

@@ -22,6 +22,7 @@ use ferry_contract::layout::{
 };
 use ferry_contract::summary::Snapshot;
 use ferry_engine::local::manifest::ManifestCursor;
+use ferry_engine::transfer::push::{REFUSED_RESUMED_ASSEMBLY, UNFIT_HELD_PART};
 use ferry_testkit::{Backend, CorruptingProxy, S3Server, SmallFilesystem, Store, pattern, read_tree};
 
 const MIB: usize = 1 << 20;
@@ -909,7 +910,7 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     let why = format!("the push state before the re-run:\n{journals}\nthe re-run's log:\n{}", rerun.stderr);
     // A kept part the store will not assemble sends its file again whole
     // (the killed runs' requests may still land); say so when it happens.
-    let refusals: Vec<&str> = rerun.stderr.lines().filter(|line| line.contains("refused")).collect();
+    let refusals: Vec<&str> = rerun.stderr.lines().filter(|line| line.contains(REFUSED_RESUMED_ASSEMBLY)).collect();
     for refusal in &refusals {
         eprintln!("{backend:?}: {refusal}");
     }
@@ -929,7 +930,7 @@ async fn a_killed_push_resumes_with_what_it_sent_and_leaves_no_upload_behind(bac
     let to_keep: u64 =
         held.iter().filter(|(key, _)| !refusals.iter().any(|line| line.contains(key.as_str()))).map(|(_, b)| b).sum();
     assert!(resumed >= to_keep, "{held:?} was held, {resumed} bytes kept: {:#}\n{why}", rerun.summary);
-    assert!(!rerun.stderr.contains("an earlier run's part is not this one's"), "{why}");
+    assert!(!rerun.stderr.contains(UNFIT_HELD_PART), "{why}");
     assert_eq!(sent + resumed + skipped, total, "every byte is sent, kept or skipped once: {:#}\n{why}", rerun.summary);
     // Only a file finished in the instant before a kill (before its record
     // was written) is done again, and then as a whole.
