@@ -15,12 +15,14 @@
 //! * [`selection`] decides which objects a run copies;
 //! * [`metrics`] is what a run counts of itself;
 //! * [`options`] turns the options every front end takes into a configured
-//!   run.
+//!   run;
+//! * [`runtime`] builds the tokio runtime every front end runs it on.
 
 pub mod fleet;
 pub mod local;
 pub mod metrics;
 pub mod options;
+pub mod runtime;
 pub mod selection;
 pub mod store;
 pub mod transfer;

@@ -449,6 +449,9 @@ fn push_json_async<'py>(
 /// Ferry's copy engine, in-process.
 #[pymodule]
 fn _ferry(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Before the first call starts the runtime: the engine's blocking pool
+    // bound (see `ferry_engine::runtime`).
+    pyo3_async_runtimes::tokio::init(ferry_engine::runtime::builder());
     module.add_class::<Buffer>()?;
     module.add_class::<Progress>()?;
     errors::register(module)?;

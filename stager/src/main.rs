@@ -17,6 +17,6 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let runtime = ferry_engine::runtime::builder().build().expect("tokio runtime");
     runtime.block_on(run(cli))
 }

@@ -83,6 +83,20 @@ pub async fn object_slot(
     }
 }
 
+/// Waits until fewer than `limit()` object tasks are unfinished, reaping
+/// finished ones (a limit that rises meanwhile is seen when the next one
+/// ends).
+///
+/// # Errors
+/// The first run-dooming error of a finished task.
+pub async fn room_for_an_object(tasks: &mut ObjectTasks, limit: impl Fn() -> usize) -> Result<(), TransferError> {
+    while tasks.len() >= limit() {
+        let Some(joined) = tasks.join_next().await else { break };
+        check_fatal(joined)?;
+    }
+    Ok(())
+}
+
 /// Waits for every object task; stops at the first run-dooming error.
 ///
 /// # Errors
@@ -144,7 +158,7 @@ pub struct Engine {
 /// takes their files: unbounded, every object slot (512) held a thread
 /// queued on the same directory's lock, the kernel spent most of its time
 /// spinning on that lock and every thread kept its own allocator arena.
-const DISK_SLOTS_PER_CORE: usize = 8;
+pub const DISK_SLOTS_PER_CORE: usize = 8;
 
 impl Engine {
     /// Builds an engine, checking that the configuration can work.
@@ -204,9 +218,7 @@ impl Engine {
             boot_id: crate::local::partial::boot_id(),
             fleet,
             shared_objects: std::sync::OnceLock::new(),
-            disk_slots: tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, usize::from) * DISK_SLOTS_PER_CORE,
-            ),
+            disk_slots: tokio::sync::Semaphore::new(crate::runtime::cores() * DISK_SLOTS_PER_CORE),
             share: std::sync::Mutex::new(None),
         });
         engine.follow_share(engine.config.store_share);
@@ -244,6 +256,13 @@ impl Engine {
     /// busy while some objects are being verified or renamed.
     pub fn objects_in_flight(&self) -> usize {
         self.config.concurrency.max(1) * 2
+    }
+
+    /// Objects allowed in flight now: as [`Self::objects_in_flight`], for
+    /// the requests allowed now, which an adaptive run raises as it climbs
+    /// from far below its ceiling.
+    pub fn objects_in_flight_now(&self) -> usize {
+        self.budget.request_limit().0.max(1) * 2
     }
 
     /// How many requests the run has kept in flight, for its summary.
@@ -341,5 +360,38 @@ impl Engine {
             tracing::debug!(operation = operation.as_str(), %reason, attempts, ?delay, %error, "retrying");
             tokio::time::sleep(delay).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Object tasks started behind `room_for_an_object` never exceed the
+    /// limit the closure gives, and follow it when it rises. On one thread,
+    /// so that every task started is polled before any sleep can end.
+    #[tokio::test]
+    async fn objects_in_flight_follow_a_limit_that_changes() {
+        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let limit = Arc::new(AtomicUsize::new(3));
+        let mut tasks = ObjectTasks::new();
+        for i in 0..60 {
+            if i == 30 {
+                assert_eq!(most.load(Ordering::SeqCst), 3, "the first limit was filled, never passed");
+                limit.store(7, Ordering::SeqCst);
+            }
+            room_for_an_object(&mut tasks, || limit.load(Ordering::SeqCst)).await.unwrap();
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            tasks.spawn(async move {
+                most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            });
+        }
+        join_objects(&mut tasks).await.unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 7, "the raised limit was filled, never passed");
     }
 }

@@ -67,8 +67,8 @@ struct Measured {
     removed: u64,
     complete: bool,
     concurrency_peak: u32,
-    /// Threads in the process at the end (the runtime's blocking pool
-    /// grows while its threads are all busy).
+    /// Threads in the process at the end (the runtime's blocking pool is
+    /// bounded, see `crate::runtime`).
     threads: u64,
     /// Objects verified against an MD5.
     verified_md5: u64,
@@ -92,7 +92,7 @@ fn cpu_seconds() -> f64 {
 #[ignore = "run by the tests below, each measurement in a process of its own"]
 fn object_scale_child() {
     let request: Request = serde_json::from_str(&std::env::var(CHILD).expect("only run as a child")).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = crate::runtime::builder().build().unwrap();
     let started = Instant::now();
     let hashed_behind_peak = Arc::new(AtomicUsize::new(0));
     let summary = runtime.block_on(async {
