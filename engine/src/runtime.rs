@@ -20,7 +20,7 @@
 //! that waits for the async side (the push's directory walk, which waits
 //! for room in its channel) runs on a thread of its own instead.
 
-use crate::transfer::DISK_SLOTS_PER_CORE;
+use crate::transfer::{DISK_SLOTS_PER_CORE, cores};
 
 /// Blocking threads beyond the disk slots: for the blocking work outside
 /// them (read-backs, hashes of objects in memory, a fleet server's reads,
@@ -34,12 +34,6 @@ pub const BLOCKING_THREADS_BEYOND_DISK_SLOTS: usize = 8;
 #[must_use]
 pub fn blocking_threads(cores: usize) -> usize {
     cores.max(1) * DISK_SLOTS_PER_CORE + BLOCKING_THREADS_BEYOND_DISK_SLOTS
-}
-
-/// The cores this process may run on.
-#[must_use]
-pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, usize::from)
 }
 
 /// A multi-threaded runtime with I/O and timers, and a blocking pool of

@@ -447,11 +447,22 @@ fn push_json_async<'py>(
 }
 
 /// Ferry's copy engine, in-process.
+/// Blocking threads the Python package adds to the engine's for handing
+/// finished awaitables' results back to Python.
+const AWAITABLES_HANDED_BACK_AT_ONCE: usize = 64;
+
 #[pymodule]
 fn _ferry(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before the first call starts the runtime: the engine's blocking pool
-    // bound (see `ferry_engine::runtime`).
-    pyo3_async_runtimes::tokio::init(ferry_engine::runtime::builder());
+    // bound (see `ferry_engine::runtime`), plus room for the awaitables'
+    // results, which pyo3-async-runtimes hands to Python from blocking
+    // threads that wait for the GIL, so that a Python thread holding the
+    // GIL for long does not stop the engine's file work too.
+    let mut runtime = ferry_engine::runtime::builder();
+    runtime.max_blocking_threads(
+        ferry_engine::runtime::blocking_threads(ferry_engine::transfer::cores()) + AWAITABLES_HANDED_BACK_AT_ONCE,
+    );
+    pyo3_async_runtimes::tokio::init(runtime);
     module.add_class::<Buffer>()?;
     module.add_class::<Progress>()?;
     errors::register(module)?;

@@ -149,6 +149,8 @@ pub struct Engine {
     /// Slots for file operations: a pull's creations and commits, a push's
     /// opens, reads of small files and stamps (see [`Engine::on_disk`]).
     disk_slots: tokio::sync::Semaphore,
+    /// How many disk slots there are.
+    disk_slots_total: usize,
     /// The store budget share this run follows now, if any.
     share: std::sync::Mutex<Option<ferry_contract::StoreShare>>,
 }
@@ -159,6 +161,12 @@ pub struct Engine {
 /// queued on the same directory's lock, the kernel spent most of its time
 /// spinning on that lock and every thread kept its own allocator arena.
 pub const DISK_SLOTS_PER_CORE: usize = 8;
+
+/// The cores this process may run on.
+#[must_use]
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
+}
 
 impl Engine {
     /// Builds an engine, checking that the configuration can work.
@@ -206,6 +214,7 @@ impl Engine {
         let bandwidth = pacing::Pacer::new(config.max_bandwidth);
         let tally = Arc::new(Tally::default());
         let md5 = md5::Md5Hasher::metered(Arc::clone(&tally.verify));
+        let disk_slots_total = cores() * DISK_SLOTS_PER_CORE;
         let engine = Arc::new(Self {
             store,
             config,
@@ -218,7 +227,8 @@ impl Engine {
             boot_id: crate::local::partial::boot_id(),
             fleet,
             shared_objects: std::sync::OnceLock::new(),
-            disk_slots: tokio::sync::Semaphore::new(crate::runtime::cores() * DISK_SLOTS_PER_CORE),
+            disk_slots: tokio::sync::Semaphore::new(disk_slots_total),
+            disk_slots_total,
             share: std::sync::Mutex::new(None),
         });
         engine.follow_share(engine.config.store_share);
@@ -260,9 +270,12 @@ impl Engine {
 
     /// Objects allowed in flight now: as [`Self::objects_in_flight`], for
     /// the requests allowed now, which an adaptive run raises as it climbs
-    /// from far below its ceiling.
+    /// from far below its ceiling, plus one per disk slot. An adaptive run
+    /// raises its limit only while every request slot stays taken, so the
+    /// objects reading their files (up to a disk slot each) must not come
+    /// out of the ones that keep the request slots busy.
     pub fn objects_in_flight_now(&self) -> usize {
-        self.budget.request_limit().0.max(1) * 2
+        self.budget.request_limit().0.max(1) * 2 + self.disk_slots_total
     }
 
     /// How many requests the run has kept in flight, for its summary.
