@@ -149,8 +149,6 @@ pub struct Engine {
     /// Slots for file operations: a pull's creations and commits, a push's
     /// opens, reads of small files and stamps (see [`Engine::on_disk`]).
     disk_slots: tokio::sync::Semaphore,
-    /// How many disk slots there are.
-    disk_slots_total: usize,
     /// The store budget share this run follows now, if any.
     share: std::sync::Mutex<Option<ferry_contract::StoreShare>>,
 }
@@ -214,7 +212,6 @@ impl Engine {
         let bandwidth = pacing::Pacer::new(config.max_bandwidth);
         let tally = Arc::new(Tally::default());
         let md5 = md5::Md5Hasher::metered(Arc::clone(&tally.verify));
-        let disk_slots_total = cores() * DISK_SLOTS_PER_CORE;
         let engine = Arc::new(Self {
             store,
             config,
@@ -227,8 +224,7 @@ impl Engine {
             boot_id: crate::local::partial::boot_id(),
             fleet,
             shared_objects: std::sync::OnceLock::new(),
-            disk_slots: tokio::sync::Semaphore::new(disk_slots_total),
-            disk_slots_total,
+            disk_slots: tokio::sync::Semaphore::new(cores() * DISK_SLOTS_PER_CORE),
             share: std::sync::Mutex::new(None),
         });
         engine.follow_share(engine.config.store_share);
@@ -270,12 +266,16 @@ impl Engine {
 
     /// Objects allowed in flight now: as [`Self::objects_in_flight`], for
     /// the requests allowed now, which an adaptive run raises as it climbs
-    /// from far below its ceiling, plus one per disk slot. An adaptive run
-    /// raises its limit only while every request slot stays taken, so the
-    /// objects reading their files (up to a disk slot each) must not come
-    /// out of the ones that keep the request slots busy.
+    /// from far below its ceiling.
+    ///
+    /// An adaptive run raises its limit only while every request slot
+    /// stays taken, so a push whose reads take as long as its requests
+    /// (a slow source volume) may stay at its first limit. One more object
+    /// per disk slot would keep the reading objects out of that count, but
+    /// measured, it let the allocator keep up to 12 MiB more under CPU
+    /// contention (pushes of 20,000 empty files: 15-28 MiB against 15-16).
     pub fn objects_in_flight_now(&self) -> usize {
-        self.budget.request_limit().0.max(1) * 2 + self.disk_slots_total
+        self.budget.request_limit().0.max(1) * 2
     }
 
     /// How many requests the run has kept in flight, for its summary.

@@ -8,8 +8,7 @@
 //! directory of its own, in a group of one, so that every object is its
 //! own share and goes into the catalog it serves its peers from.
 //!
-//! The default run compares 20,000 and 100,000 objects, each measured in
-//! [`ROUNDS`] rounds, the counts taking turns (below about
+//! The default run compares 20,000 and 100,000 objects (below about
 //! 20,000, the sort's 4 MiB and the adaptive concurrency have not filled up
 //! yet, which would flatter the smaller count). Set
 //! `FERRY_OBJECT_SCALE=10000,100000,1000000` for the figures in
@@ -41,14 +40,6 @@ const CHILD: &str = "FERRY_OBJECT_SCALE_CHILD";
 /// Peak resident memory may grow this much from the smallest count to the
 /// largest; the manifest alone used to take about 0.6 KB per object.
 const ALLOWED_GROWTH: u64 = 8 << 20;
-
-/// Every count is measured this many times, and its smallest peak compared.
-/// A peak includes what the allocator holds freed, which moves with the
-/// machine's load and not with the count: pushes of 20,000 empty files
-/// beside three CPU hogs ended with a live heap of 0.27 MB each, and
-/// 4.5-14.7 MB held in glibc's 16 arenas (peaks 15-25 MiB). A growth with
-/// the count is in every round; a busy moment is seldom in both.
-const ROUNDS: usize = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Request {
@@ -200,11 +191,10 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         ("fleet worker, first run", 1, false, false, Tree::Fleet),
         ("push, one flat directory", 1, false, true, Tree::Flat),
     ];
-    // Per phase, the smallest peak of each count.
-    let mut peaks: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); phases.len()];
+    let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); phases.len()];
     println!("| objects | run | peak RSS | wall | CPU | µs CPU/object | objects/s | peak concurrency | threads |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for &count in counts.iter().cycle().take(counts.len() * ROUNDS) {
+    for &count in &counts {
         let (dir, fleet_dir, flat_dir) =
             (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         for i in 0..count {
@@ -247,8 +237,7 @@ fn resident_memory_does_not_grow_with_the_object_count() {
                 measured.concurrency_peak,
                 measured.threads,
             );
-            let peak = peaks[phase].entry(count).or_insert(u64::MAX);
-            *peak = (*peak).min(measured.peak_rss_bytes);
+            peaks[phase].push(measured.peak_rss_bytes);
         }
         let files = |dir: &Path| {
             walkdir::WalkDir::new(dir)
@@ -262,10 +251,10 @@ fn resident_memory_does_not_grow_with_the_object_count() {
         assert_eq!(files(fleet_dir.path()), count, "the fleet worker staged every object of version 1");
     }
     for ((name, ..), peaks) in phases.iter().zip(&peaks) {
-        let (smallest, largest) = (peaks[&counts[0]], peaks[counts.last().unwrap()]);
+        let (smallest, largest) = (peaks[0], *peaks.last().unwrap());
         assert!(
             largest <= smallest + ALLOWED_GROWTH,
-            "{name}: peak RSS (the smallest of {ROUNDS} rounds) grew from {smallest} B at {} objects to {largest} B at {}",
+            "{name}: peak RSS grew from {smallest} B at {} objects to {largest} B at {}",
             counts[0],
             counts.last().unwrap()
         );
