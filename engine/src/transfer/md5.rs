@@ -244,7 +244,7 @@ impl Drop for Md5Follower {
 /// so a small machine needs one, and a large one with a fast network still
 /// does not wait for MD5.
 fn spawn_threads(meter: &Arc<VerifyMeter>) -> Vec<mpsc::Sender<Message>> {
-    let cores = super::cores();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (0..cores.div_ceil(8))
         .map(|i| {
             let (jobs, queue) = mpsc::channel();
